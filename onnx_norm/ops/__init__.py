@@ -1,0 +1,7 @@
+"""The fused norm ops: schemas, numpy references and ONNX function bodies (semantics: docs/ops.md)."""
+
+from __future__ import annotations
+
+from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, NormAttributes, OpSignature
+
+__all__ = ["DOMAIN", "OPS", "OPSET_VERSION", "NormAttributes", "OpSignature"]

@@ -1,0 +1,120 @@
+"""numpy reference of the fused norm ops, float64 statistics (semantics: docs/ops.md).
+
+The kernels and the ONNX function bodies are tested against this module.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto, helper
+
+from onnx_norm.ops.schema import NormAttributes
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype of an ONNX element type (bfloat16 through ml_dtypes)."""
+    if elem_type == TensorProto.BFLOAT16:
+        return _BF16
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def elem_type(dtype: np.dtype) -> int:
+    """ONNX element type of a numpy dtype (bfloat16 through ml_dtypes)."""
+    if np.dtype(dtype) == _BF16:
+        return TensorProto.BFLOAT16
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _round_to(values: np.ndarray, to: int) -> np.ndarray:
+    if to == 0:
+        return values
+    # Narrow through float32 first: numpy rounds float64 -> float16 directly, but the kernels (and the
+    # graphs we replace) hold float32 intermediates, and double rounding through float32 is innocuous.
+    return values.astype(np.float32).astype(np_dtype(to)).astype(np.float64)
+
+
+def _normalized_axes(x: np.ndarray, axis: int) -> tuple[int, ...]:
+    rank = x.ndim
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for rank {rank}")
+    return tuple(range(axis % rank, rank))
+
+
+def normalize(
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    attrs: NormAttributes,
+    *,
+    rms: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Returns (Y, inverse std or inverse RMS, mean or None); statistics float32, keepdims."""
+    axes = _normalized_axes(x, attrs.axis)
+    xf = x.astype(np.float64)
+    if rms:
+        mean = None
+        centred = xf
+    else:
+        mean = xf.mean(axis=axes, keepdims=True)
+        centred = xf - mean
+    var = np.mean(centred * centred, axis=axes, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = 1.0 / np.sqrt(var + np.float64(np.float32(attrs.epsilon)))
+    y = _round_to(centred * inv, attrs.normalized_type)
+    if scale is not None:
+        y = _round_to(y * scale.astype(np.float64), attrs.multiply_type)
+    if bias is not None:
+        y = _round_to(y + bias.astype(np.float64), attrs.multiply_type)
+    out_dtype = np_dtype(attrs.output_type) if attrs.output_type else x.dtype
+    y_out = y.astype(np.float32).astype(out_dtype)
+    return y_out, inv.astype(np.float32), None if mean is None else mean.astype(np.float32)
+
+
+def layer_norm(
+    x: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None, **attrs: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm -> (Y, Mean, InvStdDev)."""
+    y, inv, mean = normalize(x, scale, bias, NormAttributes(**attrs), rms=False)
+    assert mean is not None
+    return y, mean, inv
+
+
+def rms_norm(x: np.ndarray, scale: np.ndarray | None = None, **attrs: float) -> tuple[np.ndarray, np.ndarray]:
+    """RMSNorm -> (Y, InvRMS)."""
+    y, inv, _ = normalize(x, scale, None, NormAttributes(**attrs), rms=True)
+    return y, inv
+
+
+def _skip_sum(x: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    if skip.shape != x.shape or skip.dtype != x.dtype:
+        raise ValueError(f"Skip must match X: {skip.dtype}{skip.shape} vs {x.dtype}{x.shape}")
+    return (x.astype(np.float32) + skip.astype(np.float32)).astype(x.dtype)
+
+
+def skip_layer_norm(
+    x: np.ndarray, skip: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None, **attrs: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """SkipLayerNorm -> (Y, Sum)."""
+    s = _skip_sum(x, skip)
+    y, _, _ = normalize(s, scale, bias, NormAttributes(**attrs), rms=False)
+    return y, s
+
+
+def skip_rms_norm(
+    x: np.ndarray, skip: np.ndarray, scale: np.ndarray | None = None, **attrs: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """SkipRMSNorm -> (Y, Sum)."""
+    s = _skip_sum(x, skip)
+    y, _, _ = normalize(s, scale, None, NormAttributes(**attrs), rms=True)
+    return y, s
+
+
+REFERENCES = {
+    "LayerNorm": layer_norm,
+    "RMSNorm": rms_norm,
+    "SkipLayerNorm": skip_layer_norm,
+    "SkipRMSNorm": skip_rms_norm,
+}

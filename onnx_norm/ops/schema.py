@@ -1,0 +1,49 @@
+"""Names, signatures and attribute defaults of the fused norm ops (semantics: docs/ops.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from onnx import TensorProto
+
+DOMAIN = "onnx_norm"
+OPSET_VERSION = 1
+
+#: Element types the kernels accept for X, Skip, Scale, Bias and Y.
+FLOAT_TYPES: tuple[int, ...] = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSignature:
+    name: str
+    inputs: tuple[str, ...]
+    optional_inputs: frozenset[str]
+    outputs: tuple[str, ...]
+    rms: bool
+    skip: bool
+
+
+LAYER_NORM = OpSignature(
+    "LayerNorm", ("X", "Scale", "Bias"), frozenset({"Scale", "Bias"}), ("Y", "Mean", "InvStdDev"), False, False
+)
+RMS_NORM = OpSignature("RMSNorm", ("X", "Scale"), frozenset({"Scale"}), ("Y", "InvRMS"), True, False)
+SKIP_LAYER_NORM = OpSignature(
+    "SkipLayerNorm", ("X", "Skip", "Scale", "Bias"), frozenset({"Scale", "Bias"}), ("Y", "Sum"), False, True
+)
+SKIP_RMS_NORM = OpSignature("SkipRMSNorm", ("X", "Skip", "Scale"), frozenset({"Scale"}), ("Y", "Sum"), True, True)
+
+OPS: dict[str, OpSignature] = {op.name: op for op in (LAYER_NORM, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM)}
+
+
+@dataclasses.dataclass(frozen=True)
+class NormAttributes:
+    """Attributes shared by all four ops. Types are TensorProto element types; 0 means "not set"."""
+
+    axis: int = -1
+    epsilon: float = 1e-5
+    normalized_type: int = 0
+    multiply_type: int = 0
+    output_type: int = 0
+
+    def as_dict(self) -> dict[str, int | float]:
+        return dataclasses.asdict(self)
