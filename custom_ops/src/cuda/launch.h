@@ -1,0 +1,40 @@
+// Interface between the ONNX Runtime op wrappers (compiled by the host compiler, no CUDA headers)
+// and the CUDA kernels (compiled by nvcc). Semantics of every field: docs/ops.md.
+#pragma once
+
+#include <cstdint>
+
+namespace onnx_norm {
+namespace cuda {
+
+// Element types use ONNXTensorElementDataType values: 1 float, 10 float16, 16 bfloat16; 0 = "not set".
+struct NormLaunchParams {
+  const void* x = nullptr;      // [rows, cols], x_type
+  const void* skip = nullptr;   // [rows, cols], x_type; null unless a Skip op
+  const void* scale = nullptr;  // [cols] after broadcasting to the row, scale_type; may be null
+  const void* bias = nullptr;   // [cols], scale_type; may be null
+  void* y = nullptr;            // [rows, cols], y_type
+  void* sum = nullptr;          // [rows, cols], x_type; optional Skip output (X + Skip), may be null
+  float* mean = nullptr;        // [rows]; optional, LayerNorm only
+  float* inv_std = nullptr;     // [rows]; optional (InvStdDev or InvRMS)
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Scale/Bias may cover only a suffix of the row (broadcast over the leading normalised dims):
+  // element j of a row uses scale[j % scale_size]. scale_size == cols in the common case.
+  int64_t scale_size = 0;
+  float epsilon = 1e-5f;
+  bool rms = false;
+  int x_type = 0;
+  int scale_type = 0;           // also Bias's type
+  int y_type = 0;
+  int normalized_type = 0;
+  int multiply_type = 0;
+};
+
+// Launches on `stream` (a cudaStream_t), after making the stream's device current. No allocation,
+// no synchronisation, nothing on the default stream. Returns 0 on success, otherwise a cudaError_t
+// value (or -1 for an unsupported type combination); `error` then points at a static message.
+int LaunchNorm(const NormLaunchParams& params, void* stream, const char** error);
+
+}  // namespace cuda
+}  // namespace onnx_norm
