@@ -1,0 +1,311 @@
+"""Export zoo models with each exporter and dtype, cached on disk.
+
+Exports take seconds to minutes, so each one is written once under a cache directory keyed by model, exporter,
+dtype, the model's config fingerprint and the versions of everything that shapes the graph. Next to each model
+the cache keeps the inputs to run it with, a float64 torch evaluation of the same weights on those inputs (the
+golden outputs that fp16 comparisons need), and how many norm modules the forward pass ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from onnx_norm.zoo.models import ZOO, ZooModel, build_model, dynamic_axes, example_inputs
+from onnx_norm.zoo.norms import count_norm_calls
+
+logger = logging.getLogger(__name__)
+
+Exporter = Literal["torchscript-14", "torchscript-17", "dynamo"]
+Dtype = Literal["fp32", "fp16", "fp16-converted"]
+EXPORTERS: tuple[Exporter, ...] = ("torchscript-14", "torchscript-17", "dynamo")
+# fp16: model.half() before export; fp16-converted: the fp32 export converted by onnxconverter-common.
+DTYPES: tuple[Dtype, ...] = ("fp32", "fp16", "fp16-converted")
+
+CACHE_ENV = "ONNX_NORM_ZOO_CACHE"
+_FORMAT_VERSION = 1
+TRACE_SHAPE = (2, 8)  # batch, sequence used while exporting
+TEST_SHAPE = (3, 11)  # another shape, so that the tests exercise the dynamic axes
+
+
+class ZooExportError(RuntimeError):
+    """The exporter could not export this model; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooExport:
+    """One exported model in the cache."""
+
+    model: str
+    exporter: Exporter
+    dtype: Dtype
+    directory: Path
+    norm_calls: dict[str, int]  # outermost norm-module calls in one forward pass, per class name
+    output_names: list[str]
+    dynamic_shapes_ok: bool  # the export runs at TEST_SHAPE; if not, inputs() are at TRACE_SHAPE
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "model.onnx"
+
+    @property
+    def norms_in_forward(self) -> int:
+        return sum(self.norm_calls.values())
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        with np.load(self.directory / "inputs.npz") as data:
+            return {name: data[name] for name in data.files}
+
+    def golden(self) -> dict[str, np.ndarray] | None:
+        """Float64 torch outputs of the same weights on `inputs()` (for fp16: the fp16-rounded weights)."""
+        path = self.directory / "golden.npz"
+        if not path.exists():
+            return None
+        with np.load(path) as data:
+            return {name: data[name] for name in self.output_names if name in data.files}
+
+
+def default_cache_dir() -> Path:
+    """$ONNX_NORM_ZOO_CACHE, else `.cache/zoo` in the source checkout (git-ignored), else the temp dir."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / ".git").exists():
+        return checkout / ".cache" / "zoo"
+    return Path(tempfile.gettempdir()) / "onnx-norm-zoo"
+
+
+def _versions() -> str:
+    import onnx
+    import onnxscript
+    import torch
+    import transformers
+
+    parts = [f"v{_FORMAT_VERSION}", torch.__version__, transformers.__version__, onnx.__version__, onnxscript.__version__]
+    return "-".join(p.replace("+", "_") for p in parts)
+
+
+def export(
+    name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path | str | None = None
+) -> ZooExport:
+    """The cached export of zoo model `name`, exporting it first if it is not in the cache.
+
+    Raises `ZooExportError` when the exporter fails on this model (the failure is cached too, so a test run
+    does not pay for it twice).
+    """
+    if name not in ZOO:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(ZOO)}")
+    if exporter not in EXPORTERS:
+        raise ValueError(f"unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    spec = ZOO[name]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    directory = root / f"{name}-{exporter}-{dtype}-{spec.fingerprint()}-{_versions()}"
+    if not (directory / "meta.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        try:
+            _export_into(spec, exporter, dtype, staging, root)
+            try:
+                staging.rename(directory)
+            except OSError:  # another process finished the same export first
+                if not (directory / "meta.json").exists():
+                    raise
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    meta = json.loads((directory / "meta.json").read_text())
+    if meta.get("error"):
+        raise ZooExportError(f"{name} / {exporter} / {dtype}: {meta['error']}")
+    return ZooExport(
+        model=name,
+        exporter=exporter,
+        dtype=dtype,
+        directory=directory,
+        norm_calls=meta["norm_calls"],
+        output_names=meta["output_names"],
+        dynamic_shapes_ok=meta["dynamic_shapes_ok"],
+    )
+
+
+class _Flatten:
+    """Calls a Hugging Face model with positional tensors and returns its tensor outputs as a tuple."""
+
+    @staticmethod
+    def wrap(model: Any, input_names: Sequence[str]) -> Any:
+        import torch
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args: Any) -> tuple[Any, ...]:
+                kwargs = dict(zip(input_names, args, strict=True))
+                output = self.model(**kwargs, **_call_options(self.model))
+                return tuple(v for v in output.values() if isinstance(v, torch.Tensor))
+
+        return Wrapper().eval()
+
+
+def _call_options(model: Any) -> dict[str, Any]:
+    # No KV cache: a cache object is not a tensor output and would change the graph between exporters.
+    return {"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}
+
+
+def _to_torch(inputs: dict[str, np.ndarray], float_dtype: Any = None) -> dict[str, Any]:
+    import torch
+
+    tensors = {}
+    for name, array in inputs.items():
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if float_dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(float_dtype)
+        tensors[name] = tensor
+    return tensors
+
+
+def _output_names(model: Any, inputs: dict[str, Any]) -> list[str]:
+    import torch
+
+    with torch.no_grad():
+        output = model(**inputs, **_call_options(model))
+    return [k for k, v in output.items() if isinstance(v, torch.Tensor)]
+
+
+def _export_into(spec: ZooModel, exporter: Exporter, dtype: Dtype, directory: Path, root: Path) -> None:
+    meta: dict[str, Any] = {"model": spec.name, "exporter": exporter, "dtype": dtype, "versions": _versions()}
+    try:
+        if dtype == "fp16-converted":
+            _convert_to_fp16(spec, exporter, directory, root, meta)
+        else:
+            _torch_export(spec, exporter, dtype, directory, meta)
+    except ZooExportError as err:
+        meta["error"] = str(err)
+    except Exception as err:  # an exporter failure of any kind is a property of this model, cached as such
+        logger.debug("export of %s / %s / %s failed", spec.name, exporter, dtype, exc_info=True)
+        meta["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _torch_export(spec: ZooModel, exporter: Exporter, dtype: Dtype, directory: Path, meta: dict[str, Any]) -> None:
+    import torch
+
+    model = build_model(spec)
+    float_dtype = np.float16 if dtype == "fp16" else np.float32
+    trace = example_inputs(spec, *TRACE_SHAPE, seed=0, float_dtype=float_dtype)
+    test = example_inputs(spec, *TEST_SHAPE, seed=1, float_dtype=float_dtype)
+    as_fp32 = _to_torch(test, torch.float32)
+    meta["norm_calls"] = dict(count_norm_calls(model, {**as_fp32, **_call_options(model)}).calls)
+    meta["output_names"] = _output_names(model, as_fp32)
+    golden = _golden(spec, test, meta["output_names"], half_weights=dtype == "fp16")
+
+    path = directory / "model.onnx"
+    write_onnx(model, spec, exporter, dtype, trace, path, meta["output_names"])
+    _finish(path, directory, test, trace, golden, meta)
+
+
+def write_onnx(
+    model: Any,
+    spec: ZooModel,
+    exporter: str,
+    dtype: Dtype,
+    trace: dict[str, np.ndarray],
+    path: Path,
+    output_names: list[str],
+) -> None:
+    """Export `model` (float32) to `path`: `exporter` is "dynamo" or "torchscript-<opset>"."""
+    import torch
+
+    if dtype == "fp16":
+        model = model.half()
+    names = list(trace)
+    wrapper = _Flatten.wrap(model, names)
+    args = tuple(_to_torch(trace).values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and deprecation warnings, one screen per model
+        if exporter == "dynamo":
+            program = torch.onnx.export(
+                wrapper, args, input_names=names, output_names=output_names,
+                dynamic_axes=dynamic_axes(spec), dynamo=True, verbose=False,
+            )
+            if program is None:
+                raise ZooExportError("the dynamo exporter returned no program")
+            program.save(str(path))
+        elif exporter.startswith("torchscript-"):
+            torch.onnx.export(
+                wrapper, args, str(path), input_names=names, output_names=output_names,
+                dynamic_axes=dynamic_axes(spec), opset_version=int(exporter.split("-", 1)[1]), dynamo=False,
+            )
+        else:
+            raise ValueError(f"unknown exporter {exporter!r}: use 'dynamo' or 'torchscript-<opset>'")
+
+
+def _convert_to_fp16(spec: ZooModel, exporter: Exporter, directory: Path, root: Path, meta: dict[str, Any]) -> None:
+    import onnx
+    from onnxconverter_common import float16
+
+    source = export(spec.name, exporter, "fp32", root)
+    converted = float16.convert_float_to_float16(onnx.load(source.path), keep_io_types=True)
+    path = directory / "model.onnx"
+    onnx.save(converted, path)
+    meta["norm_calls"] = source.norm_calls
+    meta["output_names"] = source.output_names
+    test = source.inputs()
+    golden = _golden(spec, test, source.output_names, half_weights=True)
+    trace = example_inputs(spec, *TRACE_SHAPE, seed=0)
+    _finish(path, directory, test, trace, golden, meta)
+
+
+def _golden(spec: ZooModel, inputs: dict[str, np.ndarray], output_names: list[str], half_weights: bool) -> dict[str, np.ndarray] | None:
+    """Float64 torch outputs for `inputs`, with the weights rounded to fp16 first when the export is fp16."""
+    import torch
+
+    model = build_model(spec)
+    if half_weights:
+        model = model.half()
+    model = model.double()
+    try:
+        with torch.no_grad():
+            output = model(**_to_torch(inputs, torch.float64), **_call_options(model))
+    except Exception as err:  # some models hard-code float32 somewhere; the tests then compare without golden
+        logger.info("no float64 golden for %s: %s", spec.name, err)
+        return None
+    return {k: output[k].numpy() for k in output_names if isinstance(output.get(k), torch.Tensor)}
+
+
+def _finish(
+    path: Path,
+    directory: Path,
+    test: dict[str, np.ndarray],
+    trace: dict[str, np.ndarray],
+    golden: dict[str, np.ndarray] | None,
+    meta: dict[str, Any],
+) -> None:
+    """Check that the export runs at the test shape; keep the trace shape where it does not (static export)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed_names = [i.name for i in session.get_inputs()]
+    try:
+        session.run(None, {k: test[k] for k in feed_names})
+        meta["dynamic_shapes_ok"] = True
+    except Exception as err:
+        logger.info("%s does not run at the test shape (%s); using the trace shape", path, err)
+        meta["dynamic_shapes_ok"] = False
+        test, golden = trace, None
+    np.savez(directory / "inputs.npz", **{k: test[k] for k in feed_names})
+    if golden is not None:
+        np.savez(directory / "golden.npz", **golden)
