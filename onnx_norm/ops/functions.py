@@ -1,0 +1,321 @@
+"""Model-local ONNX functions for the fused norm ops (semantics: docs/ops.md).
+
+A model optimised for the `onnx-norm` target stays runnable where our kernel library is not installed: every
+`onnx_norm` node gets a model-local function with the same domain and name, written with standard ONNX ops,
+which runtimes inline when they have no kernel for the node. ONNX Runtime prefers a registered kernel over a
+model-local function, so with the library registered the same model runs our kernels.
+
+One function cannot serve every node of an op: which optional inputs and outputs are present and which rounding
+steps apply change the structure of the body, not just constants in it. Attribute references cannot express that,
+so each distinct node signature gets its own function overload (`NodeProto.overload`, IR version >= 10), and the
+node is pointed at it. The body also bakes in `axis` and `epsilon`: attribute references to them would need
+opset >= 12 for `Constant(value_float)` and >= 18 for dynamic reduction axes, while the models we rewrite start
+at opset 11.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
+
+logger = logging.getLogger(__name__)
+
+#: IR version that introduced function overloads.
+MIN_IR_VERSION = 10
+#: Oldest default-domain opset a body can be written in (negative Flatten axis, Slice with inputs).
+MIN_BODY_OPSET = 11
+#: Opset used by `function_proto` when the signature does not say.
+DEFAULT_BODY_OPSET = 18
+
+_FLOAT = int(ir.DataType.FLOAT)
+_INT64_MAX = np.iinfo(np.int64).max
+_TYPE_NAMES = {
+    int(ir.DataType.FLOAT): "f32",
+    int(ir.DataType.FLOAT16): "f16",
+    int(ir.DataType.BFLOAT16): "bf16",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSignature:
+    """Everything that decides the body of one function: the op, which optional inputs/outputs a node
+    has, the element type of X and the attribute values."""
+
+    op: str
+    inputs: tuple[bool, ...]  # presence of each input of the op's schema, in schema order
+    outputs: tuple[bool, ...]  # presence of each output
+    x_type: int
+    attrs: NormAttributes = dataclasses.field(default_factory=NormAttributes)
+    opset: int = DEFAULT_BODY_OPSET  # default-domain opset the body is written in (not part of the overload)
+
+    def __post_init__(self) -> None:
+        schema = OPS.get(self.op)
+        if schema is None:
+            raise ValueError(f"unknown onnx_norm op {self.op!r}; expected one of {sorted(OPS)}")
+        if len(self.inputs) != len(schema.inputs) or len(self.outputs) != len(schema.outputs):
+            raise ValueError(
+                f"{self.op} signature needs {len(schema.inputs)} input flags and {len(schema.outputs)} output flags, "
+                f"got {len(self.inputs)} and {len(self.outputs)}"
+            )
+        required = [name for name, present in zip(schema.inputs, self.inputs) if name not in schema.optional_inputs]
+        missing = [name for name, present in zip(schema.inputs, self.inputs) if not present and name in required]
+        if missing:
+            raise ValueError(f"{self.op} needs its required inputs {missing}")
+        if not self.outputs[0]:
+            raise ValueError(f"{self.op} needs its output Y")
+        for what, value in (("X", self.x_type), *self._type_attrs()):
+            if value not in FLOAT_TYPES and not (value == 0 and what != "X"):
+                raise ValueError(f"{self.op}: {what} element type {value} is not one of float, float16, bfloat16")
+        if self.opset < MIN_BODY_OPSET:
+            raise ValueError(f"function bodies need default opset >= {MIN_BODY_OPSET}, got {self.opset}")
+        uses_bf16 = ir.DataType.BFLOAT16 in (self.x_type, *(v for _, v in self._type_attrs()))
+        if uses_bf16 and self.opset < 13:
+            raise ValueError(f"bfloat16 Casts need default opset >= 13, got {self.opset}")
+
+    def _type_attrs(self) -> tuple[tuple[str, int], ...]:
+        a = self.attrs
+        return (
+            ("normalized_type", a.normalized_type),
+            ("multiply_type", a.multiply_type),
+            ("output_type", a.output_type),
+        )
+
+    @property
+    def overload(self) -> str:
+        """A readable, unique name for this signature: present inputs and outputs, then type and attributes."""
+        schema = OPS[self.op]
+        ins = "_".join(n for n, p in zip(schema.inputs, self.inputs) if p)
+        outs = "_".join(n for n, p in zip(schema.outputs, self.outputs) if p)
+        a = self.attrs
+
+        def t(v: int) -> str:
+            return _TYPE_NAMES.get(v, str(v)) if v else "0"
+
+        return (
+            f"{ins}__{outs}__x{t(self.x_type)}_axis{a.axis}_eps{float(np.float32(a.epsilon))!r}"
+            f"_n{t(a.normalized_type)}_m{t(a.multiply_type)}_o{t(a.output_type)}"
+        )
+
+    @classmethod
+    def from_node(cls, node: ir.Node, opset: int = DEFAULT_BODY_OPSET) -> FunctionSignature:
+        """The signature of an `onnx_norm` node; raises ValueError naming the node if it is malformed."""
+        where = f"node {node.name!r} ({node.domain}::{node.op_type})"
+        schema = OPS.get(node.op_type)
+        if node.domain != DOMAIN or schema is None:
+            raise ValueError(f"{where} is not an onnx_norm op")
+        if len(node.inputs) > len(schema.inputs) or len(node.outputs) > len(schema.outputs):
+            raise ValueError(f"{where} has more inputs or outputs than {schema.name} defines")
+        inputs = tuple(i < len(node.inputs) and node.inputs[i] is not None for i in range(len(schema.inputs)))
+        outputs = tuple(i < len(node.outputs) and bool(node.outputs[i].name) for i in range(len(schema.outputs)))
+        x = node.inputs[0] if node.inputs else None
+        if x is None:
+            raise ValueError(f"{where} has no input X")
+        if x.dtype is None:
+            raise ValueError(f"{where}: the element type of X ({x.name!r}) is unknown; run shape inference first")
+        defaults = NormAttributes()
+        values = {}
+        for field in dataclasses.fields(NormAttributes):
+            attr = node.attributes.get(field.name)
+            values[field.name] = getattr(defaults, field.name) if attr is None else attr.value
+        unknown = set(node.attributes) - set(values)
+        if unknown:
+            raise ValueError(f"{where} has unknown attributes {sorted(unknown)}")
+        try:
+            return cls(schema.name, inputs, outputs, int(x.dtype), NormAttributes(**values), opset)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+
+
+def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
+    """The model-local function for one signature, as an onnx-ir function of domain onnx_norm, with the
+    given overload name (by default the signature's own)."""
+    schema = OPS[sig.op]
+    a = sig.attrs
+    tape = ir.tape.Tape()
+    op = tape.op
+
+    def const(array: np.ndarray) -> ir.Value:
+        return op("Constant", [], {"value": ir.tensor(array)})
+
+    def cast(v: ir.Value, to: int) -> ir.Value:
+        return op("Cast", [v], {"to": ir.DataType(to)})
+
+    def to_float(v: ir.Value, elem_type: int | None) -> ir.Value:
+        return v if elem_type == _FLOAT else cast(v, _FLOAT)
+
+    def round_to(v: ir.Value, elem_type: int) -> ir.Value:
+        # Rounding to float32 of a float32 value is the identity.
+        if elem_type in (0, _FLOAT):
+            return v
+        return cast(cast(v, elem_type), _FLOAT)
+
+    def reduce_mean_rows(v: ir.Value) -> ir.Value:
+        if sig.opset >= 18:
+            return op("ReduceMean", [v, const(np.array([1], np.int64))], {"keepdims": 1})
+        return op("ReduceMean", [v], {"axes": [1], "keepdims": 1})
+
+    # ONNX Runtime binds a call's inputs and outputs to the formals by position, so the formals run up to the
+    # last present one; an absent one in between is a formal that the body ignores (inputs) or computes
+    # anyway (outputs, left unbound by the call).
+    n_in = max(i for i, p in enumerate(sig.inputs) if p) + 1
+    n_out = max(i for i, p in enumerate(sig.outputs) if p) + 1
+    formals = [ir.Value(name=name) for name in schema.inputs[:n_in]]
+    formal = {v.name: v for v, p in zip(formals, sig.inputs) if p}
+    x = formal["X"]
+    results: dict[str, ir.Value] = {}
+    if schema.skip:
+        total = op("Add", [to_float(x, sig.x_type), to_float(formal["Skip"], sig.x_type)])
+        if sig.x_type == _FLOAT:
+            s = total
+        else:
+            s = cast(total, sig.x_type)
+        results["Sum"] = s
+        xf = to_float(s, sig.x_type)
+        x_shape_source = s
+    else:
+        xf = to_float(x, sig.x_type)
+        x_shape_source = x
+
+    # Flatten to [rows, N] so that the reduction axis is the constant 1 whatever the rank and the opset.
+    rows = op("Flatten", [xf], {"axis": a.axis})
+    x_shape = op("Shape", [x_shape_source])
+    eps = const(np.array(a.epsilon, np.float32))
+    if schema.rms:
+        mean_square = reduce_mean_rows(op("Mul", [rows, rows]))
+        centred = rows
+        inv = op("Reciprocal", [op("Sqrt", [op("Add", [mean_square, eps])])])
+        mean = None
+    else:
+        mean = reduce_mean_rows(rows)
+        centred = op("Sub", [rows, mean])
+        var = reduce_mean_rows(op("Mul", [centred, centred]))
+        inv = op("Reciprocal", [op("Sqrt", [op("Add", [var, eps])])])
+    reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
+    y = op("Reshape", [op("Mul", [centred, inv]), x_shape], reshape_attrs)
+    y = round_to(y, a.normalized_type)
+    if "Scale" in formal:
+        y = round_to(op("Mul", [y, cast(formal["Scale"], _FLOAT)]), a.multiply_type)
+    if "Bias" in formal:
+        y = round_to(op("Add", [y, cast(formal["Bias"], _FLOAT)]), a.multiply_type)
+    out_type = a.output_type or sig.x_type
+    results["Y"] = y if out_type == _FLOAT else cast(y, out_type)
+
+    if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
+        # Statistics keep X's leading dims and have 1 for every normalised dim.
+        leading = op("Slice", [x_shape, const(np.array([0], np.int64)), const(np.array([a.axis], np.int64))])
+        if a.axis < 0:
+            ones = const(np.ones(-a.axis, np.int64))
+        else:
+            tail = op("Slice", [x_shape, const(np.array([a.axis], np.int64)), const(np.array([_INT64_MAX], np.int64))])
+            ones = op("Add", [op("Mul", [tail, const(np.array(0, np.int64))]), const(np.array(1, np.int64))])
+        stat_shape = op("Concat", [leading, ones], {"axis": 0})
+        if mean is not None:
+            results["Mean"] = op("Reshape", [mean, stat_shape], reshape_attrs)
+        results["InvStdDev" if not schema.rms else "InvRMS"] = op("Reshape", [inv, stat_shape], reshape_attrs)
+
+    outputs = []
+    for name in schema.outputs[:n_out]:
+        value = results[name]
+        value.name = name
+        outputs.append(value)
+    graph = ir.Graph(
+        formals,
+        outputs,
+        nodes=tape.nodes,
+        opset_imports={"": sig.opset},
+        name=f"{sig.op}_{sig.overload}",
+    )
+    # Name every intermediate value: a FunctionProto refers to values by name only.
+    for i, node in enumerate(graph):
+        node.name = f"n{i}_{node.op_type}"
+        for j, out in enumerate(node.outputs):
+            if not out.name:
+                out.name = f"v{i}_{j}"
+    overload = sig.overload if overload is None else overload
+    return ir.Function(DOMAIN, sig.op, overload, graph=graph, attributes=[])
+
+
+def function_proto(signature: FunctionSignature, overload: str | None = None) -> onnx.FunctionProto:
+    """The model-local function for one signature as an `onnx.FunctionProto` (overload: see `build_function`)."""
+    return ir.serde.serialize_function(build_function(signature, overload))
+
+
+def _norm_nodes(model: ir.Model) -> Iterator[tuple[ir.Node, ir.Function | None]]:
+    """Every onnx_norm node with the model-local function that holds it (None for the main graph)."""
+    owners: list[tuple[ir.Graph | ir.Function, ir.Function | None]] = [(model.graph, None)]
+    owners += [(f, f) for f in model.functions.values() if f.domain != DOMAIN]
+    for graph, owner in owners:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            if node.domain == DOMAIN:
+                yield node, owner
+
+
+def _overloads(
+    found: list[tuple[ir.Node, FunctionSignature, ir.Function | None]],
+) -> dict[FunctionSignature, str]:
+    """The overload name of each signature. An op used with one signature only gets the default overload "",
+    which needs no IR 10 and no overload support. ONNX Runtime (1.31) also loses the overload of a node inside
+    a model-local function when it inlines that function, so where nodes inside functions use one signature
+    of an op, that signature gets "" too."""
+    by_op: dict[str, dict[FunctionSignature, bool]] = {}
+    for _, sig, owner in found:
+        inside = by_op.setdefault(sig.op, {})
+        inside[sig] = inside.get(sig, False) or owner is not None
+    names: dict[FunctionSignature, str] = {}
+    for op, sigs in by_op.items():
+        nested = [sig for sig, inside in sigs.items() if inside]
+        if len(sigs) == 1:
+            default = next(iter(sigs))
+        elif len(nested) == 1:
+            default = nested[0]
+        else:
+            default = None
+            if nested:
+                logger.warning(
+                    "%d signatures of %s::%s are used inside model-local functions; ONNX Runtime 1.31 cannot "
+                    "run such nodes without the onnx_norm library because it drops their overloads when inlining",
+                    len(nested),
+                    DOMAIN,
+                    op,
+                )
+        for sig in sigs:
+            names[sig] = "" if sig == default else sig.overload
+    return names
+
+
+def attach_functions(model: ir.Model) -> None:
+    """Adds a model-local function for every `onnx_norm` node signature in the model, its subgraphs and its
+    other functions, points each node at its overload, and removes `onnx_norm` functions nothing uses.
+
+    Raises ValueError, naming the node, when a node is not a valid onnx_norm op or its input type is unknown.
+    """
+    opset = model.opset_imports.get("", DEFAULT_BODY_OPSET)
+    if opset < MIN_BODY_OPSET:
+        raise ValueError(
+            f"the model's default opset is {opset}; onnx_norm function bodies need opset >= {MIN_BODY_OPSET}"
+        )
+    found = [(node, FunctionSignature.from_node(node, opset), owner) for node, owner in _norm_nodes(model)]
+    overloads = _overloads(found)
+    for key in [k for k, f in model.functions.items() if f.domain == DOMAIN]:
+        # Rebuilt from scratch: the nodes or the model's opset may have changed since the last call.
+        del model.functions[key]
+    for sig, overload in overloads.items():
+        model.functions[(DOMAIN, sig.op, overload)] = build_function(sig, overload)
+        logger.debug("added function %s::%s overload %r", DOMAIN, sig.op, overload)
+    for node, sig, owner in found:
+        node.overload = overloads[sig]
+        if owner is not None:
+            owner.opset_imports[DOMAIN] = OPSET_VERSION
+    if found:
+        model.opset_imports.setdefault("", opset)
+        model.opset_imports[DOMAIN] = OPSET_VERSION
+        if any(overloads.values()) and model.ir_version < MIN_IR_VERSION:
+            # Overloads need IR 10; nothing else in a model changes meaning between IR versions 7 and 10.
+            model.ir_version = MIN_IR_VERSION
