@@ -1,0 +1,420 @@
+"""Honest speedup measurement: the optimized model against the original under ONNX Runtime's own optimizations.
+
+Variants, all on the same inputs, provider and thread count, each with its own session:
+
+- `original`: the original model with ORT_ENABLE_ALL (the baseline; ORT already fuses some norms itself);
+- `optimized`: the optimized model (ORT_ENABLE_ALL, our custom-op library registered when it needs it);
+- `original-noopt`: the original with ORT_DISABLE_ALL, for reference.
+
+Runs are interleaved round by round (original, optimized, original-noopt, original, ...), so that drift in the
+machine's load hits every variant alike; the first `warmup` rounds are not recorded. The speedup is the median of
+the per-round ratios original / optimized, with the 10th and 90th percentiles of those ratios as its spread.
+On CUDA the inputs are copied to the device once and the outputs are bound there (IO binding), so host copies are
+not timed.
+
+With `profile=True`, profiled sessions (separate from the timed ones, since profiling costs time) split the kernel
+time into norm nodes and the rest: in the optimized model the fused norm ops, in the original the ops ORT fused
+into a norm itself plus the nodes the rewrite removed (the decomposed norms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from onnx_norm import inputs as model_inputs
+from onnx_norm.sessions import OptLevel, Provider, Runner, RuntimeConfig, create_session
+
+logger = logging.getLogger(__name__)
+
+ORIGINAL = "original"
+OPTIMIZED = "optimized"
+UNOPTIMIZED = "original-noopt"
+VARIANT_LABELS = {
+    ORIGINAL: "original (ORT_ENABLE_ALL)",
+    OPTIMIZED: "optimized (onnx-norm)",
+    UNOPTIMIZED: "original (ORT_DISABLE_ALL)",
+}
+#: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
+NORM_OP_TYPES = frozenset(
+    {
+        "LayerNorm",
+        "RMSNorm",
+        "SkipLayerNorm",
+        "SkipRMSNorm",
+        "LayerNormalization",
+        "RMSNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+    }
+)
+_PROFILE_RUNS = 10
+
+Clock = Callable[[], float]
+Progress = Callable[[int, int], None]
+
+
+@dataclasses.dataclass
+class LatencyStats:
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    runs: int
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> LatencyStats:
+        ms = np.asarray(seconds, dtype=np.float64) * 1e3
+        return cls(
+            float(np.median(ms)),
+            float(np.percentile(ms, 90)),
+            float(ms.mean()),
+            float(ms.min()),
+            float(ms.max()),
+            len(ms),
+        )
+
+
+@dataclasses.dataclass
+class Speedup:
+    """Per-round ratios baseline / candidate: their median and 10th-90th percentile spread."""
+
+    median: float
+    p10: float
+    p90: float
+
+    @classmethod
+    def of(cls, baseline: Sequence[float], candidate: Sequence[float]) -> Speedup:
+        ratios = np.asarray(baseline, dtype=np.float64) / np.asarray(candidate, dtype=np.float64)
+        return cls(float(np.median(ratios)), float(np.percentile(ratios, 10)), float(np.percentile(ratios, 90)))
+
+
+@dataclasses.dataclass
+class BenchPoint:
+    """One input shape: latency of every variant and the speedups."""
+
+    shapes: dict[str, list[int]]
+    dims: dict[str, int]  # the swept dim's value, when sweeping
+    latency: dict[str, LatencyStats]
+    speedup: Speedup  # original (ORT_ENABLE_ALL) / optimized
+    speedup_vs_noopt: Speedup | None  # original (ORT_DISABLE_ALL) / optimized
+
+
+@dataclasses.dataclass
+class ProfileSplit:
+    """Kernel time per run of one variant, split into norm nodes and the rest (from ORT's profiler)."""
+
+    norm_ms: float
+    other_ms: float
+    norm_nodes: int
+
+    @property
+    def norm_share(self) -> float:
+        total = self.norm_ms + self.other_ms
+        return self.norm_ms / total if total else 0.0
+
+
+@dataclasses.dataclass
+class BenchReport:
+    speedup: float  # the headline: median per-round ratio original / optimized (geometric mean over sweep points)
+    speedup_spread: tuple[float, float]
+    provider: str
+    threads: int | None
+    warmup: int
+    repeat: int
+    points: list[BenchPoint]
+    profile: dict[str, ProfileSplit] | None
+    optimized_in_memory: bool
+    environment: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.profile is not None:
+            for name, split in self.profile.items():
+                data["profile"][name]["norm_share"] = split.norm_share
+        data["variants"] = VARIANT_LABELS
+        return _json_safe(data)
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+def interleave(
+    runners: Mapping[str, Callable[[], object]],
+    *,
+    warmup: int,
+    repeat: int,
+    clock: Clock = time.perf_counter,
+    progress: Progress | None = None,
+) -> dict[str, list[float]]:
+    """Runs every runner once per round, in the given order, for `warmup + repeat` rounds; returns the durations
+    (seconds) of the last `repeat` rounds per runner."""
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    rounds = warmup + repeat
+    for round_index in range(rounds):
+        for name, run in runners.items():
+            start = clock()
+            run()
+            elapsed = clock() - start
+            if round_index >= warmup:
+                times[name].append(elapsed)
+        if progress is not None:
+            progress(round_index + 1, rounds)
+    return times
+
+
+def _removed_node_names(original: onnx.ModelProto, optimized: onnx.ModelProto) -> frozenset[str]:
+    kept = {node.name for node in optimized.graph.node}
+    return frozenset(node.name for node in original.graph.node if node.name and node.name not in kept)
+
+
+def profile_split(
+    session_factory: Callable[[str], ort.InferenceSession],
+    feeds: Mapping[str, np.ndarray],
+    norm_nodes: frozenset[str],
+    *,
+    runs: int = _PROFILE_RUNS,
+) -> ProfileSplit:
+    """Profiles `runs` runs (after one unrecorded warm-up run is not possible with ORT's profiler, so the first run
+    is dropped from the events) and splits kernel time into norm nodes and the rest."""
+    with tempfile.TemporaryDirectory(prefix="onnx_norm_profile_") as tmp:
+        session = session_factory(os.path.join(tmp, "profile"))
+        for _ in range(runs + 1):
+            session.run(None, dict(feeds))
+        path = session.end_profiling()
+        events = json.loads(Path(path).read_text())
+    return split_profile_events(events, norm_nodes, runs=runs + 1, skip_first=True)
+
+
+def split_profile_events(
+    events: Sequence[Mapping[str, Any]], norm_nodes: frozenset[str], *, runs: int, skip_first: bool = False
+) -> ProfileSplit:
+    """Sums `*_kernel_time` node events per run into norm and other time. A node counts as a norm if its op type
+    is in NORM_OP_TYPES or its name is in `norm_nodes`."""
+    model_runs = [event for event in events if event.get("cat") == "Session" and event.get("name") == "model_run"]
+    start_after = None
+    if skip_first and len(model_runs) >= 2:
+        first = min(model_runs, key=lambda event: event["ts"])
+        start_after = first["ts"] + first["dur"]
+        runs -= 1
+    norm_us = other_us = 0.0
+    norm_names: set[str] = set()
+    for event in events:
+        if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
+            continue
+        if start_after is not None and event.get("ts", 0) < start_after:
+            continue
+        node = event["name"][: -len("_kernel_time")]
+        op = event.get("args", {}).get("op_name", "")
+        if op in NORM_OP_TYPES or node in norm_nodes:
+            norm_us += float(event.get("dur", 0))
+            norm_names.add(node)
+        else:
+            other_us += float(event.get("dur", 0))
+    runs = max(runs, 1)
+    return ProfileSplit(norm_us / runs / 1e3, other_us / runs / 1e3, len(norm_names))
+
+
+def _environment(provider: str, threads: int | None) -> dict[str, str]:
+    return {
+        "onnxruntime": ort.__version__,
+        "onnx": onnx.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": str(os.cpu_count()),
+        "provider": provider,
+        "threads": str(threads or "ORT default"),
+    }
+
+
+def bench(
+    original: str | Path | onnx.ModelProto | Any,
+    optimized: str | Path | onnx.ModelProto | Any | None = None,
+    *,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    input_files: Sequence[str | Path] = (),
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    sweep: tuple[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    provider: Provider = "cpu",
+    threads: int | None = None,
+    device_id: int = 0,
+    warmup: int = 5,
+    repeat: int = 20,
+    include_unoptimized: bool = True,
+    profile: bool = False,
+    progress: Progress | None = None,
+    clock: Clock = time.perf_counter,
+) -> BenchReport:
+    """Times `optimized` against `original` (see the module docstring). With no `optimized`, the original is
+    optimized in memory with `onnx_norm.optimize`. `sweep=("sequence", [128, 256])` measures one point per value
+    of a symbolic dim. Raises InputError for inputs that do not fit, SessionError when a model cannot run."""
+    if warmup < 0 or repeat < 1:
+        raise model_inputs.InputError(f"need --warmup >= 0 and --repeat >= 1, got {warmup} and {repeat}")
+    original_proto = model_inputs.load_model(original, load_external_data=True)
+    in_memory = optimized is None
+    if optimized is None:
+        from onnx_norm.rewrite import optimize
+
+        optimized, _ = optimize(original_proto)
+    optimized_proto = model_inputs.load_model(optimized, load_external_data=True)
+
+    points_shapes: list[tuple[dict[str, int], Mapping[str, Sequence[int]] | None]] = []
+    if sweep is not None:
+        dim, values = sweep
+        for value in values:
+            points_shapes.append(({dim: int(value)}, {**(shapes or {}), dim: [int(value)]}))
+    else:
+        points_shapes.append(({}, shapes))
+
+    samples: list[dict[str, np.ndarray]] = []
+    specs = model_inputs.input_specs(original_proto)
+    for _, point_shapes in points_shapes:
+        if inputs is not None:
+            sample = dict(inputs)
+            model_inputs.validate(specs, sample)
+        else:
+            sample = model_inputs.prepare(original_proto, files=input_files, shapes=point_shapes, seed=seed)[0]
+        samples.append(sample)
+
+    config = RuntimeConfig(provider, threads, "all", device_id)
+    models: dict[str, tuple[onnx.ModelProto, OptLevel]] = {
+        ORIGINAL: (original_proto, "all"),
+        OPTIMIZED: (optimized_proto, "all"),
+    }
+    if include_unoptimized:
+        models[UNOPTIMIZED] = (original_proto, "disabled")
+    sessions = {
+        name: create_session(proto, config.replace(optimization=level), custom_ops=None if name == OPTIMIZED else False)
+        for name, (proto, level) in models.items()
+    }
+
+    total_rounds = (warmup + repeat) * len(samples)
+    done_before = 0
+    points: list[BenchPoint] = []
+    for (dims, _), sample in zip(points_shapes, samples, strict=True):
+        runners = {name: Runner(session, sample, config).run_bound for name, session in sessions.items()}
+
+        def point_progress(done: int, _total: int, offset: int = done_before) -> None:
+            if progress is not None:
+                progress(offset + done, total_rounds)
+
+        times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress)
+        done_before += warmup + repeat
+        points.append(
+            BenchPoint(
+                shapes={name: list(array.shape) for name, array in sample.items()},
+                dims=dims,
+                latency={name: LatencyStats.of(values) for name, values in times.items()},
+                speedup=Speedup.of(times[ORIGINAL], times[OPTIMIZED]),
+                speedup_vs_noopt=Speedup.of(times[UNOPTIMIZED], times[OPTIMIZED]) if include_unoptimized else None,
+            )
+        )
+
+    profiles = None
+    if profile:
+        removed = _removed_node_names(original_proto, optimized_proto)
+        profiles = {}
+        for name, (proto, level) in models.items():
+            norm_nodes = frozenset() if name == OPTIMIZED else removed
+
+            def factory(prefix: str, proto: onnx.ModelProto = proto, level: OptLevel = level, name: str = name) -> Any:
+                return create_session(
+                    proto,
+                    config.replace(optimization=level),
+                    custom_ops=None if name == OPTIMIZED else False,
+                    profile_prefix=prefix,
+                )
+
+            profiles[name] = profile_split(factory, samples[-1], norm_nodes)
+
+    if len(points) == 1:
+        headline = points[0].speedup.median
+        spread = (points[0].speedup.p10, points[0].speedup.p90)
+    else:
+        headline = float(np.exp(np.mean([np.log(p.speedup.median) for p in points])))
+        spread = (min(p.speedup.p10 for p in points), max(p.speedup.p90 for p in points))
+    return BenchReport(
+        speedup=headline,
+        speedup_spread=spread,
+        provider=provider,
+        threads=threads,
+        warmup=warmup,
+        repeat=repeat,
+        points=points,
+        profile=profiles,
+        optimized_in_memory=in_memory,
+        environment=_environment(provider, threads),
+    )
+
+
+def plot(report: BenchReport, path: str | Path, *, title: str | None = None) -> None:
+    """Speedup against the swept dim (error bars: 10th-90th percentile of the per-round ratios); with a single
+    point, median latency per variant (whiskers to the 90th percentile)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    swept = [p for p in report.points if p.dims]
+    if len(swept) >= 2:
+        dim = next(iter(swept[0].dims))
+        xs = [p.dims[dim] for p in swept]
+        ys = [p.speedup.median for p in swept]
+        err = [
+            [y - p.speedup.p10 for y, p in zip(ys, swept, strict=True)],
+            [p.speedup.p90 - y for y, p in zip(ys, swept, strict=True)],
+        ]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label="original (ORT_ENABLE_ALL) / optimized")
+        if all(p.speedup_vs_noopt for p in swept):
+            ax.plot(
+                xs,
+                [p.speedup_vs_noopt.median for p in swept if p.speedup_vs_noopt],
+                marker="s",
+                linestyle="--",
+                label="original (ORT_DISABLE_ALL) / optimized",
+            )
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel(dim)
+        ax.set_ylabel("speedup (x)")
+        ax.legend(fontsize=8)
+    else:
+        point = report.points[0]
+        names = list(point.latency)
+        medians = [point.latency[n].median_ms for n in names]
+        whiskers = [[0] * len(names), [point.latency[n].p90_ms - point.latency[n].median_ms for n in names]]
+        ax.bar([VARIANT_LABELS.get(n, n) for n in names], medians, yerr=whiskers, capsize=3)
+        ax.set_ylabel("median latency (ms)")
+        ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(title or f"onnx-norm bench ({report.provider}), speedup {report.speedup:.2f}x")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

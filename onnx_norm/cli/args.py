@@ -1,0 +1,112 @@
+"""Argument groups shared by the subcommands (Polygraphy-style): model inputs, runtime, tolerances, report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from onnx_norm.cli import UsageError
+
+
+def add_input_args(parser: argparse.ArgumentParser, *, samples: bool = True) -> None:
+    group = parser.add_argument_group("model inputs")
+    group.add_argument(
+        "--inputs",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="FILE",
+        help="input data instead of random inputs: each FILE.npz is one sample (keys are input names); "
+        "NAME:FILE.npy files together make one sample (a bare FILE.npy for a single-input model)",
+    )
+    group.add_argument(
+        "--shape",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:DIMS",
+        help="shape of an input (input_ids:1,128) or value of a symbolic dim (sequence:512) for generated inputs; "
+        "unset dims default to 1 (batch) and 128 (others)",
+    )
+    if samples:
+        group.add_argument("--samples", type=int, default=2, help="number of generated input samples (default: 2)")
+    group.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default: 0)")
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("runtime")
+    group.add_argument(
+        "--provider",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="ONNX Runtime execution provider for both models (default: cpu); a CUDA run that ORT moved to the "
+        "CPU is refused",
+    )
+    group.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's choice)")
+    group.add_argument("--device-id", type=int, default=0, help="CUDA device (default: 0)")
+
+
+def add_report_args(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--report", type=Path, metavar="PATH", help=f"write the {what} as JSON to PATH")
+
+
+def shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    from onnx_norm.inputs import InputError, parse_shapes
+
+    try:
+        return parse_shapes(args.shape)
+    except InputError as err:
+        raise UsageError(str(err)) from None
+
+
+def check_model_path(path: Path | str, what: str = "model") -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{what} not found: {path}")
+    return path
+
+
+def check_positive(value: int | None, flag: str, *, zero_ok: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not zero_ok):
+        raise UsageError(f"{flag} must be {'>= 0' if zero_ok else '> 0'}, got {value}")
+
+
+def per_output_values(values: Sequence[str] | None, flag: str, convert: Any = float) -> Any:
+    """Parses Polygraphy-style `--atol 1e-3 logits:1e-2`: a bare value for all outputs, NAME:VALUE overrides.
+    Returns None, a single value, or a mapping with "*" for the default."""
+    if not values:
+        return None
+    mapping: dict[str, Any] = {}
+    for item in values:
+        name, sep, text = item.rpartition(":")
+        key = name if sep else "*"
+        try:
+            mapping[key] = convert(text)
+        except ValueError:
+            raise UsageError(f"{flag} {item!r}: {text!r} is not a valid value") from None
+    if set(mapping) == {"*"}:
+        return mapping["*"]
+    return mapping
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    return "onnx-norm " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+@contextlib.contextmanager
+def input_errors() -> Iterator[None]:
+    """Turns input and session errors of the library into UsageError (exit 2, one line, no traceback)."""
+    from onnx_norm.inputs import InputError
+    from onnx_norm.sessions import SessionError
+
+    try:
+        yield
+    except (InputError, SessionError) as err:
+        raise UsageError(str(err)) from None

@@ -1,0 +1,178 @@
+"""`onnx-norm bench ORIGINAL [OPTIMIZED]`: latency of the optimized model against the original (ORT_ENABLE_ALL).
+
+Exit 0 measured, 1 the speedup is below `--min-speedup`, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from onnx_norm.cli import UsageError
+from onnx_norm.cli import args as common
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure the speedup of the optimized model over the original",
+        description="Time the original model (ONNX Runtime with all its optimizations, and with none) against the "
+        "optimized one, interleaved, on the same inputs, provider and threads. With one model, it is optimized "
+        "in memory first.",
+    )
+    parser.add_argument("original", help="the original ONNX model")
+    parser.add_argument("optimized", nargs="?", help="the optimized model (default: optimize ORIGINAL in memory)")
+    common.add_input_args(parser, samples=False)
+    common.add_runtime_args(parser)
+    group = parser.add_argument_group("measurement")
+    group.add_argument("--warmup", type=int, default=5, help="unrecorded rounds before timing (default: 5)")
+    group.add_argument("--repeat", type=int, default=20, help="timed rounds per variant (default: 20)")
+    group.add_argument(
+        "--sweep",
+        metavar="DIM:V1,V2,...",
+        help="one measurement per value of a symbolic dim, e.g. sequence:64,128,256,512 (plotted by --plot)",
+    )
+    group.add_argument("--no-noopt", action="store_true", help="skip the original with ORT optimizations off")
+    group.add_argument(
+        "--profile", action="store_true", help="split kernel time into norm nodes and the rest with ORT's profiler"
+    )
+    group.add_argument(
+        "--min-speedup", type=float, default=None, help="exit 1 if the median speedup is below this ratio (for CI)"
+    )
+    common.add_report_args(parser, "bench report")
+    parser.add_argument("--plot", metavar="PNG", help="plot the speedup (against the swept dim) to PNG")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
+    if not text:
+        return None
+    match = re.fullmatch(r"([^:]+):([0-9,\s]+)", text)
+    if match is None:
+        raise UsageError(f"--sweep {text!r}: expected DIM:V1,V2,... (for example sequence:64,128,256)")
+    values = [int(v) for v in match.group(2).split(",") if v.strip()]
+    if not values or any(v <= 0 for v in values):
+        raise UsageError(f"--sweep {text!r}: values must be positive integers")
+    return match.group(1), values
+
+
+def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    common.check_positive(args.warmup, "--warmup", zero_ok=True)
+    common.check_positive(args.repeat, "--repeat")
+    common.check_positive(args.threads, "--threads")
+    return {
+        "input_files": args.inputs,
+        "shapes": common.shapes(args) or None,
+        "sweep": parse_sweep(args.sweep),
+        "seed": args.seed,
+        "provider": args.provider,
+        "threads": args.threads,
+        "device_id": args.device_id,
+        "warmup": args.warmup,
+        "repeat": args.repeat,
+        "include_unoptimized": not args.no_noopt,
+        "profile": args.profile,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    common.check_model_path(args.original, "original model")
+    if args.optimized is not None:
+        common.check_model_path(args.optimized, "optimized model")
+    if args.sweep is None and args.plot and args.inputs:
+        raise UsageError("--plot with --inputs measures one shape only; use generated inputs with --sweep")
+    kwargs = bench_kwargs(args)
+    console = Console()
+    report = bench_and_print(args.original, args.optimized, kwargs, console, title=str(args.original))
+    if args.report is not None:
+        report.write_json(args.report)
+        console.print(f"report written to {args.report}")
+    if args.plot:
+        from onnx_norm.bench import plot
+
+        plot(report, args.plot)
+        console.print(f"plot written to {args.plot}")
+    if args.min_speedup is not None and report.speedup < args.min_speedup:
+        console.print(f"[bold red]FAILED[/] | speedup {report.speedup:.3f}x is below --min-speedup {args.min_speedup}")
+        return 1
+    return 0
+
+
+def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], console: Console, *, title: str) -> Any:
+    """Runs the bench with a progress bar and prints its tables; returns the BenchReport (demo uses it too)."""
+    from onnx_norm.bench import bench
+
+    with Progress(
+        TextColumn("[bold]bench[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(title, total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        with common.input_errors():
+            report = bench(original, optimized, progress=advance, **kwargs)
+    print_report(report, console, title=title)
+    return report
+
+
+def print_report(report: Any, console: Console, *, title: str) -> None:
+    from onnx_norm.bench import VARIANT_LABELS
+
+    threads = report.threads or "default"
+    for point in report.points:
+        shape_text = ", ".join(f"{name} {'x'.join(map(str, dims))}" for name, dims in point.shapes.items())
+        table = Table(
+            title=f"{title}: {report.provider}, threads {threads}, {report.repeat} timed rounds ({shape_text})",
+            title_justify="left",
+        )
+        for column in ("variant", "median ms", "p90 ms", "min ms", "speedup of optimized"):
+            table.add_column(column, justify="left" if column == "variant" else "right")
+        for name, stats in point.latency.items():
+            if name == "optimized":
+                ratio = "-"
+            elif name == "original":
+                ratio = f"{point.speedup.median:.2f}x ({point.speedup.p10:.2f}-{point.speedup.p90:.2f})"
+            elif point.speedup_vs_noopt is not None:
+                s = point.speedup_vs_noopt
+                ratio = f"{s.median:.2f}x ({s.p10:.2f}-{s.p90:.2f})"
+            else:
+                ratio = "-"
+            table.add_row(
+                VARIANT_LABELS.get(name, name),
+                f"{stats.median_ms:.3f}",
+                f"{stats.p90_ms:.3f}",
+                f"{stats.min_ms:.3f}",
+                ratio,
+            )
+        console.print(table)
+    if report.profile:
+        table = Table(title="Kernel time per run (ORT profiler)", title_justify="left")
+        for column in ("variant", "norm nodes", "norm ms", "other ms", "norm share"):
+            table.add_column(column, justify="left" if column == "variant" else "right")
+        for name, split in report.profile.items():
+            table.add_row(
+                VARIANT_LABELS.get(name, name),
+                str(split.norm_nodes),
+                f"{split.norm_ms:.3f}",
+                f"{split.other_ms:.3f}",
+                f"{100 * split.norm_share:.1f}%",
+            )
+        console.print(table)
+    lo, hi = report.speedup_spread
+    console.print(
+        f"speedup (original ORT_ENABLE_ALL / optimized, median of paired rounds): [bold]{report.speedup:.3f}x[/] "
+        f"(p10-p90 {lo:.3f}-{hi:.3f})",
+        highlight=False,
+    )

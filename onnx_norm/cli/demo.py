@@ -1,0 +1,146 @@
+"""`onnx-norm demo`: inspect, optimize, verify and bench the bundled example models; nothing is downloaded.
+
+Exit 0 when every example passed the parity gate, 1 when one failed, 2 when the examples cannot be found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from onnx_norm.cli import UsageError
+from onnx_norm.cli import args as common
+
+#: The bundled examples, in the order the demo runs them (see examples/README.md).
+EXAMPLES = ("llama-rmsnorm-fp32.onnx", "llama-rmsnorm-fp16.onnx", "bert-layernorm-opset13.onnx")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run inspect, optimize, verify and bench on the bundled example models",
+        description="The whole flow on small LLaMA-style (RMSNorm, fp32 and fp16) and BERT-style (LayerNorm, "
+        "opset 13) models shipped with onnx-norm.",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        choices=[name.removesuffix(".onnx") for name in EXAMPLES],
+        help="run only this example (repeatable; default: all)",
+    )
+    parser.add_argument("--out", type=Path, help="keep the optimized models in this directory (default: temporary)")
+    common.add_runtime_args(parser)
+    parser.add_argument("--warmup", type=int, default=3, help="bench warm-up rounds (default: 3)")
+    parser.add_argument("--repeat", type=int, default=15, help="bench timed rounds (default: 15)")
+    parser.add_argument(
+        "--shape",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:DIMS",
+        help="input shapes for verify and bench (default: batch 1, sequence 64)",
+    )
+    parser.add_argument("--examples-dir", type=Path, help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def examples_dir(explicit: Path | None = None) -> Path:
+    """Where the bundled models are: packaged with onnx_norm, or examples/ of a source checkout."""
+    candidates = [explicit] if explicit else []
+    try:
+        candidates.append(Path(str(resources.files("onnx_norm") / "examples")))
+    except (ModuleNotFoundError, TypeError):  # not importable as a package with resources (zipped, frozen)
+        pass
+    candidates.append(Path(__file__).resolve().parents[2] / "examples")
+    for candidate in candidates:
+        if candidate is not None and (candidate / EXAMPLES[0]).is_file():
+            return candidate
+    raise UsageError(f"bundled example models not found (looked in {', '.join(str(c) for c in candidates if c)})")
+
+
+def _subcommand(argv: list[str]) -> int:
+    from onnx_norm.cli import build_parser
+
+    parsed = build_parser().parse_args(argv)
+    return int(parsed.func(parsed))
+
+
+def run(args: argparse.Namespace) -> int:
+    from onnx_norm.cli.bench import bench_and_print
+    from onnx_norm.cli.verify import verify_and_print
+    from onnx_norm.parity import RULE_KEY
+
+    common.check_positive(args.warmup, "--warmup", zero_ok=True)
+    common.check_positive(args.repeat, "--repeat")
+    common.check_positive(args.threads, "--threads")
+    source = examples_dir(args.examples_dir)
+    names = [f"{name}.onnx" for name in args.model] if args.model else list(EXAMPLES)
+    shapes = args.shape or ["sequence:64"]
+    console = Console()
+    summary: list[tuple[str, int, bool, float]] = []
+    with tempfile.TemporaryDirectory(prefix="onnx_norm_demo_") as tmp:
+        out_dir = args.out or Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            original = source / name
+            optimized = out_dir / name.replace(".onnx", ".optimized.onnx")
+            console.rule(f"[bold]{name}")
+            console.print(f"[bold]$ onnx-norm inspect {original}", highlight=False)
+            _subcommand(["inspect", str(original)])
+            console.print(f"[bold]$ onnx-norm optimize {original} -o {optimized}", highlight=False)
+            code = _subcommand(["optimize", str(original), "-o", str(optimized)])
+            if code != 0 or not optimized.is_file():
+                console.print(f"[bold red]optimize failed on {name} (exit {code})")
+                summary.append((name, 0, False, float("nan")))
+                continue
+            import onnx
+
+            fused = sum(
+                1
+                for node in onnx.load(str(optimized), load_external_data=False).graph.node
+                if any(prop.key == RULE_KEY for prop in node.metadata_props)
+            )
+            verify_args = argparse.Namespace(
+                shape=shapes,
+                samples=2,
+                seed=0,
+                provider=args.provider,
+                threads=args.threads,
+                device_id=args.device_id,
+                per_node=True,
+                report=None,
+            )
+            console.print(
+                f"[bold]$ onnx-norm verify {original} {optimized} --per-node --shape {' '.join(shapes)}",
+                highlight=False,
+            )
+            verify_code, _ = verify_and_print(str(original), str(optimized), verify_args, console=console)
+            console.print(
+                f"[bold]$ onnx-norm bench {original} {optimized} --warmup {args.warmup} --repeat {args.repeat} "
+                f"--shape {' '.join(shapes)}",
+                highlight=False,
+            )
+            kwargs = {
+                "shapes": common.shapes(argparse.Namespace(shape=shapes)),
+                "provider": args.provider,
+                "threads": args.threads,
+                "device_id": args.device_id,
+                "warmup": args.warmup,
+                "repeat": args.repeat,
+            }
+            report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)
+            summary.append((name, fused, verify_code == 0, report.speedup))
+
+    table = Table(title="onnx-norm demo", title_justify="left")
+    for column in ("model", "norms fused", "parity", "speedup vs ORT_ENABLE_ALL"):
+        table.add_column(column, justify="left" if column in ("model", "parity") else "right")
+    for name, fused, passed, speedup in summary:
+        table.add_row(name, str(fused), "[green]PASSED[/]" if passed else "[red]FAILED[/]", f"{speedup:.2f}x")
+    console.print(table)
+    return 0 if all(passed for _, _, passed, _ in summary) else 1

@@ -1,0 +1,447 @@
+"""Model inputs for the parity gate and the benchmark: loaded from .npz/.npy files or generated from the signature.
+
+Generated inputs are seeded and realistic enough that a model computes what it computes in production:
+
+- integer inputs that index an embedding table (found by following them to the Gather they feed) stay inside it;
+- attention masks are 0/1 (ones, with a padded tail on every row after the first);
+- position ids count up from 0 along the last axis;
+- floating-point inputs are standard normal.
+
+Dynamic dims come from `--shape` (an input's full shape, `input_ids:1,128`, or one symbolic dim,
+`sequence_length:128`), else from defaults: 1 for batch dims, 16 for past-sequence dims, 128 for the rest, but no
+more than the rows of a learned position-embedding table (BERT-style models index it with 0..seq-1).
+A symbolic dim takes the same value in every input that names it.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnx_norm.ops.reference import np_dtype
+
+logger = logging.getLogger(__name__)
+
+Sample = dict[str, np.ndarray]
+
+DEFAULT_BATCH = 1
+DEFAULT_PAST = 16
+DEFAULT_DIM = 128
+
+_BATCH_NAMES = re.compile(r"batch|^n$|^b$|^N$", re.IGNORECASE)
+_PAST_NAMES = re.compile(r"past|cache", re.IGNORECASE)
+_MASK_NAMES = re.compile(r"mask", re.IGNORECASE)
+_POSITION_NAMES = re.compile(r"position|pos_ids", re.IGNORECASE)
+# Ops a value can go through on its way to a Gather without its values changing meaning.
+_PASS_THROUGH = frozenset(
+    {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Tile"}
+)
+_GATHER_OPS = frozenset({"Gather", "GatherElements"})
+_POSITION_TABLES = re.compile(r"position|pos_emb|wpe", re.IGNORECASE)
+_FALLBACK_INT_HIGH = 16
+
+
+class InputError(ValueError):
+    """Inputs that do not fit the model: unknown names, wrong shapes or dtypes, unreadable files."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One graph input: name, element type and shape (ints for fixed dims, str for symbolic, None for unknown)."""
+
+    name: str
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np_dtype(self.elem_type)
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {onnx.helper.tensor_dtype_to_string(self.elem_type)}[{dims}]"
+
+
+def load_model(model: object, *, load_external_data: bool = False) -> onnx.ModelProto:
+    """A ModelProto from a path, a ModelProto or an onnx_ir.Model; raises InputError for a missing or unreadable
+    file."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if not isinstance(model, (str, Path)):
+        import onnx_ir as ir
+
+        if isinstance(model, ir.Model):
+            return ir.serde.serialize_model(model)
+        raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
+    path = Path(model)
+    if not path.is_file():
+        raise InputError(f"model file not found: {path}")
+    try:
+        return onnx.load(str(path), load_external_data=load_external_data)
+    except Exception as err:  # onnx raises DecodeError, OSError, ...: all mean "not a model we can read"
+        raise InputError(f"cannot read ONNX model {path}: {err}") from err
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The inputs a caller must feed: graph inputs that are not initializers (IR < 4 lists those as inputs)."""
+    initializers = {init.name for init in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise InputError(f"input {value.name!r} is not a tensor; only tensor inputs are supported")
+        shape: tuple[int | str | None, ...] | None = None
+        if tensor_type.HasField("shape"):
+            shape = tuple(
+                dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None) for dim in tensor_type.shape.dim
+            )
+        specs.append(InputSpec(value.name, tensor_type.elem_type, shape))
+    return specs
+
+
+def parse_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """Parses `name:1,128` items (`--shape`) into {name: dims}; raises InputError with the item that is wrong."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition(":")
+        if not sep or not name:
+            raise InputError(f"--shape {item!r}: expected NAME:D0,D1,... (for example input_ids:1,128)")
+        try:
+            values = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip() != "")
+        except ValueError:
+            raise InputError(f"--shape {item!r}: dims must be integers, got {dims!r}") from None
+        if any(v < 0 for v in values):
+            raise InputError(f"--shape {item!r}: dims must not be negative")
+        shapes[name] = values
+    return shapes
+
+
+def _default_dim(symbol: str | None, position: int, limit: int | None = None) -> int:
+    if symbol and _PAST_NAMES.search(symbol):
+        return DEFAULT_PAST
+    if (symbol and _BATCH_NAMES.search(symbol)) or position == 0:
+        return DEFAULT_BATCH
+    return min(DEFAULT_DIM, limit) if limit else DEFAULT_DIM
+
+
+def position_limit(model: onnx.ModelProto) -> int | None:
+    """Rows of the smallest learned position-embedding table (a Gather from an initializer named like one)."""
+    tables = {init.name: tuple(init.dims) for init in model.graph.initializer if _POSITION_TABLES.search(init.name)}
+    rows = [
+        tables[node.input[0]][0]
+        for node in model.graph.node
+        if node.op_type == "Gather" and node.input and node.input[0] in tables and tables[node.input[0]]
+    ]
+    return min(rows) if rows else None
+
+
+def _eval_dim_expression(expr: str, symbols: Mapping[str, int]) -> int | None:
+    """Evaluates dim params such as `past_sequence_length + 1` (exporters write them); None if it is not one."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return symbols.get(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None:
+                return None
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            return left // right if right else None
+        return None
+
+    if isinstance(tree.body, ast.Name):
+        return None  # a plain symbol, not an expression
+    return value(tree.body)
+
+
+def resolve_shapes(
+    specs: Sequence[InputSpec], overrides: Mapping[str, Sequence[int]] | None = None, *, limit: int | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes for every input: `overrides` by input name or by symbolic dim, then defaults (non-batch
+    dims capped at `limit`)."""
+    overrides = dict(overrides or {})
+    by_name = {spec.name: spec for spec in specs}
+    symbols_in_model = {d for spec in specs for d in (spec.shape or ()) if isinstance(d, str)}
+    symbols: dict[str, int] = {}
+    for key, dims in overrides.items():
+        if key in by_name:
+            continue
+        if key in symbols_in_model:
+            if len(dims) != 1:
+                raise InputError(f"--shape {key}: {key!r} is a symbolic dim and takes one value, got {list(dims)}")
+            symbols[key] = int(dims[0])
+            continue
+        known = ", ".join(spec.describe() for spec in specs) or "none"
+        raise InputError(
+            f"--shape names {key!r}, which is neither an input nor a symbolic dim of the model (inputs: {known})"
+        )
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    # Inputs given in full fix their symbolic dims first, so other inputs sharing a symbol agree with them.
+    for spec in specs:
+        if spec.name not in overrides:
+            continue
+        dims = tuple(int(d) for d in overrides[spec.name])
+        if spec.shape is not None:
+            if len(dims) != len(spec.shape):
+                raise InputError(f"--shape {spec.name}: rank {len(dims)} given, the model expects {spec.describe()}")
+            for axis, (given, declared) in enumerate(zip(dims, spec.shape, strict=True)):
+                if isinstance(declared, int) and declared != given:
+                    raise InputError(
+                        f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} ({spec.describe()})"
+                    )
+                if isinstance(declared, str) and _eval_dim_expression(declared, {}) is None:
+                    previous = symbols.setdefault(declared, given)
+                    if previous != given:
+                        raise InputError(
+                            f"--shape {spec.name}: dim {axis} ({declared}) is {given} but {declared} is {previous} elsewhere"
+                        )
+        shapes[spec.name] = dims
+
+    for spec in specs:
+        if spec.name in shapes:
+            continue
+        if spec.shape is None:
+            raise InputError(f"input {spec.name!r} has no declared shape; give it with --shape {spec.name}:D0,D1,...")
+        dims_out = []
+        for position, dim in enumerate(spec.shape):
+            if isinstance(dim, int):
+                dims_out.append(dim)
+                continue
+            if dim is not None:
+                expr_value = _eval_dim_expression(dim, {**_defaults_for(specs, limit), **symbols})
+                if expr_value is not None:
+                    dims_out.append(expr_value)
+                    continue
+                dims_out.append(symbols.setdefault(dim, _default_dim(dim, position, limit)))
+            else:
+                dims_out.append(_default_dim(None, position, limit))
+        shapes[spec.name] = tuple(dims_out)
+    return shapes
+
+
+def _defaults_for(specs: Sequence[InputSpec], limit: int | None) -> dict[str, int]:
+    symbols: dict[str, int] = {}
+    for spec in specs:
+        for position, dim in enumerate(spec.shape or ()):
+            if isinstance(dim, str) and dim.isidentifier():
+                symbols.setdefault(dim, _default_dim(dim, position, limit))
+    return symbols
+
+
+def _producers_and_consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name:
+                consumers.setdefault(name, []).append((node, index))
+    return consumers
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    shapes = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    shapes[node.output[0]] = tuple(attr.t.dims)
+    for value in list(model.graph.value_info) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes.setdefault(value.name, tuple(d.dim_value for d in dims))
+    return shapes
+
+
+def gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """For integer inputs that index a table through Gather: the size of the indexed axis (exclusive bound)."""
+    graph = model.graph
+    consumers = _producers_and_consumers(graph)
+    static = _static_shapes(model)
+    bounds: dict[str, int] = {}
+    for spec in input_specs(model):
+        if not np.issubdtype(spec.dtype, np.integer):
+            continue
+        found: list[int] = []
+        frontier, seen = [spec.name], {spec.name}
+        while frontier:
+            value = frontier.pop()
+            for node, index in consumers.get(value, ()):
+                if node.op_type in _GATHER_OPS and index == 1:
+                    data_shape = static.get(node.input[0])
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    if data_shape:
+                        found.append(int(data_shape[axis % len(data_shape)]))
+                elif node.op_type in _PASS_THROUGH and index == 0:
+                    for out in node.output:
+                        if out and out not in seen:
+                            seen.add(out)
+                            frontier.append(out)
+        if found:
+            bounds[spec.name] = min(found)
+    return bounds
+
+
+def _generate_one(spec: InputSpec, shape: tuple[int, ...], bound: int | None, rng: np.random.Generator) -> np.ndarray:
+    dtype = spec.dtype
+    if dtype == np.bool_:
+        if _MASK_NAMES.search(spec.name):
+            return _mask(shape, rng).astype(np.bool_)
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        if _MASK_NAMES.search(spec.name):
+            return _mask(shape, rng).astype(dtype)
+        if _POSITION_NAMES.search(spec.name) and len(shape) >= 1:
+            positions = np.broadcast_to(np.arange(shape[-1]), shape)
+            if bound:
+                positions = positions % bound
+            return np.ascontiguousarray(positions).astype(dtype)
+        if bound is None:
+            logger.warning(
+                "integer input %r feeds no Gather; using random values in [0, %d)", spec.name, _FALLBACK_INT_HIGH
+            )
+        high = bound if bound else _FALLBACK_INT_HIGH
+        return rng.integers(0, max(high, 1), size=shape).astype(dtype)
+    if np.issubdtype(dtype, np.floating) or dtype == np_dtype(onnx.TensorProto.BFLOAT16):
+        if _MASK_NAMES.search(spec.name):
+            return _mask(shape, rng).astype(dtype)
+        return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype)
+    raise InputError(f"input {spec.name!r} has element type {spec.describe()}, which cannot be generated")
+
+
+def _mask(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Ones, with a random padded tail (zeros) on each row after the first; a row keeps at least one 1."""
+    mask = np.ones(shape, dtype=np.int64)
+    if len(shape) < 2 or shape[-1] < 2:
+        return mask
+    rows = mask.reshape(-1, shape[-1])
+    for row in rows[1:]:
+        valid = int(rng.integers(1, shape[-1] + 1))
+        row[valid:] = 0
+    return mask
+
+
+def generate(
+    model: onnx.ModelProto,
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    samples: int = 1,
+    seed: int = 0,
+) -> list[Sample]:
+    """`samples` seeded random input sets for `model`."""
+    if samples < 1:
+        raise InputError(f"samples must be at least 1, got {samples}")
+    specs = input_specs(model)
+    concrete = resolve_shapes(specs, shapes, limit=position_limit(model))
+    bounds = gather_bounds(model)
+    rng = np.random.default_rng(seed)
+    return [
+        {spec.name: _generate_one(spec, concrete[spec.name], bounds.get(spec.name), rng) for spec in specs}
+        for _ in range(samples)
+    ]
+
+
+def load(model: onnx.ModelProto, files: Sequence[str | Path]) -> list[Sample]:
+    """Samples from files: each `.npz` is one sample (keys are input names); `.npy` files given as `NAME:FILE.npy`
+    (or a bare `FILE.npy` for a single-input model) together make one sample. Validated against the model."""
+    specs = input_specs(model)
+    names = [spec.name for spec in specs]
+    samples: list[Sample] = []
+    npy_sample: Sample = {}
+    for item in files:
+        text = str(item)
+        name, sep, path_text = text.partition(":") if not Path(text).exists() else ("", "", text)
+        path = Path(path_text if sep else text)
+        if not path.is_file():
+            raise InputError(f"input file not found: {path}")
+        try:
+            data = np.load(path, allow_pickle=False)
+        except Exception as err:  # numpy raises ValueError/OSError/zipfile errors for unreadable files
+            raise InputError(f"cannot read input file {path}: {err}") from err
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                samples.append({key: data[key] for key in data.files})
+            continue
+        if not sep:
+            if len(names) != 1:
+                raise InputError(
+                    f"{path}: a .npy file holds one array; name its input as NAME:{path} (inputs: {', '.join(names)})"
+                )
+            name = names[0]
+        npy_sample[name] = data
+    if npy_sample:
+        samples.append(npy_sample)
+    for index, sample in enumerate(samples):
+        validate(specs, sample, where=f"sample {index}")
+    return samples
+
+
+def validate(specs: Sequence[InputSpec], sample: Mapping[str, np.ndarray], *, where: str = "inputs") -> None:
+    """Raises InputError naming the first input whose name, dtype or shape does not fit the model."""
+    by_name = {spec.name: spec for spec in specs}
+    unknown = sorted(set(sample) - set(by_name))
+    if unknown:
+        raise InputError(
+            f"{where}: {', '.join(map(repr, unknown))} not an input of the model (inputs: "
+            f"{', '.join(spec.describe() for spec in specs)})"
+        )
+    missing = [name for name in by_name if name not in sample]
+    if missing:
+        raise InputError(f"{where}: missing input(s) {', '.join(map(repr, missing))}")
+    symbols: dict[str, tuple[int, str]] = {}
+    for name, array in sample.items():
+        spec = by_name[name]
+        if array.dtype != spec.dtype:
+            raise InputError(f"{where}: input {name!r} has dtype {array.dtype}, the model expects {spec.describe()}")
+        if spec.shape is None:
+            continue
+        if array.ndim != len(spec.shape):
+            raise InputError(
+                f"{where}: input {name!r} has shape {list(array.shape)} (rank {array.ndim}), the model expects {spec.describe()}"
+            )
+        for axis, (size, declared) in enumerate(zip(array.shape, spec.shape, strict=True)):
+            if isinstance(declared, int) and declared != size:
+                raise InputError(
+                    f"{where}: input {name!r} has shape {list(array.shape)}, dim {axis} must be {declared} ({spec.describe()})"
+                )
+            if isinstance(declared, str) and declared.isidentifier():
+                seen = symbols.setdefault(declared, (size, name))
+                if seen[0] != size:
+                    raise InputError(
+                        f"{where}: dim {declared!r} is {size} in input {name!r} but {seen[0]} in input {seen[1]!r}"
+                    )
+
+
+def prepare(
+    model: onnx.ModelProto,
+    *,
+    files: Sequence[str | Path] = (),
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    samples: int = 1,
+    seed: int = 0,
+) -> list[Sample]:
+    """Inputs for a run: the samples in `files` when given, else `samples` generated ones."""
+    if files:
+        if shapes:
+            logger.warning("--shape is ignored when inputs come from files")
+        return load(model, files)
+    return generate(model, shapes=shapes, samples=samples, seed=seed)

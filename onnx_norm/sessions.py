@@ -1,0 +1,204 @@
+"""ONNX Runtime sessions for an original model and its optimized copy, on the same provider.
+
+The optimized model gets our custom-op library registered when it uses the `onnx_norm` domain. A CUDA request
+that ONNX Runtime silently served on the CPU provider (it logs and falls back, it does not raise) is an error:
+no CUDA result is ever reported from a CPU run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from onnx_norm.ops.schema import DOMAIN
+
+logger = logging.getLogger(__name__)
+
+Provider = Literal["cpu", "cuda"]
+OptLevel = Literal["all", "extended", "basic", "disabled"]
+
+PROVIDERS: dict[str, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+# Protobuf refuses to serialize a message of 2 GiB or more; such models go to ORT through a file.
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+class SessionError(RuntimeError):
+    """A session could not be created as asked (missing library, provider fallback, invalid model)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """How to run a model: provider, threads and ORT's own graph optimizations."""
+
+    provider: Provider = "cpu"
+    threads: int | None = None
+    optimization: OptLevel = "all"
+    device_id: int = 0
+
+    def replace(self, **changes: object) -> RuntimeConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def uses_custom_ops(model: onnx.ModelProto) -> bool:
+    """Whether any node (or function) of the model is in our op domain."""
+    if any(opset.domain == DOMAIN for opset in model.opset_import):
+        return any(node.domain == DOMAIN for node in _all_nodes(model))
+    return False
+
+
+def _all_nodes(model: onnx.ModelProto):
+    def walk(graph: onnx.GraphProto):
+        for node in graph.node:
+            yield node
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from walk(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        yield from walk(sub)
+
+    yield from walk(model.graph)
+    for function in model.functions:
+        yield from function.node
+
+
+def _library_options(options: ort.SessionOptions) -> ort.SessionOptions:
+    try:
+        from onnx_norm import library
+    except ImportError as err:
+        raise SessionError(f"the model uses {DOMAIN} ops but the custom-op library module is missing: {err}") from err
+    if hasattr(library, "library_available") and not library.library_available():
+        raise SessionError(
+            f"the model uses {DOMAIN} ops but the onnx-norm custom-op library is not built; reinstall with `pip install .`"
+        )
+    return library.session_options(options)
+
+
+def session_options(
+    config: RuntimeConfig, *, custom_ops: bool, profile_prefix: str | None = None
+) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = OPT_LEVELS[config.optimization]
+    if config.threads:
+        options.intra_op_num_threads = config.threads
+        options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    if custom_ops:
+        options = _library_options(options)
+    return options
+
+
+def _providers(config: RuntimeConfig) -> list[str | tuple[str, dict[str, str]]]:
+    if config.provider == "cuda":
+        return [(PROVIDERS["cuda"], {"device_id": str(config.device_id)}), PROVIDERS["cpu"]]
+    return [PROVIDERS["cpu"]]
+
+
+def _preload_cuda() -> None:
+    # The CUDA libraries of the nvidia-* wheels are not on the loader path; ORT finds them only after this.
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as err:  # noqa: BLE001 - best effort: a system CUDA may be found without it
+            logger.debug("onnxruntime.preload_dlls failed: %s", err)
+
+
+def create_session(
+    model: onnx.ModelProto | str | Path,
+    config: RuntimeConfig,
+    *,
+    custom_ops: bool | None = None,
+    profile_prefix: str | None = None,
+) -> ort.InferenceSession:
+    """An InferenceSession for `model` (a path keeps external data working); `custom_ops=None` registers the
+    library only if the model needs it."""
+    proto = model if isinstance(model, onnx.ModelProto) else None
+    if custom_ops is None:
+        custom_ops = uses_custom_ops(proto if proto is not None else onnx.load(str(model), load_external_data=False))
+    options = session_options(config, custom_ops=custom_ops, profile_prefix=profile_prefix)
+    if config.provider == "cuda":
+        _preload_cuda()
+    if config.provider not in PROVIDERS:
+        raise SessionError(f"unknown provider {config.provider!r}; choose from {', '.join(PROVIDERS)}")
+    try:
+        if proto is None:
+            session = ort.InferenceSession(str(model), options, providers=_providers(config))
+        elif proto.ByteSize() < _PROTOBUF_LIMIT:
+            session = ort.InferenceSession(proto.SerializeToString(), options, providers=_providers(config))
+        else:
+            with tempfile.TemporaryDirectory(prefix="onnx_norm_") as tmp:
+                path = os.path.join(tmp, "model.onnx")
+                onnx.save_model(proto, path, save_as_external_data=True, location="model.onnx.data")
+                session = ort.InferenceSession(path, options, providers=_providers(config))
+    except SessionError:
+        raise
+    except Exception as err:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
+        raise SessionError(f"ONNX Runtime could not load the model: {err}") from err
+    active = session.get_providers()
+    wanted = PROVIDERS[config.provider]
+    if not active or active[0] != wanted:
+        raise SessionError(
+            f"asked for {wanted} but ONNX Runtime runs the model on {active}; it falls back to the CPU when CUDA, "
+            "cuDNN or the driver cannot be loaded (see the log above, or run with -v). No result is reported."
+        )
+    return session
+
+
+class Runner:
+    """Runs one session on fixed inputs. On CUDA the inputs stay on the device and the outputs are bound there,
+    so that timed runs measure the model and not host copies."""
+
+    def __init__(self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], config: RuntimeConfig) -> None:
+        self.session = session
+        self.config = config
+        self.output_names = [out.name for out in session.get_outputs()]
+        self._feeds = dict(feeds)
+        device = "cuda" if config.provider == "cuda" else "cpu"
+        self._binding = session.io_binding()
+        self._inputs = {
+            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, config.device_id)
+            for name, array in feeds.items()
+        }
+        for name, value in self._inputs.items():
+            self._binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            self._binding.bind_output(name, device, config.device_id)
+
+    def run_bound(self) -> None:
+        """One run with bound inputs and outputs (for timing)."""
+        self.session.run_with_iobinding(self._binding)
+
+    def run(self) -> dict[str, np.ndarray]:
+        """One run, outputs copied to host numpy arrays."""
+        return dict(zip(self.output_names, self.session.run(self.output_names, self._feeds), strict=True))
+
+
+def run_model(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], output_names: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Outputs by name for one input set; ORT errors become SessionError with the message."""
+    names = output_names or [out.name for out in session.get_outputs()]
+    try:
+        values = session.run(names, dict(feeds))
+    except Exception as err:  # ORT raises Fail/InvalidArgument/RuntimeException
+        raise SessionError(f"ONNX Runtime failed to run the model: {err}") from err
+    return dict(zip(names, values, strict=True))
