@@ -1,0 +1,48 @@
+// Sums over the threads that share a row: shuffles inside a warp, shared memory across warps.
+#pragma once
+
+namespace onnx_norm {
+namespace cuda {
+
+// Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one
+// barrier each (a thread past the barrier of reduction k+1 knows every thread has finished reading
+// the buffer of reduction k, which reduction k+2 overwrites).
+struct ReduceScratch {
+  float partial[2][32];
+};
+
+// Lanes of the current warp that belong to the same row group of `group` threads (a power of two
+// <= 32). Groups that have run out of rows leave the loop, so shuffles name only their own group.
+__device__ __forceinline__ unsigned GroupMask(int group) {
+  if (group >= 32) return 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  return ((1u << group) - 1u) << (lane & ~(group - 1));
+}
+
+__device__ __forceinline__ float WarpSum(float v, unsigned mask, int width) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    if (offset < width) v += __shfl_xor_sync(mask, v, offset);
+  }
+  return v;
+}
+
+// Sum of `v` over a row group of `group` threads. group <= 32: the group lies in one warp (no
+// barrier). group > 32: the whole block is one row group and every thread must call this.
+// The summation order is fixed, so results are deterministic run to run.
+__device__ __forceinline__ float GroupSum(float v, int group, ReduceScratch& scratch, int& parity) {
+  if (group <= 32) return WarpSum(v, GroupMask(group), group);
+  v = WarpSum(v, 0xffffffffu, 32);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  float* partial = scratch.partial[parity];
+  parity ^= 1;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = group >> 5;
+  v = lane < warps ? partial[lane] : 0.0f;
+  return WarpSum(v, 0xffffffffu, 32);
+}
+
+}  // namespace cuda
+}  // namespace onnx_norm
