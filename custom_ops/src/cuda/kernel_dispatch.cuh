@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -17,10 +18,31 @@ enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached };
 struct KernelConfig {
   KernelKind kind = KernelKind::kRegisterRow;
   int vectors_per_thread = 1;  // kRegisterRow only: 1, 2, 4, or 8 for float32
+  int group = 8;  // threads per row (NormArgs::group)
   int block = 128;
   unsigned grid = 1;
-  size_t shared_bytes = 0;  // dynamic shared memory, kSharedRowCached only
+  size_t shared_bytes = 0;    // dynamic shared memory, kSharedRowCached only
+  int max_shared_bytes = 0;   // the device's opt-in limit, kSharedRowCached only
+  int device = 0;
 };
+
+// The shared-memory kernel opts in to the device's whole shared memory once per device, so that
+// launches inside a CUDA graph capture (after a first, eager run) make no attribute calls.
+constexpr int kMaxDevices = 64;
+
+template <typename TX>
+cudaError_t AllowMaxSharedMemory(int device, int bytes) {
+  static std::atomic<int> allowed[kMaxDevices] = {};
+  if (device >= 0 && device < kMaxDevices && allowed[device].load(std::memory_order_acquire) >= bytes) {
+    return cudaSuccess;
+  }
+  const cudaError_t status =
+      cudaFuncSetAttribute(SharedRowKernel<TX, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (status == cudaSuccess && device >= 0 && device < kMaxDevices) {
+    allowed[device].store(bytes, std::memory_order_release);
+  }
+  return status;
+}
 
 // Largest vectors_per_thread instantiated for an element size: 32 float32 values per thread.
 constexpr int MaxVectorsPerThread(int element_size) { return element_size == 4 ? 8 : 4; }
@@ -52,11 +74,7 @@ cudaError_t LaunchNormKernel(const NormArgs& args, const KernelConfig& config, c
       }
       break;
     case KernelKind::kSharedRowCached: {
-      // Above the 48 KiB default the kernel must opt in; the attribute is per device, and setting it
-      // is not a stream operation, so it is allowed during graph capture.
-      const cudaError_t status = cudaFuncSetAttribute(SharedRowKernel<TX, true>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(config.shared_bytes));
+      const cudaError_t status = AllowMaxSharedMemory<TX>(config.device, config.max_shared_bytes);
       if (status != cudaSuccess) return status;
       SharedRowKernel<TX, true><<<grid, block, config.shared_bytes, stream>>>(args);
       break;

@@ -56,8 +56,9 @@ bool VectorAligned(const void* p, int size, int x_phase, int vector) {
 // Register-resident rows: warp-per-row (or 8/16 threads per row, several rows per block) while the
 // row fits in 32 threads, then one block of up to 512 threads per row, at most 32 values per thread
 // (no spills with 512-thread blocks). Longer rows, or pointers that cannot be read as vectors, go
-// to the shared-memory kernel; rows longer than shared memory are re-read from global memory.
-KernelConfig ChooseConfig(const NormArgs& args, int element_size, int max_shared_bytes) {
+// to the shared-memory kernel (kSharedRowCached here; the launcher demotes it to kSharedRowUncached
+// when the row does not fit in the device's shared memory).
+KernelConfig ChooseConfig(const NormArgs& args, int element_size) {
   KernelConfig config;
   const int vector = 16 / element_size;
   const int max_vpt = MaxVectorsPerThread(element_size);
@@ -74,6 +75,7 @@ KernelConfig ChooseConfig(const NormArgs& args, int element_size, int max_shared
       while (vpt * group < body) vpt <<= 1;
       config.kind = KernelKind::kRegisterRow;
       config.vectors_per_thread = vpt;
+      config.group = static_cast<int>(group);
       config.block = group <= 32 ? 128 : static_cast<int>(group);
       const int64_t rows_per_block = config.block / group;
       config.grid = GridSize((args.rows + rows_per_block - 1) / rows_per_block);
@@ -81,16 +83,12 @@ KernelConfig ChooseConfig(const NormArgs& args, int element_size, int max_shared
     }
   }
   const int64_t units = args.vector_ok ? args.cols / vector : args.cols;
+  config.kind = KernelKind::kSharedRowCached;
   config.block = static_cast<int>(std::clamp<int64_t>(NextPowerOfTwo((units + 3) / 4), 32, 1024));
+  config.group = config.block;
   config.grid = GridSize(args.rows);
   // Body and scalars, padded so that the scalars never run past the buffer.
-  const int64_t bytes = ((static_cast<int64_t>(args.cols) + 2 * vector) * element_size + 15) / 16 * 16;
-  if (bytes <= max_shared_bytes) {
-    config.kind = KernelKind::kSharedRowCached;
-    config.shared_bytes = static_cast<size_t>(bytes);
-  } else {
-    config.kind = KernelKind::kSharedRowUncached;
-  }
+  config.shared_bytes = static_cast<size_t>(((static_cast<int64_t>(args.cols) + 2 * vector) * element_size + 15) / 16 * 16);
   return config;
 }
 
@@ -185,13 +183,21 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
     if (status != cudaSuccess) return FailCuda(status, error);
   }
 
-  int max_shared = 48 * 1024;
-  status = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (status != cudaSuccess) return FailCuda(status, error);
-  // Leave room for the kernel's static reduction scratch.
-  max_shared -= static_cast<int>(sizeof(ReduceScratch));
+  KernelConfig config = ChooseConfig(args, x_size);
+  args.group = config.group;
+  if (config.kind == KernelKind::kSharedRowCached) {
+    int max_shared = 0;
+    status = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (status != cudaSuccess) return FailCuda(status, error);
+    // The kernel's static reduction scratch comes out of the same budget.
+    config.max_shared_bytes = max_shared - static_cast<int>(sizeof(ReduceScratch));
+    config.device = device;
+    if (config.shared_bytes > static_cast<size_t>(config.max_shared_bytes)) {
+      config.kind = KernelKind::kSharedRowUncached;
+      config.shared_bytes = 0;
+    }
+  }
 
-  const KernelConfig config = ChooseConfig(args, x_size, max_shared);
   switch (p.x_type) {
     case kFloat32:
       status = LaunchNormKernel<float>(args, config, stream);
