@@ -116,7 +116,7 @@ def parse_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
         if not sep or not name:
             raise InputError(f"--shape {item!r}: expected NAME:D0,D1,... (for example input_ids:1,128)")
         try:
-            values = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip() != "")
+            values = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
         except ValueError:
             raise InputError(f"--shape {item!r}: dims must be integers, got {dims!r}") from None
         if any(v < 0 for v in values):

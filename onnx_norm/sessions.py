@@ -77,20 +77,44 @@ def _all_nodes(model: onnx.ModelProto):
         yield from function.node
 
 
-def _library_options(options: ort.SessionOptions) -> ort.SessionOptions:
+def library_available() -> bool:
+    """Whether our custom-op library is built and loadable."""
     try:
         from onnx_norm import library
-    except ImportError as err:
-        raise SessionError(f"the model uses {DOMAIN} ops but the custom-op library module is missing: {err}") from err
-    if hasattr(library, "library_available") and not library.library_available():
+    except ImportError:
+        return False
+    return bool(library.library_available()) if hasattr(library, "library_available") else True
+
+
+def has_local_functions(model: onnx.ModelProto) -> bool:
+    """Whether every `onnx_norm` node has a model-local function ORT can inline when the library is absent."""
+    functions = {(function.domain, function.name) for function in model.functions}
+    return all((node.domain, node.op_type) in functions for node in _all_nodes(model) if node.domain == DOMAIN)
+
+
+def _library_options(options: ort.SessionOptions, model: onnx.ModelProto | None) -> ort.SessionOptions:
+    if not library_available():
+        if model is not None and has_local_functions(model):
+            logger.warning(
+                "the onnx-norm custom-op library is not built: %s ops run as their model-local ONNX functions, "
+                "not as fused kernels",
+                DOMAIN,
+            )
+            return options
         raise SessionError(
             f"the model uses {DOMAIN} ops but the onnx-norm custom-op library is not built; reinstall with `pip install .`"
         )
+    from onnx_norm import library
+
     return library.session_options(options)
 
 
 def session_options(
-    config: RuntimeConfig, *, custom_ops: bool, profile_prefix: str | None = None
+    config: RuntimeConfig,
+    *,
+    custom_ops: bool,
+    profile_prefix: str | None = None,
+    model: onnx.ModelProto | None = None,
 ) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.graph_optimization_level = OPT_LEVELS[config.optimization]
@@ -102,7 +126,7 @@ def session_options(
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
     if custom_ops:
-        options = _library_options(options)
+        options = _library_options(options, model)
     return options
 
 
@@ -132,9 +156,10 @@ def create_session(
     """An InferenceSession for `model` (a path keeps external data working); `custom_ops=None` registers the
     library only if the model needs it."""
     proto = model if isinstance(model, onnx.ModelProto) else None
+    signature = proto if proto is not None else onnx.load(str(model), load_external_data=False)
     if custom_ops is None:
-        custom_ops = uses_custom_ops(proto if proto is not None else onnx.load(str(model), load_external_data=False))
-    options = session_options(config, custom_ops=custom_ops, profile_prefix=profile_prefix)
+        custom_ops = uses_custom_ops(signature)
+    options = session_options(config, custom_ops=custom_ops, profile_prefix=profile_prefix, model=signature)
     if config.provider == "cuda":
         _preload_cuda()
     if config.provider not in PROVIDERS:
