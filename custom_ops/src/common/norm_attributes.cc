@@ -1,0 +1,254 @@
+#include "common/norm_attributes.h"
+
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "common/float_convert.h"
+
+namespace onnx_norm {
+namespace {
+
+bool IsFloatType(int type) { return type == kFloat || type == kFloat16 || type == kBFloat16; }
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, value);
+  if (status == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
+bool GetFloatAttribute(const OrtKernelInfo* info, const char* name, float* value) {
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_float(info, name, value);
+  if (status == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
+// Checks that Scale or Bias covers the normalised dims: after dropping its leading 1s it must equal a
+// suffix of shape(X)[axis:], so that it broadcasts over the leading normalised dims only.
+std::string CheckParameterShape(const char* name, const std::vector<int64_t>& shape,
+                                const std::vector<int64_t>& x_shape, size_t axis, int64_t* size) {
+  size_t first = 0;
+  while (first < shape.size() && shape[first] == 1) ++first;
+  const size_t kept = shape.size() - first;
+  const size_t normalized_rank = x_shape.size() - axis;
+  bool ok = kept <= normalized_rank;
+  for (size_t i = 0; ok && i < kept; ++i) {
+    ok = shape[first + i] == x_shape[x_shape.size() - kept + i];
+  }
+  if (!ok) {
+    std::vector<int64_t> normalized(x_shape.begin() + static_cast<std::ptrdiff_t>(axis), x_shape.end());
+    return std::string(name) + " has shape " + ShapeString(shape) + " but must match the normalised dims " +
+           ShapeString(normalized) + " of X (shape " + ShapeString(x_shape) + ", axis " + std::to_string(axis) +
+           "), or a suffix of them";
+  }
+  int64_t n = 1;
+  for (size_t i = first; i < shape.size(); ++i) n *= shape[i];
+  *size = n;
+  return {};
+}
+
+}  // namespace
+
+const char* ElemTypeName(int type) {
+  switch (type) {
+    case 0: return "UNDEFINED";
+    case 1: return "FLOAT";
+    case 2: return "UINT8";
+    case 3: return "INT8";
+    case 4: return "UINT16";
+    case 5: return "INT16";
+    case 6: return "INT32";
+    case 7: return "INT64";
+    case 8: return "STRING";
+    case 9: return "BOOL";
+    case 10: return "FLOAT16";
+    case 11: return "DOUBLE";
+    case 12: return "UINT32";
+    case 13: return "UINT64";
+    case 16: return "BFLOAT16";
+    default: return "an unsupported element type";
+  }
+}
+
+OrtStatusPtr MakeError(const OpSignature& op, const std::string& message, OrtErrorCode code) {
+  const std::string text = std::string("onnx_norm ") + op.name + ": " + message;
+  return Ort::GetApi().CreateStatus(code, text.c_str());
+}
+
+std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
+  (void)op;
+  int64_t value = 0;
+  if (GetIntAttribute(info, "axis", &value)) attrs->axis = value;
+  float eps = 0.0f;
+  if (GetFloatAttribute(info, "epsilon", &eps)) attrs->epsilon = eps;
+  if (!(attrs->epsilon >= 0.0f) || !std::isfinite(attrs->epsilon)) {
+    return "attribute epsilon must be a finite number >= 0, got " + std::to_string(attrs->epsilon);
+  }
+  struct TypeAttr {
+    const char* name;
+    int* field;
+  } type_attrs[] = {{"normalized_type", &attrs->normalized_type},
+                    {"multiply_type", &attrs->multiply_type},
+                    {"output_type", &attrs->output_type}};
+  for (const auto& attr : type_attrs) {
+    if (!GetIntAttribute(info, attr.name, &value)) continue;
+    if (value != 0 && !IsFloatType(static_cast<int>(value))) {
+      return std::string("attribute ") + attr.name + "=" + std::to_string(value) +
+             " is not supported: use 0 (not set), 1 (FLOAT), 10 (FLOAT16) or 16 (BFLOAT16)";
+    }
+    *attr.field = static_cast<int>(value);
+  }
+  return {};
+}
+
+std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
+                           NormProblem* p) {
+  const size_t input_count = ctx.GetInputCount();
+  auto input = [&](size_t i) -> Ort::ConstValue {
+    if (i >= input_count) return Ort::ConstValue{nullptr};
+    return ctx.GetInput(i);
+  };
+  const size_t skip_index = 1;
+  const size_t scale_index = op.skip ? 2 : 1;
+  const size_t bias_index = scale_index + 1;
+
+  Ort::ConstValue x = input(0);
+  if (static_cast<const OrtValue*>(x) == nullptr) return "required input X is missing";
+  const auto x_info = x.GetTensorTypeAndShapeInfo();
+  const int x_type = static_cast<int>(x_info.GetElementType());
+  const std::vector<int64_t> x_shape = x_info.GetShape();
+  if (!IsFloatType(x_type)) {
+    return std::string("X has element type ") + ElemTypeName(x_type) +
+           "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+  }
+  const int64_t rank = static_cast<int64_t>(x_shape.size());
+  if (attrs.axis < -rank || attrs.axis >= rank) {
+    return "axis " + std::to_string(attrs.axis) + " is out of range for X of rank " + std::to_string(rank) +
+           " (shape " + ShapeString(x_shape) + "); it must be in [" + std::to_string(-rank) + ", " +
+           std::to_string(rank - 1) + "]";
+  }
+  const size_t axis = static_cast<size_t>(attrs.axis < 0 ? attrs.axis + rank : attrs.axis);
+  int64_t rows = 1;
+  int64_t cols = 1;
+  for (size_t i = 0; i < x_shape.size(); ++i) (i < axis ? rows : cols) *= x_shape[i];
+  if (cols == 0 && rows != 0) {
+    return "the normalised dims of X (shape " + ShapeString(x_shape) + ", axis " + std::to_string(attrs.axis) +
+           ") have no elements: a row with N = 0 has no mean or variance";
+  }
+
+  *p = NormProblem{};
+  p->x = x.GetTensorRawData();
+  p->rows = rows;
+  p->cols = cols;
+  p->epsilon = attrs.epsilon;
+  p->rms = op.rms;
+  p->x_type = x_type;
+  p->normalized_type = attrs.normalized_type;
+  p->multiply_type = attrs.multiply_type;
+
+  if (op.skip) {
+    Ort::ConstValue skip = input(skip_index);
+    if (static_cast<const OrtValue*>(skip) == nullptr) return "required input Skip is missing";
+    const auto info = skip.GetTensorTypeAndShapeInfo();
+    const int type = static_cast<int>(info.GetElementType());
+    const auto shape = info.GetShape();
+    if (type != x_type || shape != x_shape) {
+      return std::string("Skip must have the type and shape of X: Skip is ") + ElemTypeName(type) +
+             ShapeString(shape) + ", X is " + ElemTypeName(x_type) + ShapeString(x_shape);
+    }
+    p->skip = skip.GetTensorRawData();
+  }
+
+  int scale_type = 0;
+  int64_t scale_size = 0;
+  Ort::ConstValue scale = input(scale_index);
+  if (static_cast<const OrtValue*>(scale) != nullptr) {
+    const auto info = scale.GetTensorTypeAndShapeInfo();
+    scale_type = static_cast<int>(info.GetElementType());
+    if (!IsFloatType(scale_type)) {
+      return std::string("Scale has element type ") + ElemTypeName(scale_type) +
+             "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+    }
+    std::string error = CheckParameterShape("Scale", info.GetShape(), x_shape, axis, &scale_size);
+    if (!error.empty()) return error;
+    p->scale = scale.GetTensorRawData();
+  }
+  if (!op.rms) {
+    Ort::ConstValue bias = input(bias_index);
+    if (static_cast<const OrtValue*>(bias) != nullptr) {
+      const auto info = bias.GetTensorTypeAndShapeInfo();
+      const int bias_type = static_cast<int>(info.GetElementType());
+      if (!IsFloatType(bias_type)) {
+        return std::string("Bias has element type ") + ElemTypeName(bias_type) +
+               "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+      }
+      if (scale_type != 0 && bias_type != scale_type) {
+        return std::string("Bias must have the element type of Scale: Bias is ") + ElemTypeName(bias_type) +
+               ", Scale is " + ElemTypeName(scale_type);
+      }
+      int64_t bias_size = 0;
+      std::string error = CheckParameterShape("Bias", info.GetShape(), x_shape, axis, &bias_size);
+      if (!error.empty()) return error;
+      if (scale_size != 0 && bias_size != scale_size) {
+        return "Bias has " + std::to_string(bias_size) + " elements but Scale has " + std::to_string(scale_size) +
+               "; both must cover the same normalised dims";
+      }
+      scale_type = bias_type;
+      scale_size = bias_size;
+      p->bias = bias.GetTensorRawData();
+    }
+  }
+  p->scale_type = scale_type;
+  p->scale_size = scale_size;
+
+  // Outputs: ORT allocates them with the types it inferred; optional ones the node omits are null.
+  const size_t output_count = ctx.GetOutputCount();
+  Ort::UnownedValue y = ctx.GetOutput(0, x_shape);
+  if (static_cast<OrtValue*>(y) == nullptr) return "output Y could not be allocated";
+  const int y_type = static_cast<int>(y.GetTensorTypeAndShapeInfo().GetElementType());
+  if (!IsFloatType(y_type)) {
+    return std::string("Y was typed ") + ElemTypeName(y_type) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+  }
+  if (attrs.output_type != 0 && attrs.output_type != y_type) {
+    // ORT derives a custom op's output type from its input types, never from attributes.
+    return std::string("output_type=") + ElemTypeName(attrs.output_type) + " but ONNX Runtime typed Y as " +
+           ElemTypeName(y_type) + " (the type of X): ONNX Runtime custom ops cannot take their output type from " +
+           "an attribute; use output_type=0 (or X's type) and a Cast after the node";
+  }
+  p->y_type = y_type;
+  p->y = y.GetTensorMutableRawData();
+
+  if (op.skip) {
+    if (output_count > 1) {
+      Ort::UnownedValue sum = ctx.GetOutput(1, x_shape);
+      if (static_cast<OrtValue*>(sum) != nullptr) p->sum = sum.GetTensorMutableRawData();
+    }
+  } else {
+    std::vector<int64_t> stats_shape = x_shape;
+    for (size_t i = axis; i < stats_shape.size(); ++i) stats_shape[i] = 1;
+    // LayerNorm: Y, Mean, InvStdDev; RMSNorm: Y, InvRMS.
+    const size_t mean_index = op.rms ? 0 : 1;
+    const size_t inv_index = op.rms ? 1 : 2;
+    if (mean_index != 0 && output_count > mean_index) {
+      Ort::UnownedValue mean = ctx.GetOutput(mean_index, stats_shape);
+      if (static_cast<OrtValue*>(mean) != nullptr) p->mean = mean.GetTensorMutableData<float>();
+    }
+    if (output_count > inv_index) {
+      Ort::UnownedValue inv = ctx.GetOutput(inv_index, stats_shape);
+      if (static_cast<OrtValue*>(inv) != nullptr) p->inv_std = inv.GetTensorMutableData<float>();
+    }
+  }
+  return {};
+}
+
+}  // namespace onnx_norm

@@ -1,0 +1,91 @@
+// The ORT op class shared by the CPU and CUDA providers: one OrtCustomOp per (op, provider, Skip type,
+// Scale type). See register.cc for why the types are declared the way they are.
+#pragma once
+
+#include <exception>
+#include <new>
+#include <string>
+
+#include "common/norm_attributes.h"
+#include "common/ort_api.h"
+
+namespace onnx_norm {
+
+// Runs one node: validates (PrepareProblem) and computes. May throw Ort::Exception or std::exception;
+// NormKernel turns those into an OrtStatus so that nothing is thrown across the C ABI.
+using ComputeFn = OrtStatusPtr (*)(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+
+struct NormKernel {
+  OpSignature op;
+  NormAttributes attrs;
+  ComputeFn compute;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) noexcept {
+    try {
+      Ort::KernelContext ctx(context);
+      return compute(ctx, op, attrs);
+    } catch (const Ort::Exception& e) {
+      return MakeError(op, e.what(), e.GetOrtErrorCode());
+    } catch (const std::bad_alloc&) {
+      return MakeError(op, "out of memory", ORT_RUNTIME_EXCEPTION);
+    } catch (const std::exception& e) {
+      return MakeError(op, e.what(), ORT_RUNTIME_EXCEPTION);
+    } catch (...) {
+      return MakeError(op, "unknown error", ORT_RUNTIME_EXCEPTION);
+    }
+  }
+};
+
+class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true> {
+ public:
+  // skip_type/scale_type: the element type this instance declares for Skip and for Scale/Bias.
+  NormOp(const OpSignature& op, const char* provider, ComputeFn compute, int skip_type, int scale_type)
+      : op_(op), provider_(provider), compute_(compute), skip_type_(skip_type), scale_type_(scale_type) {}
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const noexcept {
+    try {
+      NormAttributes attrs;
+      const std::string error = ParseAttributes(info, op_, &attrs);
+      if (!error.empty()) return MakeError(op_, error);
+      *kernel = new NormKernel{op_, attrs, compute_};
+      return nullptr;
+    } catch (const std::exception& e) {
+      return MakeError(op_, e.what(), ORT_RUNTIME_EXCEPTION);
+    } catch (...) {
+      return MakeError(op_, "unknown error while creating the kernel", ORT_RUNTIME_EXCEPTION);
+    }
+  }
+
+  const char* GetName() const { return op_.name; }
+  const char* GetExecutionProviderType() const { return provider_; }
+
+  size_t GetInputTypeCount() const { return op_.num_inputs; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    if (index == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (op_.skip && index == 1) return static_cast<ONNXTensorElementDataType>(skip_type_);
+    return static_cast<ONNXTensorElementDataType>(scale_type_);
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    const bool required = index == 0 || (op_.skip && index == 1);
+    return required ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+
+  size_t GetOutputTypeCount() const { return op_.num_outputs; }
+  ONNXTensorElementDataType GetOutputType(size_t index) const {
+    // Y and Sum follow X (ORT infers them from the one type-agnostic input); statistics are float32.
+    if (index == 0 || op_.skip) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+    return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+
+ private:
+  OpSignature op_;
+  const char* provider_;
+  ComputeFn compute_;
+  int skip_type_;
+  int scale_type_;
+};
+
+}  // namespace onnx_norm

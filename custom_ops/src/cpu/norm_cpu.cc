@@ -1,0 +1,279 @@
+#include "cpu/norm_cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common/float_convert.h"
+
+namespace onnx_norm {
+namespace cpu {
+namespace {
+
+// Independent partial sums: without -ffast-math GCC may not reorder a single running sum, but it
+// vectorises these lanes, and the spread of the accumulation over lanes also improves accuracy.
+constexpr int kLanes = 16;
+
+float ReduceLanes(float* acc) {
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
+  }
+  return acc[0];
+}
+
+float SumRow(const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] += x[i + k];
+  }
+  for (int k = 0; i < n; ++i, ++k) acc[k] += x[i];
+  return ReduceLanes(acc);
+}
+
+float SumSquaresRow(const float* x, int64_t n, float center) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const float d = x[i + k] - center;
+      acc[k] += d * d;
+    }
+  }
+  for (int k = 0; i < n; ++i, ++k) {
+    const float d = x[i] - center;
+    acc[k] += d * d;
+  }
+  return ReduceLanes(acc);
+}
+
+void LoadHalf(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Half2Float(src[i]);
+}
+void LoadBFloat(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat2Float(src[i]);
+}
+void StoreHalf(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Float2Half(src[i]);
+}
+void StoreBFloat(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Float2BFloat(src[i]);
+}
+
+void LoadRow(const void* src, int type, float* dst, int64_t n) {
+  if (type == kFloat16) {
+    LoadHalf(static_cast<const uint16_t*>(src), dst, n);
+  } else if (type == kBFloat16) {
+    LoadBFloat(static_cast<const uint16_t*>(src), dst, n);
+  } else {
+    std::copy_n(static_cast<const float*>(src), n, dst);
+  }
+}
+
+void StoreRow(const float* src, int type, void* dst, int64_t n) {
+  if (type == kFloat16) {
+    StoreHalf(src, static_cast<uint16_t*>(dst), n);
+  } else if (type == kBFloat16) {
+    StoreBFloat(src, static_cast<uint16_t*>(dst), n);
+  } else {
+    std::copy_n(src, n, static_cast<float*>(dst));
+  }
+}
+
+// s = round_TX(x + skip), written to Sum (if requested) and, as float, to dst.
+void AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, int64_t n) {
+  if (type == kFloat) {
+    const float* a = static_cast<const float*>(x);
+    const float* b = static_cast<const float*>(skip);
+    for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+    if (sum) std::copy_n(dst, n, static_cast<float*>(sum));
+    return;
+  }
+  const uint16_t* a = static_cast<const uint16_t*>(x);
+  const uint16_t* b = static_cast<const uint16_t*>(skip);
+  if (type == kFloat16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Half2Float(Float2Half(Half2Float(a[i]) + Half2Float(b[i])));
+    if (sum) StoreHalf(dst, static_cast<uint16_t*>(sum), n);  // exact: dst holds fp16 values
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = BFloat2Float(Float2BFloat(BFloat2Float(a[i]) + BFloat2Float(b[i])));
+    if (sum) StoreBFloat(dst, static_cast<uint16_t*>(sum), n);
+  }
+}
+
+void RoundInPlace(float* v, int64_t n, int type) {
+  if (type == kFloat16) {
+    for (int64_t i = 0; i < n; ++i) v[i] = Half2Float(Float2Half(v[i]));
+  } else if (type == kBFloat16) {
+    for (int64_t i = 0; i < n; ++i) v[i] = BFloat2Float(Float2BFloat(v[i]));
+  }
+}
+
+// y = (x - center) * r [* scale] [+ bias]: the fused path when no rounding attribute is set.
+// Scale/Bias have `period` elements and repeat along the row.
+template <bool kScale, bool kBias>
+void NormalizeAffine(const float* x, float* y, int64_t n, float center, float r, const float* scale,
+                     const float* bias, int64_t period) {
+  for (int64_t start = 0; start < n; start += period) {
+    const int64_t len = std::min(period, n - start);
+    const float* xs = x + start;
+    float* ys = y + start;
+    for (int64_t j = 0; j < len; ++j) {
+      float v = (xs[j] - center) * r;
+      if (kScale) v *= scale[j];
+      if (kBias) v += bias[j];
+      ys[j] = v;
+    }
+  }
+}
+
+// Same, with the rounding points of docs/ops.md, as in-place passes over the row held in cache.
+void NormalizeRounded(const float* x, float* y, int64_t n, float center, float r, const float* scale,
+                      const float* bias, int64_t period, int normalized_type, int multiply_type) {
+  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - center) * r;
+  RoundInPlace(y, n, normalized_type);
+  if (scale) {
+    for (int64_t start = 0; start < n; start += period) {
+      const int64_t len = std::min(period, n - start);
+      for (int64_t j = 0; j < len; ++j) y[start + j] *= scale[j];
+    }
+    RoundInPlace(y, n, multiply_type);
+  }
+  if (bias) {
+    for (int64_t start = 0; start < n; start += period) {
+      const int64_t len = std::min(period, n - start);
+      for (int64_t j = 0; j < len; ++j) y[start + j] += bias[j];
+    }
+    RoundInPlace(y, n, multiply_type);
+  }
+}
+
+struct Job {
+  const NormProblem* p;
+  const float* scale;  // float copies (or the original float buffers)
+  const float* bias;
+  int64_t rows_per_block;
+  int normalized_type;  // 0 when rounding to it is a no-op (FLOAT)
+  int multiply_type;
+  std::atomic<bool> failed{false};
+};
+
+size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
+
+void RunBlock(void* data, size_t block) {
+  Job& job = *static_cast<Job*>(data);
+  const NormProblem& p = *job.p;
+  const int64_t n = p.cols;
+  const int64_t begin = static_cast<int64_t>(block) * job.rows_per_block;
+  const int64_t end = std::min(p.rows, begin + job.rows_per_block);
+  // Per-thread row buffers: the row is converted (or summed with Skip) once into `xbuf` and every
+  // later pass reads it from cache. No exception may leave this function (it runs on ORT's pool).
+  thread_local std::vector<float> xbuf;
+  thread_local std::vector<float> ybuf;
+  try {
+    if (static_cast<int64_t>(xbuf.size()) < n) xbuf.resize(n);
+    if (static_cast<int64_t>(ybuf.size()) < n) ybuf.resize(n);
+  } catch (...) {
+    job.failed = true;
+    return;
+  }
+  const size_t x_elem = ElemSize(p.x_type);
+  const size_t y_elem = ElemSize(p.y_type);
+  const bool rounded = job.normalized_type != 0 || job.multiply_type != 0;
+  const int64_t period = p.scale_size > 0 ? p.scale_size : n;
+
+  for (int64_t row = begin; row < end; ++row) {
+    const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(n);
+    const void* x_row = static_cast<const char*>(p.x) + offset * x_elem;
+    const float* x;
+    if (p.skip) {
+      const void* skip_row = static_cast<const char*>(p.skip) + offset * x_elem;
+      void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * x_elem : nullptr;
+      AddSkip(x_row, skip_row, p.x_type, sum_row, xbuf.data(), n);
+      x = xbuf.data();
+    } else if (p.x_type == kFloat) {
+      x = static_cast<const float*>(x_row);
+    } else {
+      LoadRow(x_row, p.x_type, xbuf.data(), n);
+      x = xbuf.data();
+    }
+
+    float center = 0.0f;
+    float var;
+    if (p.rms) {
+      var = SumSquaresRow(x, n, 0.0f) / static_cast<float>(n);
+    } else {
+      center = SumRow(x, n) / static_cast<float>(n);
+      var = SumSquaresRow(x, n, center) / static_cast<float>(n);
+    }
+    const float r = 1.0f / std::sqrt(var + p.epsilon);
+    if (p.mean) p.mean[row] = center;
+    if (p.inv_std) p.inv_std[row] = r;
+
+    void* y_row = static_cast<char*>(p.y) + offset * y_elem;
+    float* y = p.y_type == kFloat ? static_cast<float*>(y_row) : ybuf.data();
+    if (rounded) {
+      NormalizeRounded(x, y, n, center, r, job.scale, job.bias, period, job.normalized_type, job.multiply_type);
+    } else if (job.scale && job.bias) {
+      NormalizeAffine<true, true>(x, y, n, center, r, job.scale, job.bias, period);
+    } else if (job.scale) {
+      NormalizeAffine<true, false>(x, y, n, center, r, job.scale, nullptr, period);
+    } else if (job.bias) {
+      NormalizeAffine<false, true>(x, y, n, center, r, nullptr, job.bias, period);
+    } else {
+      NormalizeAffine<false, false>(x, y, n, center, r, nullptr, nullptr, period);
+    }
+    if (p.y_type != kFloat) StoreRow(y, p.y_type, y_row, n);
+  }
+}
+
+// Scale/Bias as float: the original buffer if already float32, else a converted copy in `storage`.
+const float* AsFloat(const void* data, int type, int64_t n, std::vector<float>& storage) {
+  if (data == nullptr) return nullptr;
+  if (type == kFloat) return static_cast<const float*>(data);
+  storage.resize(static_cast<size_t>(n));
+  LoadRow(data, type, storage.data(), n);
+  return storage.data();
+}
+
+void ParallelForWithContext(void* ctx, size_t total, void (*fn)(void*, size_t), void* data) {
+  static_cast<Ort::KernelContext*>(ctx)->ParallelFor(fn, total, 0, data);
+}
+
+}  // namespace
+
+bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
+  if (p.rows == 0 || p.cols == 0) return true;
+  std::vector<float> scale_storage;
+  std::vector<float> bias_storage;
+  Job job;
+  job.p = &p;
+  job.scale = AsFloat(p.scale, p.scale_type, p.scale_size, scale_storage);
+  job.bias = AsFloat(p.bias, p.scale_type, p.scale_size, bias_storage);
+  job.normalized_type = p.normalized_type == kFloat ? 0 : p.normalized_type;
+  job.multiply_type = p.multiply_type == kFloat ? 0 : p.multiply_type;
+  // Blocks of about 64K elements: enough work per task to amortise scheduling, enough tasks to balance.
+  constexpr int64_t kBlockElements = 1 << 16;
+  job.rows_per_block = std::max<int64_t>(1, kBlockElements / p.cols);
+  const int64_t blocks = (p.rows + job.rows_per_block - 1) / job.rows_per_block;
+  if (blocks == 1 || parallel_for == nullptr) {
+    for (int64_t b = 0; b < blocks; ++b) RunBlock(&job, static_cast<size_t>(b));
+  } else {
+    parallel_for(parallel_ctx, static_cast<size_t>(blocks), &RunBlock, &job);
+  }
+  return !job.failed;
+}
+
+OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
+  NormProblem problem;
+  const std::string error = PrepareProblem(ctx, op, attrs, &problem);
+  if (!error.empty()) return MakeError(op, error);
+  if (!Run(problem, &ParallelForWithContext, &ctx)) {
+    return MakeError(op, "out of memory for the row buffers", ORT_RUNTIME_EXCEPTION);
+  }
+  return nullptr;
+}
+
+}  // namespace cpu
+}  // namespace onnx_norm
