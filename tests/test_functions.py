@@ -24,7 +24,7 @@ def _random(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator, lo
     return (rng.standard_normal(shape) * 2.0 + loc).astype(np.float32).astype(np_dtype(elem_type))
 
 
-def _model(
+def _model(  # noqa: PLR0917 - the tests describe a one-node model positionally, in schema order
     op: str,
     x_shape: tuple[int | str, ...],
     x_type: int,
@@ -38,7 +38,7 @@ def _model(
     """One onnx_norm node whose present inputs are graph inputs and whose present outputs are graph outputs."""
     schema = OPS[op]
     graph_inputs, names = [], []
-    for name, present in zip(schema.inputs, inputs):
+    for name, present in zip(schema.inputs, inputs, strict=True):
         if not present:
             names.append("")
             continue
@@ -49,7 +49,7 @@ def _model(
             graph_inputs.append(helper.make_tensor_value_info(name.lower(), param_type, param_shape))
     while names and not names[-1]:
         names.pop()
-    out_names = [name.lower() if present else "" for name, present in zip(schema.outputs, outputs)]
+    out_names = [name.lower() if present else "" for name, present in zip(schema.outputs, outputs, strict=True)]
     while out_names and not out_names[-1]:
         out_names.pop()
     node = helper.make_node(op, names, out_names, domain=DOMAIN, name="norm", **attrs)
@@ -82,7 +82,7 @@ def _expected(op: str, feeds: dict[str, np.ndarray], attrs: dict[str, float | in
     schema = OPS[op]
     args = [feeds.get(name.lower()) for name in schema.inputs]
     results = REFERENCES[op](*args, **attrs)
-    return {name.lower(): value for name, value in zip(schema.outputs, results)}
+    return {name.lower(): value for name, value in zip(schema.outputs, results, strict=True)}
 
 
 def _tolerance(elem_type: int) -> float:
@@ -127,7 +127,7 @@ def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray], options: ort.Sess
     names = [o.name for o in session.get_outputs()]
     types = {o.name: o.type.tensor_type.elem_type for o in proto.graph.output}
     results = session.run(None, feeds)
-    return {n: r.astype(bf16) if types.get(n) == BF16 else r for n, r in zip(names, results)}
+    return {n: r.astype(bf16) if types.get(n) == BF16 else r for n, r in zip(names, results, strict=True)}
 
 
 def _check(op: str, proto: onnx.ModelProto, attrs: dict[str, float | int], seed: int = 0) -> None:
@@ -177,8 +177,9 @@ ROUNDING_CASES = [
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize(("x_type", "p_type", "nt", "mt", "ot"), ROUNDING_CASES)
-def test_rounding_attributes(op: str, x_type: int, p_type: int, nt: int, mt: int, ot: int) -> None:
+@pytest.mark.parametrize("dtypes", ROUNDING_CASES, ids=str)
+def test_rounding_attributes(op: str, dtypes: tuple[int, int, int, int, int]) -> None:
+    x_type, p_type, nt, mt, ot = dtypes
     schema = OPS[op]
     inputs = tuple(True for _ in schema.inputs)
     outputs = tuple(True for _ in schema.outputs)
@@ -293,7 +294,9 @@ def test_two_signatures_of_one_op_in_one_model() -> None:
     model = ir.serde.deserialize_model(proto)
     functions.attach_functions(model)
     overloads = {n.outputs[0].name: n.overload for n in model.graph}
-    assert overloads["y1"] and overloads["y2"] and overloads["y1"] != overloads["y2"]
+    assert overloads["y1"]
+    assert overloads["y2"]
+    assert overloads["y1"] != overloads["y2"]
     assert model.ir_version == 10
     rng = np.random.default_rng(4)
     x, scale = _random((3, 8), F32, rng, 1.0), _random((8,), F32, rng)

@@ -68,7 +68,7 @@ def _model(spec: NormSpec, target: str, opset: int) -> tuple[ir.Model, TapeBuild
     results = targets.emit(op, spec, target, opset)
     names = [n for n in ALL_OUTPUTS if n == "y" or getattr(spec, n) is not None]
     assert len(results) == len(names)
-    for value, name in zip(results, names):
+    for value, name in zip(results, names, strict=True):
         value.name = name
     inputs = [v for v in (spec.x, spec.skip, spec.scale, spec.bias) if v is not None]
     opsets = {"": opset, **targets.opset_requirements(target, [spec])}
@@ -144,7 +144,7 @@ def _run(model: ir.Model, feeds: dict[str, np.ndarray], options: ort.SessionOpti
     names = [o.name for o in session.get_outputs()]
     results = session.run(None, feeds)
     types = {o.name: int(o.dtype) for o in model.graph.outputs}
-    return {n: r.astype(bf16) if types[n] == BF16 else r for n, r in zip(names, results)}
+    return {n: r.astype(bf16) if types[n] == BF16 else r for n, r in zip(names, results, strict=True)}
 
 
 def _tolerance(elem: int) -> float:
@@ -406,7 +406,8 @@ def test_through_a_rewrite_rule() -> None:
     assert rule.apply_to_model(model) == 1
     functions.attach_functions(model)
     fused = [n for n in model.graph if n.domain == DOMAIN]
-    assert len(fused) == 1 and fused[0].metadata_props[targets.RULE_METADATA_KEY] == "rms-test"
+    assert len(fused) == 1
+    assert fused[0].metadata_props[targets.RULE_METADATA_KEY] == "rms-test"
     assert model.opset_imports[DOMAIN] == 1
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
     actual = _run(model, feeds)["y"]

@@ -64,8 +64,11 @@ class FunctionSignature:
                 f"{self.op} signature needs {len(schema.inputs)} input flags and {len(schema.outputs)} output flags, "
                 f"got {len(self.inputs)} and {len(self.outputs)}"
             )
-        required = [name for name, present in zip(schema.inputs, self.inputs) if name not in schema.optional_inputs]
-        missing = [name for name, present in zip(schema.inputs, self.inputs) if not present and name in required]
+        missing = [
+            name
+            for name, present in zip(schema.inputs, self.inputs, strict=True)
+            if not present and name not in schema.optional_inputs
+        ]
         if missing:
             raise ValueError(f"{self.op} needs its required inputs {missing}")
         if not self.outputs[0]:
@@ -91,8 +94,8 @@ class FunctionSignature:
     def overload(self) -> str:
         """A readable, unique name for this signature: present inputs and outputs, then type and attributes."""
         schema = OPS[self.op]
-        ins = "_".join(n for n, p in zip(schema.inputs, self.inputs) if p)
-        outs = "_".join(n for n, p in zip(schema.outputs, self.outputs) if p)
+        ins = "_".join(n for n, p in zip(schema.inputs, self.inputs, strict=True) if p)
+        outs = "_".join(n for n, p in zip(schema.outputs, self.outputs, strict=True) if p)
         a = self.attrs
 
         def t(v: int) -> str:
@@ -167,15 +170,12 @@ def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Fu
     n_in = max(i for i, p in enumerate(sig.inputs) if p) + 1
     n_out = max(i for i, p in enumerate(sig.outputs) if p) + 1
     formals = [ir.Value(name=name) for name in schema.inputs[:n_in]]
-    formal = {v.name: v for v, p in zip(formals, sig.inputs) if p}
+    formal = {v.name: v for v, p in zip(formals, sig.inputs, strict=False) if p}
     x = formal["X"]
     results: dict[str, ir.Value] = {}
     if schema.skip:
         total = op("Add", [to_float(x, sig.x_type), to_float(formal["Skip"], sig.x_type)])
-        if sig.x_type == _FLOAT:
-            s = total
-        else:
-            s = cast(total, sig.x_type)
+        s = total if sig.x_type == _FLOAT else cast(total, sig.x_type)
         results["Sum"] = s
         xf = to_float(s, sig.x_type)
         x_shape_source = s

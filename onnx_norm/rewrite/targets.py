@@ -84,7 +84,7 @@ def _roundings(spec: NormSpec) -> list[int]:
 
 
 def _exact_cast(src: int, dst: int) -> bool:
-    return src == dst or dst == _FLOAT
+    return dst in (src, _FLOAT)
 
 
 def _common_reason(spec: NormSpec, target: str) -> str | None:
@@ -161,7 +161,7 @@ def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
     final_type = spec.attrs.output_type or x_type
     for folded in range(len(steps), -1, -1):
         for core_type in dict.fromkeys([x_type, roundings[folded], final_type, _FLOAT]):
-            if _exact(spec, target, folded, core_type, single_type, fused_skip):
+            if _exact(spec, target, folded=folded, core_type=core_type, single_type=single_type, fused_skip=fused_skip):
                 return _Plan(
                     op_type,
                     domain,
@@ -186,7 +186,7 @@ def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
     )
 
 
-def _exact(spec: NormSpec, target: str, folded: int, core_type: int, single_type: bool, fused_skip: bool) -> bool:
+def _exact(spec: NormSpec, target: str, *, folded: int, core_type: int, single_type: bool, fused_skip: bool) -> bool:
     """Whether an op computing the core and the first `folded` steps in `core_type` rounds where the graph does."""
     steps = _steps(spec)
     roundings = _roundings(spec)
@@ -258,8 +258,8 @@ def emit(op: Any, spec: NormSpec, target: str, opset: int | None = None) -> list
     [spec.y, then spec.sum, spec.mean, spec.inv_std for those that are not None].
 
     `opset` is the model's default-domain opset (it picks between ORT's contrib and the standard
-    LayerNormalization); by default the opset imported by the graph holding spec.x, else 17. Raises ValueError when the spec cannot be emitted
-    exactly (check `unsupported_reason` first).
+    LayerNormalization); by default the opset imported by the graph holding spec.x, else 17. Raises ValueError
+    when the spec cannot be emitted exactly (check `unsupported_reason` first).
     """
     if opset is None:
         graph = spec.x.graph
@@ -269,11 +269,10 @@ def emit(op: Any, spec: NormSpec, target: str, opset: int | None = None) -> list
     if reason is not None:
         raise ValueError(f"cannot emit {spec.kind} norm for target {target!r}: {reason}")
     assert isinstance(plan, _Plan)
-    if target == "onnx-norm":
-        results = _emit_onnx_norm(op, spec)
-    else:
-        results = _emit_standard(op, spec, plan)
-    for new, old in zip(results, [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]):
+    results = _emit_onnx_norm(op, spec) if target == "onnx-norm" else _emit_standard(op, spec, plan)
+    for new, old in zip(
+        results, [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None], strict=True
+    ):
         if new.type is None and old.type is not None:
             new.type = old.type
         if new.shape is None and old.shape is not None:

@@ -1,0 +1,225 @@
+"""Takes over norms that are already single ops, so that our kernels (or another target's ops) run them.
+
+Converted, each with the semantics of its definition:
+- ONNX `LayerNormalization` (opset >= 17) and `RMSNormalization` (opset >= 23): their function bodies compute the
+  statistics in float32 (stash_type 1), round the normalised value to X's type T and multiply (and add the bias)
+  in T: `normalized_type = multiply_type = T` for float16/bfloat16 inputs.
+- ONNX Runtime's `LayerNormalization` below opset 17 and `SimplifiedLayerNormalization` (default domain, or
+  com.microsoft as some tools write them): Y takes the scale's type and is rounded once, `output_type = type(Scale)`.
+- com.microsoft `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`: the residual sum in X's type, then the
+  norm rounded once. For float16/bfloat16, ONNX Runtime's CPU kernel normalises the unrounded float32 sum while its
+  CUDA kernel, the Add + LayerNormalization it was fused from, and our ops normalise the rounded sum (at most one
+  rounding of the sum apart); we keep the latter.
+
+Skipped, with the reason in the record: statistics stashed in another type than float32, double inputs, the
+extra `bias` input of the Skip ops, their mean/inv_std_var outputs when used (our Skip ops have none), a residual
+that broadcasts, RMSNormalization with a scale of another type than X (its ONNX function is ill-typed then), and
+unknown element types or ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import onnx_ir as ir
+from onnxscript.rewriter._context import TapeBuilder
+
+from onnx_norm.ops import functions
+from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, NormAttributes
+from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.spec import TARGETS, NormSpec
+
+logger = logging.getLogger(__name__)
+
+#: The rule name recorded on nodes made by the take-over.
+RULE = "take-over"
+
+_FLOAT = int(ir.DataType.FLOAT)
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_MS = "com.microsoft"
+# (domain group, op) -> (kind, skip, contrib semantics)
+_NATIVE = {
+    ("onnx", "LayerNormalization"): ("layer", False),
+    ("onnx", "RMSNormalization"): ("rms", False),
+    ("onnx", "SimplifiedLayerNormalization"): ("rms", False),
+    ("ms", "LayerNormalization"): ("layer", False),
+    ("ms", "SimplifiedLayerNormalization"): ("rms", False),
+    ("ms", "SkipLayerNormalization"): ("layer", True),
+    ("ms", "SkipSimplifiedLayerNormalization"): ("rms", True),
+}
+# Ops each target already has: taking them over for that target would change nothing.
+_TARGET_OPS = {
+    "onnx": {("onnx", "LayerNormalization"), ("onnx", "RMSNormalization")},
+    "ort": {
+        ("onnx", "LayerNormalization"),
+        ("onnx", "SimplifiedLayerNormalization"),
+        ("ms", "SkipLayerNormalization"),
+        ("ms", "SkipSimplifiedLayerNormalization"),
+    },
+    "onnx-norm": set(),
+}
+
+
+class _Skip(Exception):
+    """A node that cannot be taken over; the message is the reason."""
+
+
+def _group(domain: str) -> str | None:
+    if domain in _DEFAULT_DOMAINS:
+        return "onnx"
+    if domain == _MS:
+        return "ms"
+    return None
+
+
+def _dtype(value: ir.Value | None) -> int:
+    return 0 if value is None or value.dtype is None else int(value.dtype)
+
+
+def _input(node: ir.Node, index: int) -> ir.Value | None:
+    return node.inputs[index] if index < len(node.inputs) else None
+
+
+def _output(node: ir.Node, index: int) -> ir.Value | None:
+    """The output if anything reads it (a consumer or a graph output); unused outputs are dropped."""
+    if index >= len(node.outputs):
+        return None
+    value = node.outputs[index]
+    return value if value.uses() or value.is_graph_output() else None
+
+
+def _attr(node: ir.Node, name: str, default: Any) -> Any:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def _negative_axis(node: ir.Node, x: ir.Value, axis: int) -> int:
+    if axis < 0:
+        return axis
+    if x.shape is None:
+        raise _Skip(f"axis {axis} is not negative and the rank of the input is unknown")
+    rank = len(x.shape)
+    if axis >= rank:
+        raise _Skip(f"axis {axis} is out of range for rank {rank}")
+    return axis - rank
+
+
+def _spec(node: ir.Node, opset: int) -> NormSpec:
+    key = (_group(node.domain), node.op_type)
+    kind, skip = _NATIVE[key]  # type: ignore[index]
+    x = _input(node, 0)
+    if x is None:
+        raise _Skip("it has no input")
+    x_type = _dtype(x)
+    if x_type == 0:
+        raise _Skip("the element type of its input is unknown (run shape inference first)")
+    if x_type not in FLOAT_TYPES:
+        raise _Skip(f"input element type {ir.DataType(x_type).name} is not float32, float16 or bfloat16")
+    # The ONNX-standard ops exist from these opsets; below them the default-domain names are ORT's contrib ops.
+    standard = key[0] == "onnx" and (
+        (node.op_type == "LayerNormalization" and opset >= 17) or node.op_type == "RMSNormalization"
+    )
+    epsilon = float(_attr(node, "epsilon", 1e-12 if skip else 1e-5))
+    if skip:
+        if _input(node, 4 if kind == "layer" else 3) is not None:
+            raise _Skip("its bias input (added into the residual sum) has no counterpart in our Skip ops")
+        if _output(node, 1) is not None or _output(node, 2) is not None:
+            raise _Skip("its mean/inv_std_var outputs are used and our Skip ops have no statistics outputs")
+        residual = _input(node, 1)
+        if residual is None:
+            raise _Skip("it has no skip input")
+        if _dtype(residual) != x_type:
+            raise _Skip("its skip input has another element type than its input")
+        if x.shape is None or residual.shape is None or x.shape != residual.shape:
+            raise _Skip("its skip input may broadcast (shapes differ or are unknown); our Skip ops need equal shapes")
+        axis = -1
+        scale = _input(node, 2)
+        bias = _input(node, 3) if kind == "layer" else None
+        sum_out = _output(node, 3)
+        mean = inv_std = None
+        attrs = NormAttributes(axis=axis, epsilon=epsilon)
+    else:
+        stash = int(_attr(node, "stash_type", 1))
+        if stash != _FLOAT:
+            raise _Skip(f"stash_type {stash} computes the statistics in another type than float32")
+        axis = _negative_axis(node, x, int(_attr(node, "axis", -1)))
+        residual = None
+        scale = _input(node, 1)
+        bias = _input(node, 2) if kind == "layer" else None
+        sum_out = None
+        mean = _output(node, 1) if kind == "layer" else None
+        inv_std = _output(node, 2 if kind == "layer" else 1)
+        if node.op_type == "RMSNormalization" and len(node.outputs) > 1:
+            raise _Skip("RMSNormalization has a single output")
+        if standard:
+            if scale is not None and _dtype(scale) != x_type:
+                raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
+            rounding = 0 if x_type == _FLOAT else x_type
+            attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
+        else:
+            # ORT's contrib ops: Y has the scale's type, rounded once.
+            y_type = _dtype(scale) if scale is not None else x_type
+            if y_type == 0:
+                raise _Skip("the element type of its scale is unknown")
+            attrs = NormAttributes(axis=axis, epsilon=epsilon, output_type=0 if y_type == x_type else y_type)
+    for name, value in (("scale", scale), ("bias", bias)):
+        if value is not None and _dtype(value) not in FLOAT_TYPES:
+            raise _Skip(f"its {name} element type is unknown or not float32, float16 or bfloat16")
+    return NormSpec(kind, x, residual, scale, bias, attrs, node.outputs[0], sum_out, mean, inv_std, RULE)
+
+
+def _owners(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
+    found = []
+    graphs: list[ir.Graph | ir.Function] = [model.graph]
+    graphs += [f for f in model.functions.values() if f.domain != DOMAIN]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            if (_group(node.domain), node.op_type) in _NATIVE:
+                found.append((graph, node))
+    return found
+
+
+def take_over(model: ir.Model, target: str = "onnx-norm") -> list[dict[str, Any]]:
+    """Replaces native norm ops with `target`'s ops, in place. Returns one record per native norm node:
+    {"name", "from", "to", "converted", "reason"}; "to" lists the emitted ops, "reason" says why a node stayed."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    records: list[dict[str, Any]] = []
+    converted = 0
+    for owner, node in _owners(model):
+        graph = node.graph
+        assert graph is not None
+        key = (_group(node.domain), node.op_type)
+        source = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+        record: dict[str, Any] = {"name": node.name, "from": source, "to": None, "converted": False, "reason": None}
+        records.append(record)
+        opset = owner.opset_imports.get("", model.opset_imports.get("", 0))
+        try:
+            if key in _TARGET_OPS[target]:
+                raise _Skip(f"it is already an op of the {target!r} target")
+            spec = _spec(node, opset)
+            reason = targets.unsupported_reason(spec, target, {"": opset})
+            if reason is not None:
+                raise _Skip(reason)
+        except _Skip as skipped:
+            record["reason"] = str(skipped)
+            logger.info("not taking over %s %r: %s", source, node.name, skipped)
+            continue
+        op = TapeBuilder()
+        new_values = targets.emit(op, spec, target, opset)
+        old_values = [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]
+        new_nodes = list(op.nodes)
+        for index, new in enumerate(new_nodes):
+            new.name = f"{node.name}_{target}_{index}" if node.name else None
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, old_values, new_values)
+        for domain, version in op.used_opsets:
+            if domain and version is not None:
+                owner.opset_imports.setdefault(domain, version)
+                model.opset_imports.setdefault(domain, version)
+        record["to"] = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in new_nodes if n.op_type != "Constant")
+        record["converted"] = True
+        converted += 1
+    if converted and target == "onnx-norm":
+        functions.attach_functions(model)
+    return records
