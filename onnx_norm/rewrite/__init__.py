@@ -1,0 +1,80 @@
+"""Find decomposed LayerNorm/RMSNorm subgraphs and replace them with fused ops.
+
+Data flows one way: load (model_io), match (match.py with layer_norm.py, rms_norm.py, skip.py), prove (prove.py),
+rewrite (targets.py through the onnxscript driver, rules.py), save. `optimize` does all of it; `inspect` is the
+same run on a copy, reporting what would be fused and why the near-misses were not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TypeVar
+
+import onnx
+import onnx_ir as ir
+
+from onnx_norm import model_io
+from onnx_norm.rewrite.passes import FuseNormsPass
+from onnx_norm.rewrite.report import NearMissRecord, NormRecord, OptimizeReport
+from onnx_norm.rewrite.rules import RULE_NAMES, rule_set
+from onnx_norm.rewrite.spec import TARGETS, NormSpec
+
+__all__ = [
+    "RULE_NAMES",
+    "TARGETS",
+    "FuseNormsPass",
+    "NearMissRecord",
+    "NormRecord",
+    "NormSpec",
+    "OptimizeReport",
+    "inspect",
+    "optimize",
+    "rule_set",
+]
+
+logger = logging.getLogger(__name__)
+
+ModelT = TypeVar("ModelT", str, onnx.ModelProto, ir.Model)
+
+
+def optimize(
+    model: ModelT,
+    *,
+    target: str = "onnx-norm",
+    disable: Iterable[str] = (),
+    take_over_native: bool = False,
+    verify_rewrites: bool = True,
+) -> tuple[ModelT, OptimizeReport]:
+    """Fuses the norms of `model`; returns the rewritten model, of the same kind, and a report.
+
+    `model` is a path (the result is an `ir.Model` loaded from it; save it with `onnx_norm.model_io.save`), an
+    `onnx.ModelProto` (a new ModelProto is returned, the argument is not modified) or an `onnx_ir.Model`
+    (rewritten in place and returned). `disable` names rules to skip (`RULE_NAMES`); `verify_rewrites=False`
+    skips the proof of each candidate (faster, not safer).
+    """
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    ir_model = model_io.load(model)
+    fuse = FuseNormsPass(target, disable=disable, take_over_native=take_over_native, verify_rewrites=verify_rewrites)
+    fuse(ir_model)
+    return model_io.like(model, ir_model), fuse.report  # type: ignore[return-value]
+
+
+def inspect(
+    model: str | onnx.ModelProto | ir.Model, *, explain: bool = False, target: str = "onnx-norm"
+) -> OptimizeReport:
+    """A dry run: what `optimize` would fuse, and (with `explain`) every near-miss with its reason.
+
+    The model is not modified. The near-misses are always in the report; `explain` is kept for symmetry with the
+    CLI, which prints them only when asked.
+    """
+    ir_model = model_io.load(model)
+    if isinstance(model, ir.Model):
+        ir_model = model_io.clone(ir_model)
+    fuse = FuseNormsPass(target)
+    fuse(ir_model)
+    report = fuse.report
+    report.dry_run = True
+    del explain
+    return report

@@ -1,0 +1,83 @@
+"""Constants inside a norm: epsilon, exponents, divisors, axes, and scale/bias folded from constant expressions.
+
+A value is constant when it is an initializer that is not also a graph input (an input can be overridden at run
+time), the output of a `Constant` node, or computed from such values only (Gemma's `1 + w`, `Cast(w)`,
+`Flatten(scale)`), in which case it is folded with the numpy interpreter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.rewrite.evaluate import SUPPORTED_OPS, EvaluationError, evaluate
+
+#: Constant expressions larger than this are not folded (a scale or bias is one row of the normalised dims).
+MAX_FOLD_ELEMENTS = 1 << 24
+_MAX_FOLD_NODES = 32
+
+
+def is_direct_constant(value: ir.Value) -> bool:
+    if value.const_value is not None and not value.is_graph_input():
+        return True
+    node = value.producer()
+    return node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def is_constant(value: ir.Value | None) -> bool:
+    """True when `value` depends on constants only (no graph input, no runtime value)."""
+    if value is None:
+        return False
+    return _constant_nodes(value) is not None
+
+
+def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
+    """The nodes computing `value` from constants, or None when it depends on anything else."""
+    nodes: list[ir.Node] = []
+    seen: set[ir.Value] = set()
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.const_value is not None and not current.is_graph_input():
+            if current.const_value.size > MAX_FOLD_ELEMENTS:
+                return None
+            continue
+        node = current.producer()
+        if node is None or node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
+            return None
+        nodes.append(node)
+        if len(nodes) > _MAX_FOLD_NODES:
+            return None
+        if node.op_type == "Constant":
+            continue
+        stack.extend(v for v in node.inputs if v is not None)
+    return nodes
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value of a constant or constant expression, or None when it is not constant."""
+    if value is None or _constant_nodes(value) is None:
+        return None
+    try:
+        (array,) = evaluate([value], {})
+    except (EvaluationError, ValueError, TypeError):
+        return None
+    return array
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """A one-element constant as a Python float (any shape with one element), else None."""
+    array = constant_array(value)
+    if array is None or array.size != 1:
+        return None
+    return float(np.asarray(array, dtype=np.float64).reshape(()))
+
+
+def int_list(value: ir.Value | None) -> list[int] | None:
+    array = constant_array(value)
+    if array is None or array.dtype.kind not in "iu":
+        return None
+    return [int(v) for v in array.reshape(-1)]

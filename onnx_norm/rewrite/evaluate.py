@@ -1,0 +1,256 @@
+"""A small numpy interpreter for the ops that appear in decomposed norms.
+
+It serves two purposes: folding constant expressions (Gemma's `1 + w`, a `Cast` of a weight, the `Flatten` of a
+scale in LayerNormalization's function expansion) and proving a matched subgraph against the fused op's reference
+(`prove.py`). Keeping it to the ops the matchers accept makes the proof independent of any runtime's kernel
+coverage (ONNX Runtime has no bf16 ReduceMean on CPU, for one), and lets the same subgraph be evaluated either in
+its own element types or with every float widened to float64 (`widen=True`), which gives the exact value of the
+formula the graph spells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.ops.reference import np_dtype
+
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+
+
+class EvaluationError(Exception):
+    """The subgraph uses an op or an input this interpreter does not handle."""
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    return attr.value
+
+
+def _int_list(array: np.ndarray | None) -> list[int] | None:
+    return None if array is None else [int(v) for v in np.asarray(array).reshape(-1)]
+
+
+def _reduce_axes(node: ir.Node, inputs: Sequence[np.ndarray | None], rank: int) -> tuple[int, ...] | None:
+    axes = _attr(node, "axes")
+    if axes is None and len(inputs) > 1 and inputs[1] is not None:
+        axes = _int_list(inputs[1])
+    if axes is None or len(axes) == 0:
+        if _attr(node, "noop_with_empty_axes", 0):
+            return None
+        return tuple(range(rank))
+    return tuple(sorted(int(a) % rank for a in axes))
+
+
+def _reduce(fn: Callable) -> Callable:
+    def run(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+        x = inputs[0]
+        assert x is not None
+        axes = _reduce_axes(node, inputs, x.ndim)
+        if axes is None:
+            return x
+        keepdims = bool(_attr(node, "keepdims", 1))
+        # numpy reduces float16 in float32 internally; keep the graph's element type for the result.
+        return np.asarray(fn(x, axis=axes, keepdims=keepdims)).astype(x.dtype)
+
+    return run
+
+
+def _unsqueeze(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    axes = _attr(node, "axes")
+    if axes is None:
+        axes = _int_list(inputs[1])
+    rank = x.ndim + len(axes)
+    for axis in sorted(int(a) % rank for a in axes):
+        x = np.expand_dims(x, axis)
+    return x
+
+
+def _squeeze(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    axes = _attr(node, "axes")
+    if axes is None and len(inputs) > 1 and inputs[1] is not None:
+        axes = _int_list(inputs[1])
+    if axes is None:
+        return np.squeeze(x)
+    return np.squeeze(x, axis=tuple(int(a) % x.ndim for a in axes))
+
+
+def _flatten(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    axis = int(_attr(node, "axis", 1)) % (x.ndim + 1) if x.ndim else 0
+    lead = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return x.reshape(lead, -1)
+
+
+def _reshape(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x, shape = inputs[0], _int_list(inputs[1])
+    assert x is not None and shape is not None
+    if not _attr(node, "allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return x.reshape(shape)
+
+
+def _binary(fn: Callable) -> Callable:
+    def run(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        # Both operands have the same element type in a valid graph; the result keeps it (numpy would promote
+        # a 0-d float32 against float16 arrays otherwise).
+        return np.asarray(fn(a, b)).astype(a.dtype)
+
+    return run
+
+
+def _pow(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    a, b = inputs[0], inputs[1]
+    assert a is not None and b is not None
+    with np.errstate(all="ignore"):
+        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+
+
+def _unary(fn: Callable) -> Callable:
+    def run(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+        x = inputs[0]
+        assert x is not None
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x)).astype(x.dtype)
+
+    return run
+
+
+def _transpose(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    perm = _attr(node, "perm")
+    return np.transpose(x, perm)
+
+
+def _expand(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x, shape = inputs[0], _int_list(inputs[1])
+    assert x is not None and shape is not None
+    return x * np.ones(shape, dtype=x.dtype)
+
+
+def _where(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    c, a, b = inputs
+    return np.where(c, a, b)
+
+
+def _errstate(fn: Callable) -> Callable:
+    def run(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return fn(node, inputs)
+
+    return run
+
+
+_OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = {
+    "Add": _errstate(_binary(np.add)),
+    "Sub": _errstate(_binary(np.subtract)),
+    "Mul": _errstate(_binary(np.multiply)),
+    "Div": _errstate(_binary(np.divide)),
+    "Pow": _pow,
+    "Sqrt": _unary(np.sqrt),
+    "Reciprocal": _unary(np.reciprocal),
+    "Neg": _unary(np.negative),
+    "Identity": lambda node, inputs: inputs[0],  # type: ignore[dict-item]
+    "ReduceMean": _errstate(_reduce(np.mean)),
+    "ReduceSum": _errstate(_reduce(np.sum)),
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Flatten": _flatten,
+    "Reshape": _reshape,
+    "Transpose": _transpose,
+    "Expand": _expand,
+    "Where": _where,
+}
+
+#: Ops whose output is computed elementwise or per row, and that may therefore sit inside a matched norm.
+SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
+
+
+def _cast(array: np.ndarray, to: int, widen: bool) -> np.ndarray:
+    dtype = ir.DataType(to)
+    if widen and dtype in _FLOATS:
+        return array.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) and array.dtype == np.float64:
+            # Narrow through float32 like runtimes do (double rounding through float32 is innocuous).
+            array = array.astype(np.float32)
+        return array.astype(np_dtype(int(to)))
+
+
+def tensor_array(tensor: ir.TensorProtocol, widen: bool = False) -> np.ndarray:
+    array = tensor.numpy()
+    if widen and tensor.dtype in _FLOATS:
+        return array.astype(np.float64)
+    return array
+
+
+def evaluate(
+    outputs: Sequence[ir.Value],
+    feeds: Mapping[ir.Value, np.ndarray],
+    *,
+    widen: bool = False,
+    max_nodes: int = 256,
+) -> list[np.ndarray]:
+    """Evaluates `outputs` from `feeds` and constants; raises EvaluationError on anything else.
+
+    With `widen`, every float tensor (constants, feeds, casts) is computed in float64.
+    """
+    cache: dict[ir.Value, np.ndarray] = {}
+    for value, array in feeds.items():
+        cache[value] = array.astype(np.float64) if widen and array.dtype.kind == "f" else array
+    budget = [max_nodes]
+
+    def get(value: ir.Value | None) -> np.ndarray | None:
+        if value is None:
+            return None
+        if value in cache:
+            return cache[value]
+        if value.const_value is not None and not value.is_graph_input():
+            result = tensor_array(value.const_value, widen)
+        else:
+            node = value.producer()
+            if node is None:
+                raise EvaluationError(f"value {value.name!r} is neither an input of the subgraph nor a constant")
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise EvaluationError("subgraph too large to evaluate")
+            result = run_node(node, value)
+        cache[value] = result
+        return result
+
+    def run_node(node: ir.Node, value: ir.Value) -> np.ndarray:
+        if node.domain not in ("", "ai.onnx"):
+            raise EvaluationError(f"cannot evaluate {node.domain}::{node.op_type}")
+        if node.op_type == "Constant":
+            attr = next(iter(node.attributes.values()))
+            if attr.name != "value":
+                return np.asarray(attr.value, dtype=np.float64 if widen else None)
+            return tensor_array(attr.value, widen)
+        inputs = [get(v) for v in node.inputs]
+        if node.op_type == "Cast":
+            assert inputs[0] is not None
+            return _cast(inputs[0], int(_attr(node, "to")), widen)
+        if node.op_type == "CastLike":
+            assert inputs[0] is not None and inputs[1] is not None
+            like = inputs[1].dtype
+            return inputs[0].astype(like)
+        fn = _OPS.get(node.op_type)
+        if fn is None:
+            raise EvaluationError(f"cannot evaluate {node.op_type}")
+        if len(node.outputs) != 1:
+            raise EvaluationError(f"{node.op_type} with several outputs")
+        return fn(node, inputs)
+
+    return [get(v) for v in outputs]  # type: ignore[misc]

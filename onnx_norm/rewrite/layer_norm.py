@@ -1,0 +1,73 @@
+"""LayerNorm statistics: the centred variance, however it is spelled.
+
+`var = mean((x - mean(x))^2)` with `Pow(d, 2)` or `Mul(d, d)`, the mean computed once or twice (older TorchScript
+exports duplicate the ReduceMean/Sub pair), or `var = mean(x^2) - mean(x)^2` (LayerNormalization's ONNX function
+expansion). The normalised value is `(x - mean(x)) * (var + eps)^-1/2`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx_ir as ir
+
+from onnx_norm.rewrite.reductions import row_mean
+from onnx_norm.rewrite.spec import Kind
+from onnx_norm.rewrite.structure import same_data, squared, strip_casts
+
+
+@dataclasses.dataclass
+class Statistic:
+    """The reduced statistic under the square root: its kind, the tensor it is taken over, the axes."""
+
+    kind: Kind
+    x: ir.Value
+    axes: tuple[int, ...]
+    variant: str
+
+
+def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
+    """For `x - mean(x)` (up to Casts): (x, axes), else None."""
+    node = strip_casts(value).producer()
+    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
+        return None
+    a, m = node.inputs
+    if a is None or m is None:
+        return None
+    mean = row_mean(m)
+    if mean is None or not same_data(mean.input, a):
+        return None
+    return a, mean.axes
+
+
+def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
+    found = centred(value)
+    return found is not None and same_data(found[0], x) and found[1] == axes
+
+
+def layer_statistic(stat: ir.Value) -> Statistic | None:
+    """Recognises `stat` as the variance of some tensor over some axes."""
+    variance = row_mean(stat)
+    if variance is not None:
+        base = squared(variance.input)
+        if base is None:
+            return None
+        found = centred(base)
+        if found is None or found[1] != variance.axes:
+            return None
+        return Statistic("layer", found[0], variance.axes, "centred variance")
+    node = strip_casts(stat).producer()
+    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
+        return None
+    p, q = node.inputs
+    if p is None or q is None:
+        return None
+    mean_of_square = row_mean(p)
+    square_of_mean = squared(q)
+    if mean_of_square is None or square_of_mean is None:
+        return None
+    x = squared(mean_of_square.input)
+    mean = row_mean(square_of_mean)
+    if x is None or mean is None or mean.axes != mean_of_square.axes or not same_data(mean.input, x):
+        return None
+    return Statistic("layer", x, mean.axes, "E[x^2] - E[x]^2")

@@ -1,0 +1,590 @@
+"""Finding one norm that ends at a given node: structure first, then the safety conditions.
+
+A norm is matched from its last node (the anchor) downwards:
+
+1. The tail: from the anchor's output down through Casts, one bias Add of a constant, and multiplies or divides
+   by constants, to the junction, the first Mul/Div whose operands are both computed.
+2. The junction's value, flattened into a product of powers, must contain a leaf `stat + eps` with a negative
+   exponent, where `stat` is a recognised statistic (layer_norm.py, rms_norm.py) and `eps` a constant scalar.
+3. Flattened again with the statistic's input known, the value must be exactly `data^1 * (stat + eps)^-1/2` times
+   constants, where `data` is the centred input (LayerNorm) or the input (RMSNorm).
+4. All nodes between the input and the anchor are removed: none may have consumers outside the match or be a
+   graph output, except statistics the fused op also produces (mean, inverse std) and the input's own Casts,
+   which are kept. Reductions cover exactly the normalised axes, scale and bias vary only along them.
+
+The anchor is the end of the norm only if the tail cannot be extended by its single consumer: the onnxscript
+driver visits nodes in order, so a norm is matched at its last node, not at an earlier one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.ops.schema import FLOAT_TYPES, NormAttributes
+from onnx_norm.rewrite import casts, constants
+from onnx_norm.rewrite.layer_norm import Statistic, is_centred, layer_statistic
+from onnx_norm.rewrite.reductions import is_float_cast, rank_of, row_mean
+from onnx_norm.rewrite.rms_norm import rms_statistic
+from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.structure import NearMiss, flatten, same_data, strip_casts, strip_widening_casts
+
+_ANCHOR_OPS = frozenset({"Add", "Mul", "Div", "Cast"})
+_MAX_TAIL = 12
+_MAX_MATCH_NODES = 96
+
+
+class _NotANorm(Exception):
+    """The structure is not a norm at all (no near-miss to report)."""
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A matched norm, ready to be proven and rewritten."""
+
+    spec: NormSpec
+    nodes: list[ir.Node]  # nodes the fused op replaces
+    axes: tuple[int, ...]  # reduced axes of the input (non-negative)
+    perm: tuple[int, ...] | None  # channels-first: the Transpose that moves the normalised axes last
+    scale_array: np.ndarray | None  # scale as the fused op reads it (also when spec.scale is a graph value)
+    bias_array: np.ndarray | None
+    new_constants: dict[str, np.ndarray]  # "scale"/"bias" that need a new constant in the graph
+    variant: str
+    cast_placement: str
+    anchor: ir.Node
+    x_value: ir.Value  # the input of the norm before any residual Add was folded in
+    kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
+    recast: list[ir.Node] = dataclasses.field(default_factory=list)  # kept Casts re-made from the fused Sum
+
+
+@dataclasses.dataclass
+class _TailOp:
+    node: ir.Node
+    role: str  # "cast", "scale", "bias"
+    constant: ir.Value | None
+    exponent: int = 1
+
+
+def _other_constant(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The constant operand of a binary node whose other operand is `value`, if any."""
+    a, b = node.inputs[0], node.inputs[1]
+    other = b if a is value else a
+    if other is value or other is None:
+        return None
+    return other if constants.is_constant(other) else None
+
+
+def _walk_tail(y: ir.Value) -> tuple[ir.Value, list[_TailOp]] | None:
+    """Down from `y` to the junction; the tail ops are returned from the top (y) down."""
+    tail: list[_TailOp] = []
+    value = y
+    seen_scale = False
+    seen_bias = False
+    for _ in range(_MAX_TAIL):
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            return None
+        op = node.op_type
+        if is_float_cast(node) or op == "Identity":
+            tail.append(_TailOp(node, "cast", None))
+            value = node.inputs[0]  # type: ignore[assignment]
+            continue
+        if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+            return None
+        a, b = node.inputs
+        if op == "Add":
+            if seen_bias or seen_scale:
+                return None
+            if constants.is_constant(b):
+                tail.append(_TailOp(node, "bias", b))
+                value = a
+            elif constants.is_constant(a):
+                tail.append(_TailOp(node, "bias", a))
+                value = b
+            else:
+                return None
+            seen_bias = True
+            continue
+        if op == "Mul":
+            if constants.is_constant(b) and not constants.is_constant(a):
+                tail.append(_TailOp(node, "scale", b))
+                value = a
+                seen_scale = True
+                continue
+            if constants.is_constant(a) and not constants.is_constant(b):
+                tail.append(_TailOp(node, "scale", a))
+                value = b
+                seen_scale = True
+                continue
+            return value, tail
+        if op == "Div":
+            if constants.is_constant(b) and not constants.is_constant(a):
+                tail.append(_TailOp(node, "scale", b, exponent=-1))
+                value = a
+                seen_scale = True
+                continue
+            return value, tail
+        return None
+    return None
+
+
+def _extends(y: ir.Value, tail: list[_TailOp]) -> bool:
+    """True when the single consumer of `y` would continue the tail (so `y` is not the norm's end)."""
+    if y.is_graph_output():
+        return False
+    consumers = {use.node for use in y.uses()}
+    if len(consumers) != 1:
+        return False
+    (node,) = consumers
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if is_float_cast(node):
+        return True
+    has_bias = any(op.role == "bias" for op in tail)
+    if has_bias or len(node.inputs) != 2:
+        return False
+    if node.op_type in ("Add", "Mul"):
+        return _other_constant(node, y) is not None
+    if node.op_type == "Div":
+        return node.inputs[0] is y and node.inputs[1] is not y and constants.is_constant(node.inputs[1])
+    return False
+
+
+def _statistic(stat: ir.Value, kinds: frozenset[str]) -> Statistic | None:
+    if "layer" in kinds:
+        found = layer_statistic(stat)
+        if found is not None:
+            return found
+    if "rms" in kinds:
+        return rms_statistic(stat)
+    return None
+
+
+def _stat_leaves(junction: ir.Value) -> list[ir.Value]:
+    """Candidates for `statistic + eps` (or the statistic alone) that the junction's product reaches through
+    multiplicative ops."""
+    found: list[ir.Value] = []
+    seen: set[ir.Value] = set()
+    stack = [junction]
+    while stack and len(seen) < 64:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in ("Add", "ReduceMean", "ReduceSum", "Sub") or row_mean(value) is not None:
+            found.append(value)
+        if node.op_type in ("Add", "ReduceMean", "ReduceSum", "Sub"):
+            continue
+        if node.op_type in ("Mul", "Div", "Sqrt", "Reciprocal", "Pow", "Identity") or is_float_cast(node):
+            operands = node.inputs[:1] if node.op_type == "Pow" else node.inputs
+            stack.extend(v for v in operands if v is not None and not constants.is_direct_constant(v))
+    return found
+
+
+def _data_classifier(statistic: Statistic, eps_sum: ir.Value):
+    def classify(value: ir.Value) -> str | None:
+        if value is eps_sum:
+            return "stat"
+        if statistic.kind == "layer":
+            if is_centred(value, statistic.x, statistic.axes):
+                return "data"
+        elif same_data(value, statistic.x):
+            return "data"
+        return None
+
+    return classify
+
+
+def _exponent_text(exponent: Fraction) -> str:
+    return str(exponent.numerator) if exponent.denominator == 1 else f"{exponent.numerator}/{exponent.denominator}"
+
+
+def _collect_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node]:
+    """Every node on a path from the stop values (the input) up to `y`, not counting constant expressions."""
+    nodes: list[ir.Node] = []
+    seen_nodes: set[ir.Node] = set()
+    seen: set[ir.Value] = set()
+    stack = [y]
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in stops or constants.is_constant(value):
+            continue
+        node = value.producer()
+        if node is None:
+            raise NearMiss(f"the subgraph also reads {value.name!r}, which is not the normalised input", value)
+        if node not in seen_nodes:
+            seen_nodes.add(node)
+            nodes.append(node)
+            if len(nodes) > _MAX_MATCH_NODES:
+                raise NearMiss("subgraph too large")
+        stack.extend(v for v in node.inputs if v is not None)
+    return nodes
+
+
+def _is_input_cast(node: ir.Node, x: ir.Value) -> bool:
+    """A Cast/Identity chain computed from the input alone: kept when something else reads it."""
+    current = node
+    while True:
+        if not (is_float_cast(current) or current.op_type == "Identity"):
+            return False
+        source = current.inputs[0]
+        if source is None:
+            return False
+        if source is x:
+            return True
+        producer = source.producer()
+        if producer is None:
+            return False
+        current = producer
+
+
+def _is_inv_std(value: ir.Value, eps_sum: ir.Value) -> bool:
+    if value.dtype != ir.DataType.FLOAT:
+        return False
+
+    def classify(v: ir.Value) -> str | None:
+        return "stat" if v is eps_sum else None
+
+    try:
+        factors = flatten(value, classify)
+    except NearMiss:
+        return False
+    if factors.leaves != {"stat": Fraction(-1, 2)}:
+        return False
+    product = _fold_product(factors.constants)
+    return product is None or bool(np.all(product == 1))
+
+
+def _fold_product(factors: list[tuple[ir.Value, Fraction]]) -> np.ndarray | None:
+    """The product of constant powers in float64, None when there is none."""
+    result: np.ndarray | None = None
+    for value, exponent in factors:
+        array = constants.constant_array(value)
+        if array is None:
+            raise NearMiss(f"cannot fold constant {value.name!r}", value)
+        term = np.power(array.astype(np.float64), float(exponent))
+        result = term if result is None else result * term
+    return result
+
+
+def _row_constant(
+    array: np.ndarray, x_shape: list[int], axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str
+) -> np.ndarray:
+    """`array` as it broadcasts against one row (the normalised dims), or NearMiss when it varies across rows."""
+    rank = len(x_shape)
+    if array.ndim > rank:
+        raise NearMiss(f"{what} has more dims than the input")
+    padded = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    for dim in range(rank):
+        if dim not in axes and padded.shape[dim] != 1:
+            raise NearMiss(f"{what} varies across rows (shape {list(array.shape)}), not only along the normalised axes")
+        if dim in axes and padded.shape[dim] not in (1, x_shape[dim]):
+            raise NearMiss(f"{what} shape {list(array.shape)} does not broadcast against the input")
+    if perm is not None:
+        padded = np.transpose(padded, perm)
+        x_shape = [x_shape[p] for p in perm]
+    k = len(axes)
+    row_shape = tuple(x_shape[rank - k :])
+    return np.broadcast_to(padded.reshape(padded.shape[rank - k :]), row_shape)
+
+
+def _tensor_fits(value: ir.Value, row: np.ndarray) -> bool:
+    """A direct constant the fused op can read as is: the row's shape, leading 1s of the row's shape removed."""
+    if not constants.is_direct_constant(value) or value.shape is None:
+        return False
+    shape = tuple(value.shape)
+    row_shape = tuple(row.shape)
+    while row_shape and row_shape[0] == 1:
+        row_shape = row_shape[1:]
+    return shape in (tuple(row.shape), row_shape)
+
+
+def find_norm(
+    anchor: ir.Node,
+    *,
+    kinds: frozenset[str] = frozenset({"layer", "rms"}),
+    channels_first: bool = True,
+) -> Candidate | None:
+    """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse."""
+    if anchor.op_type not in _ANCHOR_OPS or anchor.domain not in ("", "ai.onnx") or len(anchor.outputs) != 1:
+        return None
+    y = anchor.outputs[0]
+    walked = _walk_tail(y)
+    if walked is None:
+        return None
+    junction, tail = walked
+    if _extends(y, tail):
+        return None
+    sums = _stat_leaves(junction)
+    if not sums:
+        return None
+    first_miss: NearMiss | None = None
+    for eps_sum in sums:
+        producer = eps_sum.producer()
+        assert producer is not None
+        splits: list[tuple[ir.Value, ir.Value | None]] = []
+        if producer.op_type == "Add":
+            a, b = producer.inputs
+            if a is not None and b is not None:
+                splits = [(a, b), (b, a)]
+        splits.append((eps_sum, None))  # no epsilon at all (an exporter folded a tiny one away)
+        for stat, eps_value in splits:
+            statistic = _statistic(stat, kinds)
+            if statistic is None:
+                continue
+            try:
+                return _build(anchor, y, junction, tail, eps_sum, stat, eps_value, statistic, channels_first)
+            except _NotANorm:
+                continue
+            except NearMiss as miss:
+                first_miss = first_miss or miss
+    if first_miss is not None:
+        raise first_miss
+    return None
+
+
+def _build(
+    anchor: ir.Node,
+    y: ir.Value,
+    junction: ir.Value,
+    tail: list[_TailOp],
+    eps_sum: ir.Value,
+    stat: ir.Value,
+    eps_value: ir.Value | None,
+    statistic: Statistic,
+    channels_first: bool,
+) -> Candidate:
+    eps_array = np.zeros((1,)) if eps_value is None else constants.constant_array(eps_value)
+    if eps_array is None:
+        assert eps_value is not None
+        raise NearMiss(f"epsilon {eps_value.name!r} is not a constant", eps_value)
+    if eps_array.size != 1:
+        assert eps_value is not None
+        raise NearMiss(f"epsilon {eps_value.name!r} has {eps_array.size} elements, not one", eps_value)
+    epsilon = float(np.asarray(eps_array, dtype=np.float64).reshape(()))
+    if not np.isfinite(epsilon) or epsilon < 0:
+        raise NearMiss(f"epsilon {epsilon} is not a non-negative number", eps_value)
+
+    # The normalised value must be data^1 * (stat + eps)^-1/2 times constants.
+    factors = flatten(junction, _data_classifier(statistic, eps_sum))
+    data_exp = factors.leaves.get("data", Fraction(0))
+    stat_exp = factors.leaves.get("stat", Fraction(0))
+    if data_exp == 0:
+        raise _NotANorm  # e.g. the reciprocal square root alone, before it meets the input
+    if data_exp != 1 or stat_exp != Fraction(-1, 2):
+        raise NearMiss(
+            f"computes input^{_exponent_text(data_exp)} * (statistic + eps)^{_exponent_text(stat_exp)}, "
+            "not input * (statistic + eps)^-1/2",
+            junction,
+        )
+
+    x_prime = statistic.x
+    x = strip_widening_casts(x_prime)
+    if x.dtype not in FLOAT_TYPES:
+        raise NearMiss(f"input type {casts.type_name(x.dtype)} is not supported by the fused ops", x)
+    if y.dtype not in FLOAT_TYPES:
+        raise NearMiss(f"output type {casts.type_name(y.dtype)} is not supported by the fused ops", y)
+    rank = rank_of(x)
+    if rank is None or x.shape is None:
+        raise NearMiss(f"the rank of {x.name!r} is unknown (shape inference found no shape)", x)
+    x_shape = list(x.shape)
+    axes = statistic.axes
+    if list(axes) != list(range(axes[0], axes[0] + len(axes))):
+        raise NearMiss(f"reduction axes {list(axes)} are not contiguous", stat)
+    perm: tuple[int, ...] | None = None
+    if axes[-1] != rank - 1:
+        if not channels_first:
+            raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
+        perm = tuple(d for d in range(rank) if d not in axes) + axes
+    dims = [x_shape[a] for a in axes]
+    if not all(isinstance(d, int) for d in dims):
+        raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
+    if y.shape is not None and x.shape is not None and len(y.shape) != rank:
+        raise NearMiss("the output does not have the input's rank", y)
+
+    # The nodes the fused op replaces and what else reads them.
+    strip_all = strip_casts(x_prime)
+    stops = {x, strip_all}
+    nodes = _collect_nodes(y, stops)
+    if strip_all is not x and any(strip_all in node.inputs for node in nodes):
+        raise NearMiss("the subgraph reads the input both before and after a narrowing Cast", x)
+    node_set = set(nodes)
+    mean_out: ir.Value | None = None
+    inv_out: ir.Value | None = None
+    kept: set[ir.Node] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in list(nodes):
+            if node in kept:
+                continue
+            for output in node.outputs:
+                if output is y or output is mean_out or output is inv_out:
+                    continue
+                outside = [use.node for use in output.uses() if use.node not in node_set]
+                if not outside and not output.is_graph_output():
+                    continue
+                if _is_input_cast(node, x):
+                    kept.add(node)
+                    continue
+                if (
+                    statistic.kind == "layer"
+                    and mean_out is None
+                    and perm is None
+                    and output.dtype == ir.DataType.FLOAT
+                    and rank_of(output) == rank
+                    and (found := row_mean(output)) is not None
+                    and same_data(found.input, x_prime)
+                    and found.axes == axes
+                ):
+                    mean_out = output
+                    continue
+                if perm is None and inv_out is None and not output.is_graph_output():
+                    readers = [n for n in outside if len(n.outputs) == 1 and _is_inv_std(n.outputs[0], eps_sum)]
+                    if len(readers) == len(outside) == 1 and rank_of(readers[0].outputs[0]) == rank:
+                        inv_out = readers[0].outputs[0]
+                        nodes.append(readers[0])
+                        node_set.add(readers[0])
+                        changed = True
+                        continue
+                if perm is None and inv_out is None and output.is_graph_output() and not outside:
+                    if _is_inv_std(output, eps_sum) and rank_of(output) == rank:
+                        inv_out = output
+                        continue
+                where = (
+                    "a graph output"
+                    if output.is_graph_output()
+                    else f"also read by {outside[0].op_type} {outside[0].name!r}"
+                )
+                raise NearMiss(f"intermediate {output.name!r} is {where}", output)
+    kept_order = [n for n in nodes if n in kept]
+    kept_order.reverse()  # nodes were collected from the output down; the input's Casts come first this way
+    nodes = [n for n in nodes if n not in kept]
+
+    # Scale and bias: constants, folded when computed, varying only along the normalised axes.
+    scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"] + factors.constants
+    scale_terms = [(v, e) for v, e in scale_terms if v is not None and not _is_one(v)]
+    scale_array = _fold_product(scale_terms)
+    scale_value: ir.Value | None = None
+    new_constants: dict[str, np.ndarray] = {}
+    row_scale: np.ndarray | None = None
+    if scale_array is not None:
+        row_scale = _row_constant(scale_array, x_shape, axes, perm, "scale")
+        if np.all(row_scale == 1.0):
+            row_scale = None
+    scale_dtype = _constant_dtype([v for v, _ in scale_terms])
+    if row_scale is not None:
+        only = scale_terms[0][0] if len(scale_terms) == 1 and scale_terms[0][1] == 1 else None
+        if perm is None and only is not None and _tensor_fits(only, row_scale):
+            scale_value = only
+        else:
+            new_constants["scale"] = row_scale
+    bias_op = next((op for op in tail if op.role == "bias"), None)
+    bias_value: ir.Value | None = None
+    row_bias: np.ndarray | None = None
+    bias_dtype = None
+    if bias_op is not None and bias_op.constant is not None:
+        array = constants.constant_array(bias_op.constant)
+        if array is None:
+            raise NearMiss("bias is not constant", bias_op.constant)
+        row_bias = _row_constant(array.astype(np.float64), x_shape, axes, perm, "bias")
+        bias_dtype = bias_op.constant.dtype
+        if np.all(row_bias == 0.0):
+            row_bias = None
+        elif perm is None and _tensor_fits(bias_op.constant, row_bias):
+            bias_value = bias_op.constant
+        else:
+            new_constants["bias"] = row_bias
+    # Scale and Bias share one element type in the fused ops; widen when they differ (exact for fp16/bf16).
+    const_type = _common_type(
+        scale_dtype if row_scale is not None else None, bias_dtype if row_bias is not None else None
+    )
+    if row_scale is not None and scale_value is not None and scale_value.dtype != const_type:
+        new_constants["scale"] = row_scale
+        scale_value = None
+    if row_bias is not None and bias_value is not None and bias_value.dtype != const_type:
+        new_constants["bias"] = row_bias
+        bias_value = None
+    from onnx_norm.ops.reference import np_dtype
+
+    for key, array in list(new_constants.items()):
+        new_constants[key] = np.ascontiguousarray(
+            array.astype(np.float64).astype(np.float32).astype(np_dtype(int(const_type)))
+        )
+    if "scale" in new_constants:
+        scale_value = _detached_constant(new_constants["scale"], f"{anchor.name or 'norm'}_scale")
+    if "bias" in new_constants:
+        bias_value = _detached_constant(new_constants["bias"], f"{anchor.name or 'norm'}_bias")
+
+    steps = [casts.TailStep(op.role, op.node.outputs[0].dtype) for op in reversed(tail)]
+    inner = _fold_product(factors.constants)
+    scale_inside = inner is not None and not bool(np.all(inner == 1.0))
+    rounding = casts.infer_rounding(x.dtype, junction.dtype, steps, y.dtype, scale_inside=scale_inside)
+    attrs = NormAttributes(
+        axis=-len(axes),
+        epsilon=epsilon,
+        normalized_type=rounding.normalized_type,
+        multiply_type=rounding.multiply_type,
+        output_type=rounding.output_type,
+    )
+    spec = NormSpec(
+        kind=statistic.kind,
+        x=x,
+        skip=None,
+        scale=scale_value,
+        bias=bias_value,
+        attrs=attrs,
+        y=y,
+        mean=mean_out,
+        inv_std=inv_out,
+    )
+    return Candidate(
+        spec=spec,
+        nodes=nodes,
+        axes=axes,
+        perm=perm,
+        scale_array=None if row_scale is None else np.asarray(row_scale),
+        bias_array=None if row_bias is None else np.asarray(row_bias),
+        new_constants=new_constants,
+        variant=statistic.variant + ("" if perm is None else ", channels first"),
+        cast_placement=casts.describe(x.dtype, x_prime.dtype, rounding),
+        anchor=anchor,
+        x_value=x,
+        kept=kept_order,
+    )
+
+
+def _is_one(value: ir.Value) -> bool:
+    """A constant that is all ones (the 1 of TorchScript's `Div(1, Sqrt(..))`), which scales nothing."""
+    array = constants.constant_array(value)
+    return array is not None and array.size <= 1 and bool(np.all(array == 1))
+
+
+def _constant_dtype(values: list[ir.Value]) -> ir.DataType | None:
+    types = {v.dtype for v in values if v.dtype is not None}
+    if len(types) == 1:
+        return types.pop()
+    return ir.DataType.FLOAT if types else None
+
+
+def _common_type(a: ir.DataType | None, b: ir.DataType | None) -> ir.DataType:
+    types = {t for t in (a, b) if t is not None}
+    if len(types) == 1:
+        only = types.pop()
+        return only if only in FLOAT_TYPES else ir.DataType.FLOAT
+    return ir.DataType.FLOAT
+
+
+def _detached_constant(array: np.ndarray, name: str) -> ir.Value:
+    """A constant value not yet in any graph; the rewrite turns it into an initializer or a Constant node."""
+    tensor = ir.tensor(array, name=name)
+    return ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)

@@ -1,0 +1,174 @@
+"""Proving a candidate before it is rewritten: the matched subgraph against the fused op's reference.
+
+Two checks, on random inputs of the input's shape (symbolic dims set to small sizes):
+
+1. The formula. The subgraph is evaluated with every float widened to float64 (its exact value) on four samples
+   (normal rows, rows of large magnitude with a large offset, near-constant rows, constant rows) and compared
+   with the numpy reference (`onnx_norm.ops.reference`) computed in float64 with the candidate's epsilon, axes,
+   scale and bias. Structure mistakes (another epsilon placement, another divisor, another tensor's mean, scale
+   varying across rows) show up as large differences, especially on the near-constant and offset rows.
+2. The rounding. The subgraph is evaluated in its own element types on the normal sample and compared with the
+   reference using the candidate's rounding attributes, with a tolerance of a few units in the last place of the
+   output type: it catches a wrong output type or rounding point, not the last-bit differences that the fused
+   op's fp32 statistics legitimately make.
+
+A failed check raises NearMiss with the measured error, and the candidate is reported instead of rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.ops.reference import normalize, np_dtype
+from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
+from onnx_norm.rewrite.match import Candidate
+from onnx_norm.rewrite.structure import NearMiss
+
+#: Relative tolerance of the formula check (float64 graph vs reference with float32 output rounding).
+FORMULA_TOLERANCE = 1e-5
+#: Tolerance of the rounding check, by output element type: a few units in the last place.
+ROUNDING_TOLERANCE = {
+    ir.DataType.FLOAT: 2e-4,
+    ir.DataType.FLOAT16: 1e-2,
+    ir.DataType.BFLOAT16: 6e-2,
+}
+_MAX_ELEMENTS = 1 << 22
+_SAMPLES = ("normal", "large offset", "near-constant", "constant")
+
+
+def concrete_shape(shape: ir.Shape) -> list[int]:
+    """The shape with symbolic dims replaced by small distinct sizes (2, 3, 4, ...)."""
+    sizes = iter(range(2, 64))
+    return [d if isinstance(d, int) else next(sizes) for d in shape]
+
+
+def _sample(kind: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    if kind == "normal":
+        return rng.standard_normal(shape)
+    if kind == "large offset":
+        return 300.0 + 50.0 * rng.standard_normal(shape)
+    if kind == "near-constant":
+        return 1.25 + 1e-3 * rng.standard_normal(shape)
+    return np.full(shape, 0.75)
+
+
+@dataclasses.dataclass
+class _Feeds:
+    arrays: dict[ir.Value, np.ndarray]
+    x: np.ndarray  # what the norm normalises (x + skip for residual variants), in the input's type
+    x_wide: np.ndarray  # the same in float64 without the input-type rounding of the sum
+
+
+def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
+    spec = candidate.spec
+    assert spec.x.shape is not None and spec.x.dtype is not None
+    shape = concrete_shape(spec.x.shape)
+    if int(np.prod(shape, dtype=np.int64)) > _MAX_ELEMENTS:
+        raise NearMiss(f"input of {shape} elements is too large to prove the candidate", spec.x)
+    dtype = np_dtype(int(spec.x.dtype))
+    data = _sample(kind, shape, rng)
+    if spec.skip is None:
+        x = data.astype(np.float32).astype(dtype)
+        return _Feeds({spec.x: x}, x, x.astype(np.float64))
+    half = (data / 2).astype(np.float32).astype(dtype)
+    rest = (data - half.astype(np.float64)).astype(np.float32).astype(dtype)
+    total = (half.astype(np.float32) + rest.astype(np.float32)).astype(dtype)
+    wide = half.astype(np.float64) + rest.astype(np.float64)
+    return _Feeds({spec.x: half, spec.skip: rest}, total, wide)
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    assert value.const_value is not None
+    return value.const_value.numpy()
+
+
+def _reference(
+    candidate: Candidate, x: np.ndarray, attrs: NormAttributes, *, wide: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    spec = candidate.spec
+    scale = _const(spec.scale)
+    bias = _const(spec.bias)
+    if wide:
+        scale = None if scale is None else scale.astype(np.float64)
+        bias = None if bias is None else bias.astype(np.float64)
+    if candidate.perm is not None:
+        x = np.transpose(x, candidate.perm)
+    y, inv, mean = normalize(x, scale, bias, attrs, rms=spec.kind == "rms")
+    if candidate.perm is not None:
+        y = np.transpose(y, np.argsort(candidate.perm))
+    return y, inv, mean
+
+
+def _max_error(actual: np.ndarray, expected: np.ndarray, tolerance: float) -> tuple[float, bool]:
+    """Largest error relative to the tolerance allowed for it (> 1 fails); NaN/Inf must agree."""
+    a = actual.astype(np.float64)
+    e = expected.astype(np.float64)
+    if a.shape != e.shape:
+        return float("inf"), False
+    finite = np.isfinite(e)
+    if not np.array_equal(finite, np.isfinite(a)):
+        return float("inf"), False
+    if not finite.any():
+        return 0.0, True
+    magnitude = float(np.max(np.abs(e[finite])))
+    allowed = tolerance * (np.abs(e[finite]) + max(magnitude, 1e-6))
+    ratio = float(np.max(np.abs(a[finite] - e[finite]) / allowed))
+    return ratio, ratio <= 1.0
+
+
+def _outputs(candidate: Candidate) -> list[tuple[str, ir.Value]]:
+    spec = candidate.spec
+    outputs = [("Y", spec.y)]
+    if spec.mean is not None:
+        outputs.append(("Mean", spec.mean))
+    if spec.inv_std is not None:
+        outputs.append(("InvStdDev", spec.inv_std))
+    if spec.sum is not None:
+        outputs.append(("Sum", spec.sum))
+    return outputs
+
+
+def prove(candidate: Candidate, *, seed: int = 0) -> None:
+    """Raises NearMiss when the subgraph and the fused op disagree; returns quietly when they agree."""
+    spec = candidate.spec
+    rng = np.random.default_rng(seed)
+    outputs = _outputs(candidate)
+    exact = dataclasses.replace(spec.attrs, normalized_type=0, multiply_type=0, output_type=0)
+    for kind in _SAMPLES:
+        feeds = _feeds(candidate, kind, rng)
+        try:
+            graph = evaluate([v for _, v in outputs], feeds.arrays, widen=True)
+        except (EvaluationError, ValueError, TypeError, IndexError) as err:
+            raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
+        y, inv, mean = _reference(candidate, feeds.x_wide, exact, wide=True)
+        expected = {"Y": y, "Mean": mean, "InvStdDev": inv, "Sum": feeds.x_wide}
+        for (name, _), actual in zip(outputs, graph):
+            reference = expected[name]
+            assert reference is not None
+            ratio, ok = _max_error(
+                actual, np.broadcast_to(reference, actual.shape) if name != "Y" else reference, FORMULA_TOLERANCE
+            )
+            if not ok:
+                raise NearMiss(
+                    f"proof failed: {name} differs from the fused op on {kind} rows "
+                    f"({ratio:.3g} x the float64 tolerance)"
+                )
+    # The rounding attributes, in the graph's own element types, on normal rows.
+    feeds = _feeds(candidate, "normal", rng)
+    try:
+        (y_graph,) = evaluate([spec.y], feeds.arrays)
+    except (EvaluationError, ValueError, TypeError, IndexError) as err:
+        raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
+    y_ref, _, _ = _reference(candidate, feeds.x, spec.attrs, wide=False)
+    if y_graph.dtype != y_ref.dtype:
+        raise NearMiss(f"proof failed: the graph's output is {y_graph.dtype}, the fused op's {y_ref.dtype}")
+    tolerance = ROUNDING_TOLERANCE.get(spec.y.dtype, 2e-4)  # type: ignore[arg-type]
+    ratio, ok = _max_error(y_graph, y_ref, tolerance)
+    if not ok:
+        raise NearMiss(f"proof failed: the rounding differs from the graph's ({ratio:.3g} x the tolerance)")

@@ -1,0 +1,157 @@
+"""Row means as exporters spell them.
+
+`mean(t, axes)` with the reduced dims kept, written as any of: `ReduceMean(keepdims=1)` with axes as an attribute
+(opset < 18) or an input (opset >= 18); `ReduceMean(keepdims=0)` followed by `Unsqueeze` over the same axes;
+`ReduceSum` divided by, or multiplied by the inverse of, the number of reduced elements; with float Casts anywhere
+on the way (a mean computed in fp32 and narrowed again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import onnx_ir as ir
+
+from onnx_norm.rewrite import constants
+
+_REL_TOLERANCE = {
+    ir.DataType.FLOAT16: 2.0**-10,
+    ir.DataType.BFLOAT16: 2.0**-7,
+}
+_FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+
+
+@dataclasses.dataclass
+class RowMean:
+    """`value` is the mean of `input` over `axes` (non-negative, sorted), with the reduced dims kept."""
+
+    input: ir.Value
+    axes: tuple[int, ...]
+    nodes: list[ir.Node]
+
+
+def is_float_cast(node: ir.Node) -> bool:
+    if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+        return False
+    to = node.attributes.get("to")
+    return to is not None and ir.DataType(to.value) in _FLOAT_TYPES
+
+
+def rank_of(value: ir.Value) -> int | None:
+    return None if value.shape is None else len(value.shape)
+
+
+def reduction_axes(node: ir.Node, rank: int) -> tuple[int, ...] | None:
+    """Sorted non-negative axes of a Reduce* node, or None when they are not constant."""
+    attr = node.attributes.get("axes")
+    if attr is not None:
+        axes = list(attr.value)
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = constants.int_list(node.inputs[1])
+        if axes is None:
+            return None
+    else:
+        axes = []
+    if not axes:
+        noop = node.attributes.get("noop_with_empty_axes")
+        if noop is not None and noop.value:
+            return None
+        return tuple(range(rank))
+    normalized = sorted({int(a) % rank for a in axes if -rank <= int(a) < rank})
+    if len(normalized) != len(axes):
+        return None
+    return tuple(normalized)
+
+
+def _unsqueeze_axes(node: ir.Node, out_rank: int) -> tuple[int, ...] | None:
+    attr = node.attributes.get("axes")
+    axes = (
+        list(attr.value) if attr is not None else constants.int_list(node.inputs[1] if len(node.inputs) > 1 else None)
+    )
+    if axes is None:
+        return None
+    return tuple(sorted(int(a) % out_rank for a in axes))
+
+
+def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float, float] | None:
+    """For Mul/Div by a constant scalar: (the other operand, the factor, relative tolerance of the constant)."""
+    a, b = node.inputs[0], node.inputs[1]
+    if a is None or b is None:
+        return None
+    if node.op_type == "Div":
+        value = constants.scalar(b)
+        if value is None or value == 0:
+            return None
+        return a, 1.0 / value, _REL_TOLERANCE.get(b.dtype, 1e-6) if b.dtype else 1e-6
+    for operand, other in ((b, a), (a, b)):
+        value = constants.scalar(operand)
+        if value is not None:
+            return other, value, _REL_TOLERANCE.get(operand.dtype, 1e-6) if operand.dtype else 1e-6
+    return None
+
+
+def row_mean(value: ir.Value) -> RowMean | None:
+    """Recognises `value` as a row mean with kept dims, or returns None."""
+    nodes: list[ir.Node] = []
+    factor, tolerance = 1.0, 1e-6
+    unsqueeze: tuple[int, ...] | None = None
+    current = value
+    for _ in range(8):
+        node = current.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        op = node.op_type
+        if op in ("ReduceMean", "ReduceSum"):
+            break
+        if is_float_cast(node) or op == "Identity":
+            current = node.inputs[0]
+        elif op == "Unsqueeze" and unsqueeze is None:
+            out_rank = rank_of(node.outputs[0])
+            if out_rank is None:
+                return None
+            unsqueeze = _unsqueeze_axes(node, out_rank)
+            if unsqueeze is None:
+                return None
+            current = node.inputs[0]
+        elif op in ("Mul", "Div"):
+            scaled = _scalar_factor(node)
+            if scaled is None:
+                return None
+            current, step, tol = scaled
+            factor *= step
+            tolerance = max(tolerance, tol)
+        else:
+            return None
+        nodes.append(node)
+        if current is None:
+            return None
+    else:
+        return None
+
+    reduced = node.inputs[0]
+    if reduced is None:
+        return None
+    rank = rank_of(reduced)
+    if rank is None:
+        return None
+    axes = reduction_axes(node, rank)
+    if axes is None:
+        return None
+    keepdims = node.attributes.get("keepdims")
+    keep = True if keepdims is None else bool(keepdims.value)
+    if keep == (unsqueeze is not None):
+        return None
+    if unsqueeze is not None and unsqueeze != axes:
+        return None
+    nodes.append(node)
+    if node.op_type == "ReduceSum":
+        shape = reduced.shape
+        assert shape is not None
+        dims = [shape[a] for a in axes]
+        if not all(isinstance(d, int) for d in dims):
+            return None
+        factor *= math.prod(dims)  # type: ignore[arg-type]
+    if abs(factor - 1.0) > 4 * tolerance:
+        return None
+    return RowMean(reduced, axes, nodes)

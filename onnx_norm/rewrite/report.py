@@ -1,0 +1,72 @@
+"""What a rewrite did: the norms fused, the near-misses and why, counts per rule and op counts."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import onnx_ir as ir
+
+
+@dataclasses.dataclass
+class NormRecord:
+    """One fused norm."""
+
+    rule: str
+    kind: str  # "layer" or "rms"
+    target: str
+    replaced_nodes: list[str]  # names of the nodes the fused op replaced
+    new_nodes: list[str]  # op types of the nodes that replaced them
+    graph: str  # "main graph", "function <domain>::<name>" or "subgraph <name>"
+    dtype: str  # element type of the input
+    epsilon: float
+    axes: list[int]  # normalised axes of the input (non-negative)
+    cast_placement: str
+    residual: bool  # a residual Add was fused (Skip variant)
+    residual_sum_kept: bool  # the sum is also an output of the fused op
+    statistics: list[str]  # statistics the graph used and the fused op provides ("mean", "inv_std")
+    variant: str
+    attributes: dict[str, Any]
+
+
+@dataclasses.dataclass
+class NearMissRecord:
+    """A subgraph that looks like a norm and was left as it was."""
+
+    nodes: list[str]
+    reason: str
+    graph: str
+
+
+@dataclasses.dataclass
+class OptimizeReport:
+    target: str
+    norms: list[NormRecord] = dataclasses.field(default_factory=list)
+    near_misses: list[NearMissRecord] = dataclasses.field(default_factory=list)
+    rule_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    ops_before: dict[str, int] = dataclasses.field(default_factory=dict)
+    ops_after: dict[str, int] = dataclasses.field(default_factory=dict)
+    native_taken_over: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def fused(self) -> int:
+        return len(self.norms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data (the `--report` file)."""
+        data = dataclasses.asdict(self)
+        data["fused"] = self.fused
+        return data
+
+
+def op_counts(model: ir.Model) -> dict[str, int]:
+    """Op types in the model (main graph, subgraphs and model-local functions), as `domain::op` outside ONNX."""
+    counts: collections.Counter[str] = collections.Counter()
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            name = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            counts[name] += 1
+    return dict(sorted(counts.items()))

@@ -1,0 +1,28 @@
+"""RMSNorm statistics: the mean square `mean(x^2)` (`Pow(x, 2)` or `Mul(x, x)`, over ReduceMean or ReduceSum/N).
+
+The normalised value is `x * (mean(x^2) + eps)^-1/2`, spelled `Div(x, Sqrt(..))`, `Mul(x, Reciprocal(Sqrt(..)))`
+(dynamo's rsqrt), `Mul(x, Div(1, Sqrt(..)))` (TorchScript's rsqrt) or `Pow(.., -0.5)`; `structure.flatten` covers
+them all.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from onnx_norm.rewrite.layer_norm import Statistic, centred
+from onnx_norm.rewrite.reductions import row_mean
+from onnx_norm.rewrite.structure import squared
+
+
+def rms_statistic(stat: ir.Value) -> Statistic | None:
+    """Recognises `stat` as the mean square of a tensor that is not itself centred."""
+    mean = row_mean(stat)
+    if mean is None:
+        return None
+    base = squared(mean.input)
+    if base is None:
+        return None
+    found = centred(base)
+    if found is not None and found[1] == mean.axes:
+        return None  # a variance: layer_statistic's business
+    return Statistic("rms", base, mean.axes, "mean square")

@@ -1,0 +1,325 @@
+"""The norm fusions as onnxscript rewrite rules.
+
+Each rule is an onnxscript `RewriteRule` whose matching is structural (match.py) rather than one fixed pattern:
+the variety of exported spellings is too large to enumerate, so a rule recognises the structure from the norm's
+last node, proves the candidate (prove.py) and builds the replacement with the target's emitter (targets.py).
+The onnxscript driver does the rest: it visits every node of the graph, of If/Loop bodies and of model-local
+functions, replaces the matched nodes, updates opset imports and tags each new node with the rule's name in
+`metadata_props` (`pkg.onnxscript.rewriter.rule_name`).
+
+Rules, tried in this order at each node:
+
+- `skip_layer_norm`, `skip_rms_norm`: a norm whose input is a residual Add, fused with it.
+- `layer_norm_channels_first`: LayerNorm over a non-trailing axis (ConvNeXt's NCHW), emitted between Transposes.
+- `layer_norm`, `rms_norm`: everything else.
+
+Disabling a Skip rule leaves the residual Add in the graph and fuses the norm alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._context import TapeBuilder
+from onnxscript.rewriter._rewrite_rule import ReplacementSubgraph
+
+from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.match import Candidate, find_norm
+from onnx_norm.rewrite.prove import prove
+from onnx_norm.rewrite.report import NearMissRecord, NormRecord
+from onnx_norm.rewrite.skip import fold_residual
+from onnx_norm.rewrite.spec import TARGETS
+from onnx_norm.rewrite.structure import NearMiss
+
+logger = logging.getLogger(__name__)
+
+RULE_NAMES = ("skip_layer_norm", "skip_rms_norm", "layer_norm_channels_first", "layer_norm", "rms_norm")
+_RULE_KINDS = {
+    "skip_layer_norm": "layer",
+    "skip_rms_norm": "rms",
+    "layer_norm_channels_first": "layer",
+    "layer_norm": "layer",
+    "rms_norm": "rms",
+}
+_ANCHOR_OPS = frozenset({"Add", "Mul", "Div", "Cast"})
+
+
+def _placeholder_pattern(op, x):  # the structural matcher replaces onnxscript's pattern matching
+    return op.Identity(x)
+
+
+def graph_label(graph: ir.Graph | ir.Function) -> str:
+    if isinstance(graph, ir.Function):
+        return f"function {graph.domain}::{graph.name}"
+    return f"graph {graph.name!r}" if graph.name else "graph"
+
+
+class Session:
+    """State shared by the rules of one rule set: target, options, and what happened (records, near-misses)."""
+
+    def __init__(self, target: str = "onnx-norm", *, verify_rewrites: bool = True, disabled: Iterable[str] = ()):
+        if target not in TARGETS:
+            raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+        self.target = target
+        self.verify_rewrites = verify_rewrites
+        self.disabled = frozenset(disabled)
+        self.records: list[NormRecord] = []
+        self.near_misses: dict[tuple[int, str], NearMissRecord] = {}
+        self._last: tuple[ir.Node, Candidate | None] | None = None
+        self._proven: dict[int, str | None] = {}
+        self._main_graph: ir.Graph | None = None
+
+    # -- matching, cached per node: the rules try the same node one after the other
+    def candidate(self, node: ir.Node, graph: ir.Graph | ir.Function) -> Candidate | None:
+        if self._last is not None and self._last[0] is node:
+            return self._last[1]
+        result: Candidate | None = None
+        kinds = frozenset(k for name, k in _RULE_KINDS.items() if name not in self.disabled)
+        try:
+            result = find_norm(node, kinds=kinds, channels_first="layer_norm_channels_first" not in self.disabled)
+        except NearMiss as miss:
+            self.near_miss(node, graph, miss)
+        self._last = (node, result)
+        return result
+
+    def near_miss(self, node: ir.Node, graph: ir.Graph | ir.Function, miss: NearMiss) -> None:
+        key = (id(graph), node.name or str(id(node)))
+        if key in self.near_misses:
+            return
+        names = [v.name for v in miss.values if isinstance(v, ir.Node) and v.name]
+        names += [v.producer().name for v in miss.values if isinstance(v, ir.Value) and v.producer() is not None]
+        nodes = [node.name or node.op_type] + [n for n in names if n and n != node.name]
+        self.near_misses[key] = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph))
+        logger.info("not fused at %s: %s", node.name, miss.reason)
+
+    def proven(self, candidate: Candidate) -> str | None:
+        """None when the candidate is proven (or proofs are off), else the reason it failed."""
+        if not self.verify_rewrites:
+            return None
+        key = id(candidate)
+        if key not in self._proven:
+            try:
+                prove(candidate)
+                self._proven[key] = None
+            except NearMiss as miss:
+                self._proven[key] = miss.reason
+        return self._proven[key]
+
+    def invalidate(self) -> None:
+        self._last = None
+        self._proven.clear()
+
+
+def _after(graph: ir.Graph | ir.Function, anchor: ir.Node, readers: Iterable[ir.Node]) -> bool:
+    """True when every reader comes after the anchor in the graph's node order (new nodes go right after it)."""
+    pending = set(readers)
+    if not pending:
+        return True
+    seen_anchor = False
+    for node in graph:
+        if node is anchor:
+            seen_anchor = True
+        elif node in pending:
+            if not seen_anchor:
+                return False
+            pending.discard(node)
+            if not pending:
+                return True
+    return not pending
+
+
+def _outside_readers(value: ir.Value | None, nodes: set[ir.Node]) -> list[ir.Node]:
+    if value is None:
+        return []
+    return [use.node for use in value.uses() if use.node not in nodes]
+
+
+class NormFusionRule(pattern.RewriteRule):
+    """One rule family; the structural matching is shared through the session."""
+
+    def __init__(self, name: str, session: Session) -> None:
+        super().__init__(_placeholder_pattern, lambda op, x: None, name=name)
+        self.session = session
+        self.kind = _RULE_KINDS[name]
+        self.residual = name.startswith("skip_")
+        self.channels_first = name == "layer_norm_channels_first"
+
+    def commute(self) -> list[pattern.RewriteRule]:  # operand order is handled by the matcher
+        return [self]
+
+    def _select(self, node: ir.Node, graph: ir.Graph | ir.Function) -> Candidate | None:
+        session = self.session
+        candidate = session.candidate(node, graph)
+        if candidate is None or candidate.spec.kind != self.kind:
+            return None
+        if (candidate.perm is not None) != self.channels_first:
+            return None
+        opsets = dict(graph.opset_imports)
+        if self.residual:
+            folded = fold_residual(candidate)
+            if folded is None:
+                return None
+            if targets.unsupported_reason(folded.spec, session.target, opsets) is not None:
+                return None
+            node_set = set(folded.nodes)
+            readers = _outside_readers(folded.spec.sum, node_set)
+            for recast in folded.recast:
+                readers += _outside_readers(recast.outputs[0], node_set)
+            if not _after(graph, node, readers):
+                return None
+            if session.proven(folded) is not None:
+                return None  # the plain rule proves (and reports) the norm without the residual
+            candidate = folded
+        else:
+            reason = targets.unsupported_reason(candidate.spec, session.target, opsets)
+            if reason is not None:
+                session.near_miss(node, graph, NearMiss(f"target {session.target}: {reason}"))
+                return None
+            node_set = set(candidate.nodes)
+            readers = _outside_readers(candidate.spec.mean, node_set) + _outside_readers(
+                candidate.spec.inv_std, node_set
+            )
+            if not _after(graph, node, readers):
+                session.near_miss(node, graph, NearMiss("a statistic of the norm is read before the norm ends"))
+                return None
+            failure = session.proven(candidate)
+            if failure is not None:
+                session.near_miss(node, graph, NearMiss(failure))
+                return None
+        return candidate
+
+    def try_rewrite(
+        self,
+        model: ir.Model,
+        graph_or_function: ir.Graph | ir.Function,
+        node: ir.Node,
+        *,
+        verbose: int | None = None,
+        tracer=None,
+    ) -> ReplacementSubgraph | None:
+        if node.op_type not in _ANCHOR_OPS or node.domain not in ("", "ai.onnx"):
+            return None
+        candidate = self._select(node, graph_or_function)
+        if candidate is None:
+            return None
+        spec = dataclasses.replace(candidate.spec, rule=self.name)
+        tape = TapeBuilder()
+        opset = graph_or_function.opset_imports.get("", model.graph.opset_imports.get("", 17))
+        outputs = self._emit(tape, candidate, spec, opset, isinstance(graph_or_function, ir.Function))
+        old_values = [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]
+        old_values += [n.outputs[0] for n in candidate.recast]
+        match = pattern.MatchResult()
+        for matched in candidate.nodes:
+            match.add_node(matched)
+        match.outputs.extend(old_values)
+        delta = ReplacementSubgraph(match, outputs, tape.nodes, tape.initializers, tape.used_opsets)
+        for graph in (graph_or_function, model.graph):
+            for domain, version in tape.used_opsets:
+                if domain not in graph.opset_imports:
+                    graph.opset_imports[domain] = version if version is not None else 1
+        self._record(candidate, spec, graph_or_function, tape.nodes)
+        self.session.invalidate()
+        return delta
+
+    def _emit(self, tape: TapeBuilder, candidate: Candidate, spec, opset: int, in_function: bool) -> list[ir.Value]:
+        replacements = {}
+        for key, array in candidate.new_constants.items():
+            tensor = ir.tensor(array)
+            if in_function:
+                replacements[key] = tape.Constant(value=tensor)
+            else:
+                name = f"onnx_norm_{key}_{_unique_suffix()}"
+                tensor.name = name
+                replacements[key] = tape.initializer(tensor, name=name)
+        spec = dataclasses.replace(
+            spec, scale=replacements.get("scale", spec.scale), bias=replacements.get("bias", spec.bias)
+        )
+        if candidate.perm is None:
+            results = targets.emit(tape, spec, self.session.target, opset)
+            if candidate.recast:
+                made = {spec.sum: results[1]}
+                for node in candidate.recast:
+                    source = made[node.inputs[0]]
+                    if node.op_type == "Cast":
+                        new = tape.Cast(source, to=node.attributes["to"].value)
+                    else:
+                        new = tape.Identity(source)
+                    made[node.outputs[0]] = new
+                    results.append(new)
+            return results
+        perm = list(candidate.perm)
+        inverse = [int(i) for i in np.argsort(perm)]
+        x_t = tape.Transpose(spec.x, perm=perm)
+        skip_t = None if spec.skip is None else tape.Transpose(spec.skip, perm=perm)
+        if spec.x.dtype is not None:
+            x_t.type = ir.TensorType(spec.x.dtype)
+        y_t_spec = ir.Value(name=None, type=spec.y.type)
+        transposed = dataclasses.replace(spec, x=x_t, skip=skip_t, y=y_t_spec)
+        results = targets.emit(tape, transposed, self.session.target, opset)
+        return [tape.Transpose(results[0], perm=inverse), *results[1:]]
+
+    def _record(self, candidate: Candidate, spec, graph: ir.Graph | ir.Function, new_nodes) -> None:
+        attrs = spec.attrs
+        self.session.records.append(
+            NormRecord(
+                rule=self.name,
+                kind=spec.kind,
+                target=self.session.target,
+                replaced_nodes=[n.name or n.op_type for n in candidate.nodes],
+                new_nodes=[n.op_type for n in new_nodes],
+                graph=graph_label(graph),
+                dtype=_type_name(candidate.x_value.dtype),
+                epsilon=float(attrs.epsilon),
+                axes=list(candidate.axes),
+                cast_placement=candidate.cast_placement,
+                residual=spec.skip is not None,
+                residual_sum_kept=spec.sum is not None,
+                statistics=[k for k in ("mean", "inv_std") if getattr(spec, k) is not None],
+                variant=candidate.variant,
+                attributes=attrs.as_dict(),
+            )
+        )
+
+
+_counter = [0]
+
+
+def _unique_suffix() -> int:
+    _counter[0] += 1
+    return _counter[0]
+
+
+def _type_name(dtype: ir.DataType | None) -> str:
+    from onnx_norm.rewrite.casts import type_name
+
+    return type_name(dtype)
+
+
+def make_rules(session: Session) -> list[NormFusionRule]:
+    unknown = sorted(set(session.disabled) - set(RULE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown rule(s) {', '.join(unknown)}; the rules are {', '.join(RULE_NAMES)}")
+    return [NormFusionRule(name, session) for name in RULE_NAMES if name not in session.disabled]
+
+
+def rule_set(
+    target: str = "onnx-norm", *, disable: Iterable[str] = (), verify_rewrites: bool = True
+) -> pattern.RewriteRuleSet:
+    """The fusions as an onnxscript `RewriteRuleSet` (run shape inference on the model first).
+
+    `RewriteRuleSet.apply_to_model(model)` rewrites in place and returns the number of norms fused. Models for the
+    `onnx-norm` target also need `onnx_norm.ops.functions.attach_functions(model)` afterwards to stay runnable
+    without our library; `FuseNormsPass` does all of it.
+    """
+    session = Session(target, verify_rewrites=verify_rewrites, disabled=disable)
+    rules = make_rules(session)
+    if not rules:
+        raise ValueError("every rule is disabled")
+    rule_set = pattern.RewriteRuleSet(rules)
+    rule_set.session = session  # type: ignore[attr-defined]
+    return rule_set

@@ -1,0 +1,55 @@
+"""Residual Adds folded into the Skip variants.
+
+`norm(a + b)` where `a` and `b` are both computed tensors of the input's shape and type (no broadcasting: the
+Skip ops add elementwise, in the input's type, like the graph's Add). When the sum also feeds something else (the
+residual stream of pre-norm transformers) it stays available as the op's `Sum` output and its readers are rewired.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx_ir as ir
+
+from onnx_norm.rewrite import constants
+from onnx_norm.rewrite.match import Candidate
+
+
+def _known_shape(value: ir.Value) -> tuple | None:
+    if value.shape is None:
+        return None
+    dims = []
+    for dim in value.shape:
+        if isinstance(dim, int):
+            dims.append(dim)
+        elif getattr(dim, "value", None) is None:
+            return None  # an anonymous dim may differ from any other
+        else:
+            dims.append(dim.value)
+    return tuple(dims)
+
+
+def fold_residual(candidate: Candidate) -> Candidate | None:
+    """The Skip variant of `candidate` when its input is a residual Add, else None."""
+    spec = candidate.spec
+    if candidate.perm is not None or spec.mean is not None or spec.inv_std is not None:
+        return None
+    x = spec.x
+    add = x.producer()
+    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+        return None
+    a, b = add.inputs
+    if a is None or b is None or constants.is_constant(a) or constants.is_constant(b):
+        return None
+    if a.dtype != x.dtype or b.dtype != x.dtype:
+        return None
+    shape = _known_shape(x)
+    if shape is None or _known_shape(a) != shape or _known_shape(b) != shape:
+        return None
+    # Casts of the sum that something else also reads are made again from the fused op's Sum output, after it.
+    recast = list(candidate.kept)
+    nodes = [*candidate.nodes, add, *recast]
+    node_set = set(nodes)
+    keeps_sum = bool(recast) or x.is_graph_output() or any(use.node not in node_set for use in x.uses())
+    new_spec = dataclasses.replace(spec, x=a, skip=b, sum=x if keeps_sum else None)
+    return dataclasses.replace(candidate, spec=new_spec, nodes=nodes, kept=[], recast=recast)

@@ -1,0 +1,173 @@
+"""Structural helpers shared by the norm matchers: casts, squares, products of powers.
+
+A normalised value is a product of powers: `(x - mean)^1 * (var + eps)^-1/2 * scale`, however the exporter spells
+it (`Div(d, Sqrt(v))`, `Mul(d, Reciprocal(Sqrt(v)))`, `Mul(d, Div(1, Sqrt(v)))`, `Pow(v, -0.5)`, the scale before or
+after the division, operands in any order). `flatten` turns such a tree into its factors and their exponents, so
+that one check covers all of these spellings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from fractions import Fraction
+
+import onnx_ir as ir
+
+from onnx_norm.rewrite import constants
+from onnx_norm.rewrite.reductions import is_float_cast
+
+_WIDTH = {
+    ir.DataType.FLOAT16: 16,
+    ir.DataType.BFLOAT16: 16,
+    ir.DataType.FLOAT: 32,
+    ir.DataType.DOUBLE: 64,
+}
+NARROW_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+class NearMiss(Exception):
+    """A candidate that looks like a norm but must not be rewritten; the message says why."""
+
+    def __init__(self, reason: str, *values: ir.Value | ir.Node | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.values = [v for v in values if v is not None]
+
+
+def is_widening_cast(node: ir.Node) -> bool:
+    if not is_float_cast(node):
+        return False
+    source = node.inputs[0].dtype if node.inputs[0] is not None else None
+    target = ir.DataType(node.attributes["to"].value)
+    if source is None or source not in _WIDTH:
+        return False
+    if source == target:
+        return True
+    # fp16 -> bf16 and bf16 -> fp16 both lose values.
+    return _WIDTH[target] > _WIDTH[source]
+
+
+def strip_widening_casts(value: ir.Value) -> ir.Value:
+    while True:
+        node = value.producer()
+        if node is None or not is_widening_cast(node) or node.inputs[0] is None:
+            return value
+        value = node.inputs[0]
+
+
+def strip_casts(value: ir.Value) -> ir.Value:
+    """`value` with every float Cast and Identity above it removed."""
+    while True:
+        node = value.producer()
+        if node is None or not (is_float_cast(node) or node.op_type == "Identity") or node.inputs[0] is None:
+            return value
+        value = node.inputs[0]
+
+
+def same_data(a: ir.Value, b: ir.Value) -> bool:
+    """True when `a` and `b` are the same tensor up to float Casts."""
+    return strip_casts(a) is strip_casts(b)
+
+
+def squared(value: ir.Value) -> ir.Value | None:
+    """For `Pow(t, 2)` or `Mul(t, t)` (the two operands the same up to Casts): `t`, else None."""
+    value = strip_casts(value)
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if a is None or b is None:
+        return None
+    if node.op_type == "Pow":
+        exponent = constants.scalar(b)
+        return a if exponent == 2.0 else None
+    if node.op_type == "Mul" and (a is b or same_data(a, b)):
+        return a
+    return None
+
+
+def narrow(dtype: ir.DataType | None) -> int:
+    """The element type a value of `dtype` is rounded to, if narrower than float32, else 0."""
+    return int(dtype) if dtype in NARROW_TYPES else 0
+
+
+@dataclasses.dataclass
+class Factors:
+    """A product of powers: named leaves with exponents, and constants with exponents."""
+
+    leaves: dict[str, Fraction] = dataclasses.field(default_factory=dict)
+    constants: list[tuple[ir.Value, Fraction]] = dataclasses.field(default_factory=list)
+    nodes: list[ir.Node] = dataclasses.field(default_factory=list)
+
+    def add_leaf(self, name: str, exponent: Fraction) -> None:
+        self.leaves[name] = self.leaves.get(name, Fraction(0)) + exponent
+
+
+_TRANSPARENT = ("Mul", "Div", "Sqrt", "Reciprocal", "Pow", "Identity")
+
+
+def flatten(
+    value: ir.Value,
+    classify: Callable[[ir.Value], str | None],
+    *,
+    max_nodes: int = 48,
+) -> Factors:
+    """Decomposes `value` into a product of powers of leaves.
+
+    `classify(v)` names a leaf (returns e.g. "data" or "stat") or returns None to look through `v`'s producer.
+    Constants are leaves of their own. Raises NearMiss when a non-constant operand is not a named leaf.
+    """
+    factors = Factors()
+
+    def visit(current: ir.Value, exponent: Fraction) -> None:
+        if len(factors.nodes) > max_nodes:
+            raise NearMiss("subgraph too large")
+        name = classify(current)
+        if name is not None:
+            factors.add_leaf(name, exponent)
+            return
+        if constants.is_constant(current):
+            factors.constants.append((current, exponent))
+            return
+        node = current.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            raise NearMiss(
+                f"operand {current.name!r} is neither the normalised input, the statistic nor a constant", current
+            )
+        op = node.op_type
+        if is_float_cast(node) or op == "Identity":
+            factors.nodes.append(node)
+            visit(node.inputs[0], exponent)  # type: ignore[arg-type]
+            return
+        if op not in _TRANSPARENT or len(node.outputs) != 1:
+            raise NearMiss(
+                f"operand {current.name!r} ({op}) is neither the normalised input, the statistic nor a constant", node
+            )
+        factors.nodes.append(node)
+        a = node.inputs[0]
+        b = node.inputs[1] if len(node.inputs) > 1 else None
+        assert a is not None
+        if op == "Mul":
+            assert b is not None
+            visit(a, exponent)
+            visit(b, exponent)
+        elif op == "Div":
+            assert b is not None
+            visit(a, exponent)
+            visit(b, -exponent)
+        elif op == "Sqrt":
+            visit(a, exponent / 2)
+        elif op == "Reciprocal":
+            visit(a, -exponent)
+        else:  # Pow
+            power = constants.scalar(b)
+            if power is None:
+                raise NearMiss("Pow with a non-constant exponent", node)
+            fraction = Fraction(power).limit_denominator(8)
+            if abs(float(fraction) - power) > 1e-6:
+                raise NearMiss(f"Pow with exponent {power}", node)
+            visit(a, exponent * fraction)
+
+    visit(value, Fraction(1))
+    return factors

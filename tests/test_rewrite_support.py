@@ -1,0 +1,96 @@
+"""Shared helpers of the rewrite tests (no tests here): building decomposed graphs and comparing runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_norm.ops.schema import DOMAIN
+from onnx_norm.rewrite import optimize
+
+FLOAT, FLOAT16, BFLOAT16, DOUBLE = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE
+_NP = {FLOAT: np.float32, FLOAT16: np.float16, DOUBLE: np.float64}
+
+
+def const(name: str, array, dtype=None) -> onnx.TensorProto:
+    array = np.asarray(array, dtype=dtype)
+    return numpy_helper.from_array(array, name)
+
+
+def make_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[tuple[str, int, list]],
+    outputs: list[tuple[str, int, list | None]],
+    initializers: list[onnx.TensorProto] = (),
+    opset: int = 17,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        list(initializers),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime on the CPU with its own graph optimisations off (so it does not fuse the baseline)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def fused_ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node if n.domain == DOMAIN]
+
+
+def random_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = (rng.standard_normal(shapes[value.name]) * 2 + 0.5).astype(dtype)
+    return feeds
+
+
+def assert_fused(
+    model: onnx.ModelProto,
+    shapes: dict[str, list[int]],
+    expected: list[str],
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+    target: str = "onnx-norm",
+    **options,
+) -> tuple[onnx.ModelProto, object]:
+    """Optimizes `model`, asserts the fused ops are `expected` and that outputs match the original's."""
+    optimized, report = optimize(model, target=target, **options)
+    onnx.checker.check_model(optimized)
+    if target == "onnx-norm":
+        assert sorted(fused_ops(optimized)) == sorted(expected), (fused_ops(optimized), report.near_misses)
+    feeds = random_feeds(model, shapes)
+    for before, after in zip(run(model, feeds), run(optimized, feeds)):
+        assert before.dtype == after.dtype and before.shape == after.shape
+        np.testing.assert_allclose(after.astype(np.float64), before.astype(np.float64), rtol=rtol, atol=atol)
+    return optimized, report
+
+
+def assert_not_fused(model: onnx.ModelProto, shapes: dict[str, list[int]], reason: str | None = None) -> object:
+    """Nothing fused, outputs identical; returns the report (its near-misses say why)."""
+    optimized, report = optimize(model)
+    onnx.checker.check_model(optimized)
+    assert fused_ops(optimized) == [], report.norms
+    feeds = random_feeds(model, shapes)
+    for before, after in zip(run(model, feeds), run(optimized, feeds)):
+        np.testing.assert_array_equal(after, before)
+    if reason is not None:
+        reasons = " | ".join(m.reason for m in report.near_misses)
+        assert reason in reasons, reasons
+    return report
