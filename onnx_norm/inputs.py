@@ -208,13 +208,15 @@ def resolve_shapes(
             for axis, (given, declared) in enumerate(zip(dims, spec.shape, strict=True)):
                 if isinstance(declared, int) and declared != given:
                     raise InputError(
-                        f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} ({spec.describe()})"
+                        f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} "
+                        f"({spec.describe()})"
                     )
                 if isinstance(declared, str) and _eval_dim_expression(declared, {}) is None:
                     previous = symbols.setdefault(declared, given)
                     if previous != given:
                         raise InputError(
-                            f"--shape {spec.name}: dim {axis} ({declared}) is {given} but {declared} is {previous} elsewhere"
+                            f"--shape {spec.name}: dim {axis} ({declared}) is {given} but {declared} is {previous} "
+                            "elsewhere"
                         )
         shapes[spec.name] = dims
 
@@ -416,12 +418,14 @@ def validate(specs: Sequence[InputSpec], sample: Mapping[str, np.ndarray], *, wh
             continue
         if array.ndim != len(spec.shape):
             raise InputError(
-                f"{where}: input {name!r} has shape {list(array.shape)} (rank {array.ndim}), the model expects {spec.describe()}"
+                f"{where}: input {name!r} has shape {list(array.shape)} (rank {array.ndim}), "
+                f"the model expects {spec.describe()}"
             )
         for axis, (size, declared) in enumerate(zip(array.shape, spec.shape, strict=True)):
             if isinstance(declared, int) and declared != size:
                 raise InputError(
-                    f"{where}: input {name!r} has shape {list(array.shape)}, dim {axis} must be {declared} ({spec.describe()})"
+                    f"{where}: input {name!r} has shape {list(array.shape)}, dim {axis} must be {declared} "
+                    f"({spec.describe()})"
                 )
             if isinstance(declared, str) and declared.isidentifier():
                 seen = symbols.setdefault(declared, (size, name))

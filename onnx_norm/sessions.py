@@ -102,7 +102,8 @@ def _library_options(options: ort.SessionOptions, model: onnx.ModelProto | None)
             )
             return options
         raise SessionError(
-            f"the model uses {DOMAIN} ops but the onnx-norm custom-op library is not built; reinstall with `pip install .`"
+            f"the model uses {DOMAIN} ops but the onnx-norm custom-op library is not built; "
+            "reinstall with `pip install .`"
         )
     from onnx_norm import library
 
@@ -142,7 +143,7 @@ def _preload_cuda() -> None:
     if preload is not None:
         try:
             preload()
-        except Exception as err:  # noqa: BLE001 - best effort: a system CUDA may be found without it
+        except Exception as err:
             logger.debug("onnxruntime.preload_dlls failed: %s", err)
 
 

@@ -53,8 +53,10 @@ def test_ids_stay_inside_the_table_they_index_through_casts_and_reshapes():
     assert inputs.gather_bounds(model) == {"input_ids": VOCAB}
     (sample,) = inputs.generate(model, shapes={"input_ids": (4, 300)})
     ids = sample["input_ids"]
-    assert ids.dtype == np.int64 and ids.shape == (4, 300)
-    assert ids.min() >= 0 and ids.max() < VOCAB
+    assert ids.dtype == np.int64
+    assert ids.shape == (4, 300)
+    assert ids.min() >= 0
+    assert ids.max() < VOCAB
     assert len(np.unique(ids)) > VOCAB // 2  # spread over the table, not a constant
 
 
@@ -62,12 +64,15 @@ def test_masks_are_zero_one_with_a_full_first_row_and_floats_are_standard_normal
     (sample,) = inputs.generate(inputs.load_model(_embedding_model()), shapes={"batch": [6], "sequence": [512]})
     mask = sample["attention_mask"]
     assert set(np.unique(mask)) <= {0, 1}
-    assert mask[0].all() and mask[:, 0].all()  # no row is fully masked
+    assert mask[0].all()
+    assert mask[:, 0].all()
     for row in mask:  # padding is a tail: ones then zeros
         valid = int(row.sum())
-        assert row[:valid].all() and not row[valid:].any()
+        assert row[:valid].all()
+        assert not row[valid:].any()
     hidden = sample["hidden"]
-    assert hidden.dtype == np.float16 and hidden.shape == (6, 512, 8)
+    assert hidden.dtype == np.float16
+    assert hidden.shape == (6, 512, 8)
     assert abs(float(hidden.astype(np.float64).mean())) < 0.05
     assert 0.95 < float(hidden.astype(np.float64).std()) < 1.05
 
@@ -80,7 +85,8 @@ def test_symbolic_dims_agree_across_inputs_and_take_defaults():
     assert sample["hidden"].shape == (inputs.DEFAULT_BATCH, inputs.DEFAULT_DIM, 8)
     # One input's full shape fixes the symbols every other input uses.
     (sample,) = inputs.generate(model, shapes={"input_ids": (2, 17)})
-    assert sample["attention_mask"].shape == (2, 17) and sample["hidden"].shape == (2, 17, 8)
+    assert sample["attention_mask"].shape == (2, 17)
+    assert sample["hidden"].shape == (2, 17, 8)
 
 
 def test_position_ids_count_up_and_the_position_table_caps_the_default_length():

@@ -126,10 +126,13 @@ def test_a_correct_optimized_model_passes_with_every_norm_mapped():
     report = _run(original_model(), optimized_model(), per_node=True)
     assert report.passed
     (output,) = report.outputs
-    assert output.name == "y" and output.passed and output.metrics.mismatched == 0
+    assert output.name == "y"
+    assert output.passed
+    assert output.metrics.mismatched == 0
     assert output.metrics.cosine > 0.999999
     assert report.golden == "ort"
-    assert output.golden is not None and output.golden.optimized_max_abs < 1e-4
+    assert output.golden is not None
+    assert output.golden.optimized_max_abs < 1e-4
     assert [(n.node, n.original_value, n.status) for n in report.norms] == [
         ("fused_ln0", "h0", "ok"),
         ("fused_ln1", "y", "ok"),
@@ -154,7 +157,8 @@ def test_a_corrupted_norm_fails_and_the_per_node_report_names_it(corrupt: Callab
     report = parity.verify(original, corrupt(), inputs=samples, per_node=True)
     assert not report.passed
     (output,) = report.outputs
-    assert not output.passed and output.metrics.mismatched > 0
+    assert not output.passed
+    assert output.metrics.mismatched > 0
     assert output.metrics.first_mismatches  # indices of the first elements out of tolerance
     statuses = {n.node: n.status for n in report.norms}
     assert statuses == {"fused_ln0": "ok", "fused_ln1": "diverges"}
@@ -226,7 +230,8 @@ def test_fp16_fused_norm_more_accurate_than_the_original_passes_against_the_gold
 
 def test_without_the_golden_result_the_same_fp16_model_is_a_parity_failure():
     report = parity.verify(_rms_fp16(fused=False), _rms_fp16(fused=True), inputs=_outlier_samples(), golden="none")
-    assert report.golden == "none" and not report.passed
+    assert report.golden == "none"
+    assert not report.passed
 
 
 def test_a_corrupted_fp16_norm_is_not_excused_by_the_golden_result():
@@ -258,18 +263,25 @@ def test_statistics_other_than_elementwise_judge_the_whole_tensor():
     mean = parity.compare("y", actual, expected, parity.Tolerance(1e-2, 0.0, "mean"))
     quantile = parity.compare("y", actual, expected, parity.Tolerance(1e-3, 0.0, "quantile", 0.99))
     maximum = parity.compare("y", actual, expected, parity.Tolerance(1e-2, 1e-2, "max"))
-    assert not elementwise.passed and mean.passed and quantile.passed and not maximum.passed
-    assert elementwise.metrics.mismatched == 1 and elementwise.metrics.first_mismatches[0]["index"] == [0]
-    assert elementwise.metrics.max_abs == pytest.approx(1.0) and elementwise.metrics.mean_abs == pytest.approx(1e-3)
+    assert not elementwise.passed
+    assert mean.passed
+    assert quantile.passed
+    assert not maximum.passed
+    assert elementwise.metrics.mismatched == 1
+    assert elementwise.metrics.first_mismatches[0]["index"] == [0]
+    assert elementwise.metrics.max_abs == pytest.approx(1.0)
+    assert elementwise.metrics.mean_abs == pytest.approx(1e-3)
 
 
 def test_nan_or_inf_on_one_side_only_fails_and_matching_specials_pass():
     expected = [np.array([1.0, np.inf, np.nan, 2.0], np.float32)]
     same = parity.compare("y", [expected[0].copy()], expected, parity.Tolerance(1e-3, 1e-3, "mean"))
-    assert same.passed and same.metrics.nonfinite_mismatched == 0
+    assert same.passed
+    assert same.metrics.nonfinite_mismatched == 0
     broken = [np.array([1.0, np.inf, np.nan, np.nan], np.float32)]
     result = parity.compare("y", broken, expected, parity.Tolerance(10.0, 10.0, "mean"))
-    assert not result.passed and result.metrics.nonfinite_mismatched == 1
+    assert not result.passed
+    assert result.metrics.nonfinite_mismatched == 1
     assert "NaN/Inf" in result.verdict
 
 
@@ -284,12 +296,14 @@ def test_the_json_report_carries_the_same_numbers(tmp_path):
     path = tmp_path / "parity.json"
     report.write_json(path)
     data = json.loads(path.read_text())
-    assert data["status"] == "FAILED" and data["passed"] is False
+    assert data["status"] == "FAILED"
+    assert data["passed"] is False
     (output,) = data["outputs"]
     assert output["metrics"]["max_abs"] == report.outputs[0].metrics.max_abs
     assert output["metrics"]["mismatched"] == report.outputs[0].metrics.mismatched
     assert {n["node"]: n["status"] for n in data["norms"]} == {"fused_ln0": "ok", "fused_ln1": "diverges"}
-    assert data["shapes"] == {"x": [1, 16, HIDDEN]} and data["samples"] == 2
+    assert data["shapes"] == {"x": [1, 16, HIDDEN]}
+    assert data["samples"] == 2
 
 
 def test_upcast_copy_is_float64_throughout():
@@ -297,7 +311,8 @@ def test_upcast_copy_is_float64_throughout():
     assert upcast.graph.input[0].type.tensor_type.elem_type == TensorProto.DOUBLE
     assert {t.data_type for t in upcast.graph.initializer} == {TensorProto.DOUBLE}
     casts = [n for n in upcast.graph.node if n.op_type == "Cast"]
-    assert casts and all(a.i == TensorProto.DOUBLE for n in casts for a in n.attribute if a.name == "to")
+    assert casts
+    assert all(a.i == TensorProto.DOUBLE for n in casts for a in n.attribute if a.name == "to")
 
 
 def test_models_with_different_inputs_are_refused():

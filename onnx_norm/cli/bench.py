@@ -138,7 +138,7 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
             title_justify="left",
         )
         for column in ("variant", "median ms", "p90 ms", "min ms", "speedup of optimized"):
-            table.add_column(column, justify="left" if column == "variant" else "right")
+            table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=column == "variant")
         for name, stats in point.latency.items():
             if name == "optimized":
                 ratio = "-"
@@ -160,7 +160,7 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
     if report.profile:
         table = Table(title="Kernel time per run (ORT profiler)", title_justify="left")
         for column in ("variant", "norm nodes", "norm ms", "other ms", "norm share"):
-            table.add_column(column, justify="left" if column == "variant" else "right")
+            table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=column == "variant")
         for name, split in report.profile.items():
             table.add_row(
                 VARIANT_LABELS.get(name, name),

@@ -6,6 +6,7 @@ Exit 0 when every example passed the parity gate, 1 when one failed, 2 when the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -53,10 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def examples_dir(explicit: Path | None = None) -> Path:
     """Where the bundled models are: packaged with onnx_norm, or examples/ of a source checkout."""
     candidates = [explicit] if explicit else []
-    try:
+    # A zipped or frozen package has no resource directory to look in.
+    with contextlib.suppress(ModuleNotFoundError, TypeError):
         candidates.append(Path(str(resources.files("onnx_norm") / "examples")))
-    except (ModuleNotFoundError, TypeError):  # not importable as a package with resources (zipped, frozen)
-        pass
     candidates.append(Path(__file__).resolve().parents[2] / "examples")
     for candidate in candidates:
         if candidate is not None and (candidate / EXAMPLES[0]).is_file():

@@ -185,8 +185,8 @@ def print_report(report: ParityReport, console: Console) -> None:
         if first is not None:
             where = "its inputs still match" if first.status == "diverges" else "its inputs already differ"
             console.print(
-                f"[bold red]FAILED[/] | first divergent norm: {first.node!r} ({first.op_type}, rule {first.rule or '?'}, "
-                f"replaces {first.original_value!r}): {where}",
+                f"[bold red]FAILED[/] | first divergent norm: {first.node!r} ({first.op_type}, "
+                f"rule {first.rule or '?'}, replaces {first.original_value!r}): {where}",
                 highlight=False,
             )
 

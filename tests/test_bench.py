@@ -1,0 +1,215 @@
+"""Mechanics of the bench (onnx_norm.bench and `onnx-norm bench`): interleaving, warm-up exclusion, statistics,
+profile split, report fields and exit codes. No test asserts a speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_norm import bench
+from onnx_norm.cli.bench import parse_sweep
+
+HIDDEN = 16
+
+
+class FakeClock:
+    """A clock that advances only when a fake runner "runs"."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_runs_are_interleaved_round_by_round_and_warmup_is_not_recorded():
+    clock = FakeClock()
+    calls: list[str] = []
+    rounds_seen: list[tuple[int, int]] = []
+
+    def runner(name: str, warm_cost: float, cost: float):
+        def run() -> None:
+            calls.append(name)
+            in_warmup = len([c for c in calls if c == name]) <= 2
+            clock.now += warm_cost if in_warmup else cost
+
+        return run
+
+    times = bench.interleave(
+        {"A": runner("A", 100.0, 1.0), "B": runner("B", 100.0, 2.0)},
+        warmup=2,
+        repeat=3,
+        clock=clock,
+        progress=lambda done, total: rounds_seen.append((done, total)),
+    )
+    assert calls == ["A", "B"] * 5
+    assert times == {"A": [1.0, 1.0, 1.0], "B": [2.0, 2.0, 2.0]}  # the 100 s warm-up runs are dropped
+    assert rounds_seen == [(i, 5) for i in range(1, 6)]
+
+
+def test_interleave_rejects_nonsense_counts():
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        bench.interleave({"A": lambda: None}, warmup=0, repeat=0)
+
+
+def test_speedup_is_the_median_of_paired_round_ratios_with_its_spread():
+    baseline = [2.0, 4.0, 3.0, 10.0, 2.0]
+    candidate = [1.0, 1.0, 3.0, 1.0, 2.0]  # ratios 2, 4, 1, 10, 1
+    speedup = bench.Speedup.of(baseline, candidate)
+    assert speedup.median == 2.0
+    assert speedup.p10 == pytest.approx(np.percentile([2, 4, 1, 10, 1], 10))
+    assert speedup.p90 == pytest.approx(np.percentile([2, 4, 1, 10, 1], 90))
+    stats = bench.LatencyStats.of([0.001, 0.003, 0.002, 0.010])
+    assert stats.median_ms == pytest.approx(2.5)
+    assert stats.min_ms == pytest.approx(1.0)
+    assert stats.runs == 4
+    assert stats.p90_ms == pytest.approx(np.percentile([1, 3, 2, 10], 90))
+
+
+def test_profile_events_split_into_norm_nodes_and_the_rest_per_run():
+    def node(name: str, op: str, dur: float, ts: float) -> dict:
+        return {"cat": "Node", "name": f"{name}_kernel_time", "dur": dur, "ts": ts, "args": {"op_name": op}}
+
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 50},
+        node("ln/Pow", "Pow", 1000, 1),  # first run: dropped
+        {"cat": "Session", "name": "model_run", "ts": 100, "dur": 50},
+        node("ln/Pow", "Pow", 10, 101),
+        node("fused", "LayerNormalization", 20, 102),
+        node("mm", "MatMul", 70, 103),
+        {"cat": "Node", "name": "mm_fence_before", "dur": 5, "ts": 103},
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 50},
+        node("ln/Pow", "Pow", 10, 201),
+        node("fused", "LayerNormalization", 20, 202),
+        node("mm", "MatMul", 70, 203),
+    ]
+    split = bench.split_profile_events(events, frozenset({"ln/Pow"}), runs=3, skip_first=True)
+    assert split.norm_ms == pytest.approx(0.030)
+    assert split.other_ms == pytest.approx(0.070)
+    assert split.norm_nodes == 2
+    assert split.norm_share == pytest.approx(0.3)
+
+
+def _ln_models() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """A decomposed RMSNorm in the Reciprocal style that ORT does not fuse, and opset 23 RMSNormalization."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32), "gamma"),
+        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])
+    decomposed = [
+        helper.make_node("Mul", ["x", "x"], ["sq"], name="rms/Mul"),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="rms/ReduceMean"),
+        helper.make_node("Add", ["ms", "eps"], ["ms_eps"], name="rms/Add"),
+        helper.make_node("Sqrt", ["ms_eps"], ["rms"], name="rms/Sqrt"),
+        helper.make_node("Reciprocal", ["rms"], ["inv"], name="rms/Reciprocal"),
+        helper.make_node("Mul", ["x", "inv"], ["n"], name="rms/Mul_1"),
+        helper.make_node("Mul", ["n", "gamma"], ["y"], name="rms/Mul_2"),
+    ]
+    fused = [helper.make_node("RMSNormalization", ["x", "gamma"], ["y"], axis=-1, epsilon=1e-5, name="fused")]
+    opset = [helper.make_opsetid("", 23)]
+    original = helper.make_model(
+        helper.make_graph(decomposed, "g", [x], [y], weights), opset_imports=opset, ir_version=10
+    )
+    optimized = helper.make_model(
+        helper.make_graph(fused, "g", [x], [y], weights[:1]), opset_imports=opset, ir_version=10
+    )
+    return original, optimized
+
+
+def test_bench_report_fields_for_one_shape_and_a_sweep():
+    original, optimized = _ln_models()
+    report = bench.bench(original, optimized, warmup=1, repeat=3, shapes={"sequence": [8]}, threads=1, profile=True)
+    (point,) = report.points
+    assert set(point.latency) == {bench.ORIGINAL, bench.OPTIMIZED, bench.UNOPTIMIZED}
+    assert all(stats.runs == 3 and stats.median_ms > 0 for stats in point.latency.values())
+    assert point.shapes == {"x": [1, 8, HIDDEN]}
+    assert report.speedup == point.speedup.median > 0
+    assert report.speedup_spread == (point.speedup.p10, point.speedup.p90)
+    assert point.speedup_vs_noopt is not None
+    assert not report.optimized_in_memory
+    assert report.profile is not None
+    assert report.profile[bench.OPTIMIZED].norm_nodes == 1  # the RMSNormalization node
+    assert report.profile[bench.UNOPTIMIZED].norm_nodes == 7  # the decomposed nodes the optimized model lacks
+    data = report.to_dict()
+    assert data["speedup"] == report.speedup
+    assert data["points"][0]["latency"]["optimized"]["runs"] == 3
+    assert 0 <= data["profile"]["optimized"]["norm_share"] <= 1
+
+    swept = bench.bench(original, optimized, warmup=0, repeat=2, sweep=("sequence", [4, 8]), include_unoptimized=False)
+    assert [p.dims for p in swept.points] == [{"sequence": 4}, {"sequence": 8}]
+    assert [p.shapes["x"][1] for p in swept.points] == [4, 8]
+    assert all(set(p.latency) == {bench.ORIGINAL, bench.OPTIMIZED} for p in swept.points)
+    expected = float(np.exp(np.mean([np.log(p.speedup.median) for p in swept.points])))
+    assert swept.speedup == pytest.approx(expected)
+
+
+def _cli(argv: list[str]) -> int:
+    from onnx_norm.cli import main
+
+    return main(argv)
+
+
+def test_bench_cli_writes_report_and_plot_and_gates_on_min_speedup(tmp_path: Path, capsys):
+    original, optimized = _ln_models()
+    onnx.save(original, tmp_path / "original.onnx")
+    onnx.save(optimized, tmp_path / "optimized.onnx")
+    base = [str(tmp_path / "original.onnx"), str(tmp_path / "optimized.onnx"), "--warmup", "0", "--repeat", "2"]
+    code = _cli(
+        [
+            "bench",
+            *base,
+            "--sweep",
+            "sequence:4,8",
+            "--report",
+            str(tmp_path / "b.json"),
+            "--plot",
+            str(tmp_path / "b.png"),
+        ]
+    )
+    assert code == 0
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert isinstance(data["speedup"], float)
+    assert len(data["points"]) == 2
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    out = capsys.readouterr().out
+    assert "original (ORT_ENABLE_ALL)" in out
+    assert "speedup" in out
+    # A ratio no run can reach: the gate must fail with exit 1.
+    assert _cli(["bench", *base, "--min-speedup", "1e9"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--shape", "nonexistent:1,2"], "neither an input nor a symbolic dim"),
+        (["--repeat", "0"], "--repeat must be > 0"),
+        (["--sweep", "sequence"], "expected DIM:V1,V2"),
+        (["--threads", "-1"], "--threads must be > 0"),
+    ],
+)
+def test_bench_cli_usage_errors_exit_2(tmp_path: Path, capsys, extra, message):
+    original, optimized = _ln_models()
+    onnx.save(original, tmp_path / "original.onnx")
+    onnx.save(optimized, tmp_path / "optimized.onnx")
+    code = _cli(["bench", str(tmp_path / "original.onnx"), str(tmp_path / "optimized.onnx"), *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_cli_missing_model_exits_2(tmp_path: Path, capsys):
+    assert _cli(["bench", str(tmp_path / "nope.onnx")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_parse_sweep():
+    assert parse_sweep("sequence:64,128") == ("sequence", [64, 128])
+    assert parse_sweep(None) is None

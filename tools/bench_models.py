@@ -1,0 +1,122 @@
+"""Bench onnx-norm on a larger LLaMA-style model than the bundled examples: hidden size 2048 and sequence 512 by
+default, random weights (nothing is downloaded), exported with torch's TorchScript exporter, then timed original
+(ONNX Runtime, ORT_ENABLE_ALL) against optimized, with the same machinery as `onnx-norm bench`.
+
+    python tools/bench_models.py                                   # fp32 and fp16, hidden 2048, sequence 512
+    python tools/bench_models.py --hidden 4096 --layers 1 --sequence 1024 --dtype fp16 --threads 2 --profile
+    python tools/bench_models.py --keep /tmp/llama-2048             # keep the exported and optimized models
+
+Needs torch and transformers (the zoo's dependencies). Prints one table per model and a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+from onnx_norm.bench import bench
+from onnx_norm.cli.bench import print_report
+from onnx_norm.zoo.export import _output_names, _to_torch, write_onnx
+from onnx_norm.zoo.models import ZooModel, build_model, example_inputs
+
+
+def llama_spec(hidden: int, layers: int, vocab: int, heads: int, sequence: int) -> ZooModel:
+    config = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        # LLaMA's MLP width: 8/3 of the hidden size, rounded up to a multiple of 256.
+        "intermediate_size": -(-(8 * hidden // 3) // 256) * 256,
+        "max_position_embeddings": max(2048, sequence),
+    }
+    return ZooModel(f"llama-h{hidden}-l{layers}", "LlamaConfig", config, ort_model_type="gpt2")
+
+
+def export_model(spec: ZooModel, dtype: str, path: Path, console: Console) -> None:
+    import torch
+
+    start = time.perf_counter()
+    model = build_model(spec, seed=0)
+    trace = example_inputs(spec, 1, 8, seed=0)
+    names = _output_names(model, _to_torch(trace, torch.float32))
+    write_onnx(model, spec, "torchscript-17", dtype, trace, path, names)
+    size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    console.print(f"exported {path.name} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary (small: the embedding is not measured)")
+    parser.add_argument("--sequence", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--keep", type=Path, help="directory to keep the models in (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    from onnx_norm.rewrite import optimize
+
+    console = Console()
+    spec = llama_spec(args.hidden, args.layers, args.vocab, args.heads, args.sequence)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="onnx_norm_bench_") as tmp:
+        out = args.keep or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        for dtype in args.dtype:
+            path = out / f"{spec.name}-{dtype}.onnx"
+            if not path.is_file():
+                export_model(spec, dtype, path, console)
+            optimized, report = optimize(onnx.load(str(path)))
+            console.print(f"{path.name}: {report.fused} norms fused ({dict(report.rule_counts)})")
+            shapes = {"batch": [args.batch], "sequence": [args.sequence]}
+            result = bench(
+                str(path),
+                optimized,
+                shapes=shapes,
+                threads=args.threads,
+                warmup=args.warmup,
+                repeat=args.repeat,
+                profile=args.profile,
+            )
+            print_report(result, console, title=path.name)
+            rows.append((path.name, report.fused, result))
+
+    table = Table(
+        title=f"LLaMA-style, hidden {args.hidden}, {args.layers} layers, batch {args.batch}, "
+        f"sequence {args.sequence}, threads {args.threads or 'default'}",
+        title_justify="left",
+    )
+    for column in ("model", "norms fused", "original ms", "optimized ms", "speedup (p10-p90)", "vs ORT_DISABLE_ALL"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for name, fused, result in rows:
+        point = result.points[0]
+        noopt = point.speedup_vs_noopt
+        table.add_row(
+            name,
+            str(fused),
+            f"{point.latency['original'].median_ms:.1f}",
+            f"{point.latency['optimized'].median_ms:.1f}",
+            f"{point.speedup.median:.3f}x ({point.speedup.p10:.2f}-{point.speedup.p90:.2f})",
+            "-" if noopt is None else f"{noopt.median:.3f}x",
+        )
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
