@@ -7,8 +7,10 @@ Variants, all on the same inputs, provider and thread count, each with its own s
 - `original-noopt`: the original with ORT_DISABLE_ALL, for reference.
 
 Runs are interleaved round by round (original, optimized, original-noopt, original, ...), so that drift in the
-machine's load hits every variant alike; the first `warmup` rounds are not recorded. The speedup is the median of
-the per-round ratios original / optimized, with the 10th and 90th percentiles of those ratios as its spread.
+machine's load hits every variant alike; the first `warmup` rounds are not recorded. Intra-op threads do not
+spin-wait, so that the idle threads of one variant's session do not compete with the variant timed after it.
+The speedup is the median of the per-round ratios original / optimized, with the 10th and 90th percentiles of
+those ratios as its spread.
 On CUDA the inputs are copied to the device once and the outputs are bound there (IO binding), so host copies are
 not timed.
 
@@ -304,7 +306,7 @@ def bench(
             sample = model_inputs.prepare(original_proto, files=input_files, shapes=point_shapes, seed=seed)[0]
         samples.append(sample)
 
-    config = RuntimeConfig(provider, threads, "all", device_id)
+    config = RuntimeConfig(provider, threads, "all", device_id, spinning=False)
     models: dict[str, tuple[onnx.ModelProto, OptLevel]] = {
         ORIGINAL: (original_proto, "all"),
         OPTIMIZED: (optimized_proto, "all"),

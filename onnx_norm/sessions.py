@@ -49,6 +49,9 @@ class RuntimeConfig:
     threads: int | None = None
     optimization: OptLevel = "all"
     device_id: int = 0
+    # Idle intra-op threads spin-wait by default; the bench turns that off so that one session's spinning
+    # threads do not steal cycles from the session timed next.
+    spinning: bool = True
 
     def replace(self, **changes: object) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -123,6 +126,9 @@ def session_options(
         options.intra_op_num_threads = config.threads
         options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if not config.spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
