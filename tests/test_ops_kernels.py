@@ -1,0 +1,493 @@
+"""The CPU kernels of the custom-op library, through ONNX Runtime, against the numpy reference.
+
+Semantics: docs/ops.md. Each model holds one fused node with untyped-shape inputs, so one session per
+(op, types, attributes) serves every shape; sessions are cached to keep the run fast.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+from collections.abc import Sequence
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from onnx_norm.library import session_options
+from onnx_norm.ops import reference
+from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION
+
+F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+FLOAT_TYPES = (F32, F16, BF16)
+# What a failing node raises from InferenceSession.run (ONNX Runtime's Python exception classes).
+# Errors at kernel creation (attributes) come as RuntimeException, from a running node as InvalidArgument.
+OrtError = (
+    ort.capi.onnxruntime_pybind11_state.Fail,
+    ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+    ort.capi.onnxruntime_pybind11_state.RuntimeException,
+)
+HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
+TYPE_NAMES = {F32: "f32", F16: "f16", BF16: "bf16", TensorProto.DOUBLE: "f64", TensorProto.INT32: "i32"}
+
+# Relative and absolute tolerance on Y per output type: the kernels hold float32 statistics, the
+# reference float64, so Y may differ by about one unit in the last place of the output type (two where
+# a rounding attribute adds an intermediate rounding that can land on the other side of a tie).
+Y_TOLERANCE = {F32: (2e-5, 2e-5), F16: (2e-3, 2e-3), BF16: (1.6e-2, 1.6e-2)}
+STATS_TOLERANCE = (2e-5, 1e-6)
+
+
+def np_type(elem_type: int) -> np.dtype:
+    return reference.np_dtype(elem_type)
+
+
+def _value_info(name: str, elem_type: int) -> onnx.ValueInfoProto:
+    # No shape: one session then serves every shape and axis layout of the test.
+    return helper.make_tensor_value_info(name, elem_type, None)
+
+
+def build_model(
+    op: str,
+    input_types: Sequence[int | None],
+    outputs: Sequence[bool],
+    attrs: dict[str, float | int],
+) -> onnx.ModelProto:
+    """One `op` node; input_types[i] None leaves input i out (empty name), outputs[i] False omits output i."""
+    sig = OPS[op]
+    in_names = [name if t is not None else "" for name, t in zip(sig.inputs, input_types, strict=True)]
+    while in_names and not in_names[-1]:
+        in_names.pop()
+    out_names = [name if wanted else "" for name, wanted in zip(sig.outputs, outputs, strict=False)]
+    while out_names and not out_names[-1]:
+        out_names.pop()
+    node = helper.make_node(op, in_names, out_names, domain=DOMAIN, **attrs)
+    graph = helper.make_graph(
+        [node],
+        op,
+        [_value_info(n, t) for n, t in zip(sig.inputs, input_types, strict=True) if t is not None],
+        # Untyped graph outputs: ORT's own type inference for the node decides, and the test checks it.
+        [onnx.ValueInfoProto(name=n) for n in out_names if n],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+@functools.cache
+def make_session(
+    op: str, input_types: tuple[int | None, ...], outputs: tuple[bool, ...], attrs: tuple[tuple[str, float | int], ...]
+) -> ort.InferenceSession:
+    model = build_model(op, input_types, outputs, dict(attrs))
+    options = session_options()
+    options.intra_op_num_threads = 2
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run_op(
+    op: str,
+    arrays: Sequence[np.ndarray | None],
+    outputs: Sequence[bool] | None = None,
+    **attrs: float | int,
+) -> list[np.ndarray | None]:
+    """Runs `op` on arrays (None = input left out); returns one entry per declared output (None if omitted)."""
+    sig = OPS[op]
+    arrays = list(arrays) + [None] * (len(sig.inputs) - len(arrays))
+    if outputs is None:
+        outputs = [True] * len(sig.outputs)
+    input_types = tuple(None if a is None else reference.elem_type(a.dtype) for a in arrays)
+    session = make_session(op, input_types, tuple(outputs), tuple(sorted(attrs.items())))
+    feeds = {name: to_ort_value(a) for name, a in zip(sig.inputs, arrays, strict=True) if a is not None}
+    names = [o.name for o in session.get_outputs()]
+    results = iter(from_ort_value(v) for v in session.run_with_ort_values(names, feeds))
+    return [next(results) if wanted else None for wanted in outputs]
+
+
+def to_ort_value(array: np.ndarray) -> ort.OrtValue:
+    # ORT's numpy conversion does not know ml_dtypes.bfloat16: pass the bits with the ONNX type.
+    array = np.ascontiguousarray(array)
+    if array.dtype == ml_dtypes.bfloat16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), BF16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def from_ort_value(value: ort.OrtValue) -> np.ndarray:
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    shape = tuple(value.shape())
+    size = value.tensor_size_in_bytes()
+    raw = ctypes.string_at(value.data_ptr(), size) if size else b""
+    return np.frombuffer(raw, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(shape).copy()
+
+
+def reference_outputs(op: str, arrays: Sequence[np.ndarray | None], **attrs: float | int) -> tuple[np.ndarray, ...]:
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf rows are part of the tests
+        return reference.REFERENCES[op](*arrays, **attrs)
+
+
+def random_array(shape: Sequence[int], elem_type: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    # A non-zero mean, so that LayerNorm's centring matters.
+    values = rng.standard_normal(shape) * scale + 0.5 * scale
+    return values.astype(np.float32).astype(np_type(elem_type))
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, elem_type: int, what: str) -> None:
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype}, expected {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    rtol, atol = Y_TOLERANCE[elem_type]
+    np.testing.assert_allclose(
+        actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True, err_msg=what
+    )
+
+
+def make_inputs(
+    op: str,
+    shape: Sequence[int],
+    axis: int,
+    x_type: int,
+    scale_type: int | None,
+    rng: np.random.Generator,
+    *,
+    scale_shape: Sequence[int] | None = None,
+    with_bias: bool = True,
+) -> list[np.ndarray | None]:
+    sig = OPS[op]
+    x = random_array(shape, x_type, rng)
+    norm_shape = tuple(shape[axis:]) if scale_shape is None else tuple(scale_shape)
+    arrays: list[np.ndarray | None] = [x]
+    if sig.skip:
+        arrays.append(random_array(shape, x_type, rng))
+    scale = None if scale_type is None else random_array(norm_shape, scale_type, rng)
+    arrays.append(scale)
+    if not sig.rms:
+        bias = random_array(norm_shape, scale_type or F32, rng) if with_bias else None
+        arrays.append(bias)
+    return arrays
+
+
+def check_op(op: str, arrays: Sequence[np.ndarray | None], **attrs: float | int) -> None:
+    sig = OPS[op]
+    actual = run_op(op, arrays, **attrs)
+    expected = reference_outputs(op, arrays, **attrs)
+    y_type = attrs.get("output_type") or reference.elem_type(arrays[0].dtype)
+    # Y is only as precise as the narrowest type it was rounded to on the way.
+    precision = [y_type, attrs.get("normalized_type", 0), attrs.get("multiply_type", 0)]
+    tolerance_type = max((t for t in precision if t), key=lambda t: Y_TOLERANCE[t][0])
+    if op == "LayerNorm":
+        # reference: (Y, Mean, InvStdDev) in the op's output order.
+        names = ("Y", "Mean", "InvStdDev")
+    elif op == "RMSNorm":
+        names = ("Y", "InvRMS")
+    else:
+        names = ("Y", "Sum")
+    assert len(expected) == len(sig.outputs)
+    for name, got, want in zip(names, actual, expected, strict=True):
+        if name == "Y":
+            assert_close(got, want, tolerance_type, f"{op} {name}")
+        elif name == "Sum":
+            # X + Skip rounded to X's type: exactly the reference.
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32), err_msg=f"{op} Sum")
+        else:
+            assert got.dtype == np.float32
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=STATS_TOLERANCE[0], atol=STATS_TOLERANCE[1], err_msg=name)
+
+
+# --- every op x X type x Scale type x hidden size --------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden", HIDDEN_SIZES)
+@pytest.mark.parametrize(
+    ("x_type", "scale_type"),
+    list(itertools.product(FLOAT_TYPES, FLOAT_TYPES)),
+    ids=lambda t: TYPE_NAMES[t],
+)
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_matches_reference(op: str, x_type: int, scale_type: int, hidden: int) -> None:
+    rng = np.random.default_rng(hidden * 31 + x_type * 7 + scale_type)
+    arrays = make_inputs(op, (3, hidden), -1, x_type, scale_type, rng)
+    check_op(op, arrays, epsilon=1e-5)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize(
+    ("shape", "axis", "scale_shape"),
+    [
+        ((2, 3, 4, 8), -2, None),  # normalise [4, 8]
+        ((2, 3, 4, 8), 1, None),  # normalise [3, 4, 8]
+        ((2, 3, 4, 8), 0, None),  # the whole tensor is one row
+        ((2, 3, 4, 8), -3, (8,)),  # Scale broadcast over the leading normalised dims
+        ((2, 3, 4, 8), 2, (1, 1, 4, 8)),  # leading 1s in Scale
+        ((5, 6), 1, (1,)),  # one Scale value for the whole row
+    ],
+)
+@pytest.mark.parametrize("x_type", [F32, F16], ids=lambda t: TYPE_NAMES[t])
+def test_axes_and_broadcast(
+    op: str, shape: tuple[int, ...], axis: int, scale_shape: tuple[int, ...] | None, x_type: int
+) -> None:
+    rng = np.random.default_rng(len(shape) * 100 + axis)
+    arrays = make_inputs(op, shape, axis, x_type, F32, rng, scale_shape=scale_shape)
+    check_op(op, arrays, axis=axis, epsilon=1e-6)
+
+
+# --- rounding attributes -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize(
+    ("x_type", "scale_type", "normalized_type", "multiply_type"),
+    [
+        (F16, F16, F16, F16),  # LLaMA-style: round before and after the weight multiply
+        (BF16, BF16, BF16, BF16),
+        (F16, F32, F16, 0),  # round the normalised value only
+        (F32, F16, 0, F16),  # T5-style multiply in the weight's type
+        (F32, F32, BF16, F16),
+    ],
+    ids=lambda t: TYPE_NAMES.get(t, "none"),
+)
+@pytest.mark.parametrize("hidden", [7, 768, 4097])
+def test_rounding_attributes(
+    op: str, x_type: int, scale_type: int, normalized_type: int, multiply_type: int, hidden: int
+) -> None:
+    rng = np.random.default_rng(hidden + normalized_type + 3 * multiply_type)
+    arrays = make_inputs(op, (4, hidden), -1, x_type, scale_type, rng)
+    check_op(op, arrays, normalized_type=normalized_type, multiply_type=multiply_type)
+
+
+def test_rounding_points_are_applied() -> None:
+    """normalized_type/multiply_type change the result in the way the reference says, not only nearby."""
+    rng = np.random.default_rng(7)
+    x = random_array((64, 768), F32, rng)
+    scale = random_array((768,), F32, rng, scale=3.0)
+    plain = run_op("RMSNorm", [x, scale])[0]
+    rounded = run_op("RMSNorm", [x, scale], normalized_type=F16, multiply_type=F16)[0]
+    expected = reference.rms_norm(x, scale, normalized_type=F16, multiply_type=F16)[0]
+    assert not np.array_equal(plain, rounded)
+    # Rounding to fp16 twice: every value must be an fp16 value.
+    np.testing.assert_array_equal(rounded, rounded.astype(np.float16).astype(np.float32))
+    mismatched = np.count_nonzero(rounded != expected)
+    assert mismatched <= x.size // 1000, f"{mismatched} of {x.size} values differ from the reference"
+
+
+def test_output_type_same_as_x() -> None:
+    rng = np.random.default_rng(3)
+    x = random_array((4, 768), F16, rng)
+    scale = random_array((768,), F32, rng)
+    y, inv = run_op("RMSNorm", [x, scale], output_type=F16)
+    assert y.dtype == np.float16
+    assert inv.dtype == np.float32
+
+
+def test_output_type_other_than_x_is_a_clear_error() -> None:
+    # ORT types a custom op's outputs from its inputs only, so Y is X's type; a different output_type
+    # cannot be honoured and must not silently produce a differently typed result.
+    rng = np.random.default_rng(4)
+    x = random_array((4, 16), F16, rng)
+    with pytest.raises(OrtError, match="output_type=FLOAT"):
+        run_op("RMSNorm", [x, None], output_type=F32)
+
+
+# --- special values ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("x_type", FLOAT_TYPES, ids=lambda t: TYPE_NAMES[t])
+def test_zero_variance_rows(op: str, x_type: int) -> None:
+    rng = np.random.default_rng(5)
+    arrays = make_inputs(op, (3, 768), -1, x_type, F32, rng)
+    x = arrays[0]
+    x[0, :] = 0
+    x[1, :] = 2.5
+    if OPS[op].skip:
+        arrays[1][:2, :] = 0
+    check_op(op, arrays, epsilon=1e-5)
+    y = run_op(op, arrays, epsilon=1e-5)[0].astype(np.float32)
+    assert np.isfinite(y).all()
+    if not OPS[op].rms:
+        # A constant row normalises to 0, leaving Bias.
+        np.testing.assert_allclose(y[1], arrays[-1].astype(np.float32), rtol=0, atol=Y_TOLERANCE[x_type][1])
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("x_type", [F16, BF16], ids=lambda t: TYPE_NAMES[t])
+def test_values_that_overflow_fp16_squares(op: str, x_type: int) -> None:
+    """x^2 of |x| ~ 1e3..6e4 overflows fp16 in a decomposed fp16 graph; the kernel accumulates in fp32."""
+    rng = np.random.default_rng(6)
+    shape = (4, 4097)
+    magnitude = np.exp(rng.uniform(np.log(1e3), np.log(6e4), size=shape))
+    x = (magnitude * rng.choice([-1.0, 1.0], size=shape)).astype(np_type(x_type))
+    arrays: list[np.ndarray | None] = [x]
+    if OPS[op].skip:
+        arrays.append((x.astype(np.float32) * -0.25).astype(np_type(x_type)))
+    arrays.append(random_array((4097,), F32, rng))
+    if not OPS[op].rms:
+        arrays.append(random_array((4097,), F32, rng))
+    # fp16 x*x overflows: the decomposed graph would give inf (LayerNorm variance) or 0 (RMS) here.
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(x.astype(np.float16) * x.astype(np.float16)).all()
+    check_op(op, arrays, epsilon=1e-5)
+    assert np.isfinite(run_op(op, arrays)[0].astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("x_type", FLOAT_TYPES, ids=lambda t: TYPE_NAMES[t])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_propagate_to_their_row_only(op: str, x_type: int, bad: float) -> None:
+    rng = np.random.default_rng(8)
+    arrays = make_inputs(op, (4, 127), -1, x_type, F32, rng)
+    arrays[0][1, 5] = bad
+    check_op(op, arrays)  # equal_nan: NaN exactly where the reference has NaN
+    y = run_op(op, arrays)[0].astype(np.float32)
+    assert not np.isfinite(y[1]).all()
+    assert np.isfinite(y[[0, 2, 3]]).all()
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_empty_batch(op: str) -> None:
+    rng = np.random.default_rng(9)
+    arrays = make_inputs(op, (0, 768), -1, F16, F32, rng)
+    outputs = run_op(op, arrays)
+    assert outputs[0].shape == (0, 768)
+    assert outputs[0].dtype == np.float16
+    for out in outputs[1:]:
+        assert out.shape in {(0, 1), (0, 768)}
+
+
+# --- optional inputs and outputs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_optional_outputs_can_be_left_out(op: str) -> None:
+    rng = np.random.default_rng(10)
+    arrays = make_inputs(op, (5, 96), -1, F32, F32, rng)
+    expected = reference_outputs(op, arrays)
+    n_outputs = len(OPS[op].outputs)
+    for wanted in itertools.product([True, False], repeat=n_outputs - 1):
+        outputs = (True, *wanted)
+        got = run_op(op, arrays, outputs=outputs)
+        for i, flag in enumerate(outputs):
+            if flag:
+                np.testing.assert_allclose(got[i], expected[i], rtol=2e-5, atol=2e-5)
+            else:
+                assert got[i] is None
+
+
+@pytest.mark.parametrize("op", ["LayerNorm", "SkipLayerNorm"])
+def test_bias_without_scale(op: str) -> None:
+    rng = np.random.default_rng(11)
+    arrays = make_inputs(op, (3, 40), -1, F16, None, rng)
+    assert arrays[-2] is None
+    assert arrays[-1] is not None
+    check_op(op, arrays)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_without_scale_or_bias(op: str) -> None:
+    rng = np.random.default_rng(12)
+    arrays = make_inputs(op, (3, 40), -1, BF16, None, rng, with_bias=False)
+    check_op(op, arrays)
+
+
+def test_statistics_shape_and_values() -> None:
+    rng = np.random.default_rng(13)
+    x = random_array((2, 3, 4, 5), F16, rng)
+    _, mean, inv = run_op("LayerNorm", [x, None, None], axis=2)
+    assert mean.shape == inv.shape == (2, 3, 1, 1)
+    xf = x.astype(np.float64).reshape(6, 20)
+    np.testing.assert_allclose(mean.reshape(-1), xf.mean(axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(inv.reshape(-1), 1 / np.sqrt(xf.var(axis=1) + 1e-5), rtol=1e-5)
+
+
+def test_ort_types_outputs_like_x_and_stats_as_float() -> None:
+    rng = np.random.default_rng(14)
+    arrays = make_inputs("LayerNorm", (2, 8), -1, BF16, F16, rng)
+    session = make_session("LayerNorm", (BF16, F16, F16), (True, True, True), ())
+    assert [o.type for o in session.get_outputs()] == ["tensor(bfloat16)", "tensor(float)", "tensor(float)"]
+    y = run_op("LayerNorm", arrays)[0]
+    assert y.dtype == ml_dtypes.bfloat16
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+
+
+def _run_expecting_error(op: str, arrays: Sequence[np.ndarray | None], match: str, **attrs: float | int) -> None:
+    with pytest.raises(OrtError, match=match):
+        run_op(op, arrays, **attrs)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_scale_of_the_wrong_size(op: str) -> None:
+    rng = np.random.default_rng(15)
+    arrays = make_inputs(op, (2, 16), -1, F32, F32, rng, scale_shape=(15,))
+    _run_expecting_error(op, arrays, r"onnx_norm .*Scale has shape \[15\] but must match the normalised dims \[16\]")
+
+
+def test_scale_broadcast_inside_the_row_is_rejected() -> None:
+    rng = np.random.default_rng(16)
+    x = random_array((2, 4, 8), F32, rng)
+    scale = random_array((4, 1), F32, rng)
+    _run_expecting_error("RMSNorm", [x, scale], r"Scale has shape \[4, 1\]", axis=1)
+
+
+def test_bias_of_another_size_than_scale() -> None:
+    rng = np.random.default_rng(17)
+    x = random_array((2, 4, 8), F32, rng)
+    _run_expecting_error(
+        "LayerNorm",
+        [x, random_array((4, 8), F32, rng), random_array((8,), F32, rng)],
+        "Bias has 8 elements but Scale has 32",
+        axis=1,
+    )
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("axis", [2, -3, 5])
+def test_axis_out_of_range(op: str, axis: int) -> None:
+    rng = np.random.default_rng(18)
+    arrays = make_inputs(op, (2, 16), -1, F32, None, rng, with_bias=False)
+    _run_expecting_error(op, arrays, rf"axis {axis} is out of range for X of rank 2", axis=axis)
+
+
+@pytest.mark.parametrize("x_dtype", [np.float64, np.int32])
+def test_unsupported_x_type(x_dtype: type) -> None:
+    x = np.ones((2, 16), dtype=x_dtype)
+    _run_expecting_error("RMSNorm", [x, None], r"X has element type (DOUBLE|INT32); supported types are FLOAT")
+
+
+def test_unsupported_scale_type() -> None:
+    # Scale types are declared per op instance, so ORT itself finds no kernel for a double Scale.
+    x = np.ones((2, 16), dtype=np.float32)
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidGraph, match=r"'tensor\(double\)' of input .*Scale"):
+        run_op("RMSNorm", [x, np.ones(16, np.float64)])
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNorm", "SkipRMSNorm"])
+def test_skip_of_another_shape_or_type(op: str) -> None:
+    rng = np.random.default_rng(19)
+    arrays = make_inputs(op, (2, 16), -1, F16, F32, rng)
+    shape_mismatch = [arrays[0], arrays[1][:, :8].copy(), *arrays[2:]]
+    _run_expecting_error(op, shape_mismatch, r"Skip must have the type and shape of X: Skip is FLOAT16\[2, 8\]")
+    type_mismatch = [arrays[0], arrays[1].astype(np.float32), *arrays[2:]]
+    _run_expecting_error(op, type_mismatch, r"Skip must have the type and shape of X: Skip is FLOAT\[2, 16\]")
+
+
+def test_row_without_elements() -> None:
+    x = np.ones((3, 0), dtype=np.float32)
+    _run_expecting_error("RMSNorm", [x, None], "have no elements")
+
+
+def test_bad_attributes() -> None:
+    x = np.ones((2, 16), dtype=np.float32)
+    _run_expecting_error("RMSNorm", [x, None], "attribute normalized_type=7 is not supported", normalized_type=7)
+    _run_expecting_error("LayerNorm", [x, None, None], "epsilon must be a finite number >= 0", epsilon=-1.0)
+
+
+def test_missing_required_input_is_rejected() -> None:
+    model = build_model("SkipRMSNorm", (F32, F32, None), (True, False), {})
+    # Drop Skip from the node: ORT refuses the model at load (the kernels would also check).
+    model.graph.node[0].input[1] = ""
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidGraph, match=r"input 1 is marked single"):
+        ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
