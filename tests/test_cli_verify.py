@@ -194,3 +194,32 @@ def test_verify_with_real_inputs_from_files(tmp_path: Path, optimized_llama, cap
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["samples"] == 2
     assert data["shapes"]["input_ids"] == [2, 12]
+
+
+def test_optimize_verify_keeps_a_model_that_passes(tmp_path: Path, capsys):
+    out = tmp_path / "opt.onnx"
+    code = _cli(["optimize", str(LLAMA), "-o", str(out), "--verify"])
+    assert code == 0, capsys.readouterr().out
+    assert out.is_file()
+
+
+def test_optimize_verify_exits_1_and_leaves_no_bad_output(tmp_path: Path, monkeypatch, capsys):
+    import onnx_norm.rewrite
+
+    real_optimize = onnx_norm.rewrite.optimize
+
+    def broken_optimize(model, **kwargs):
+        # Fault injection: a rewrite that gets one epsilon wrong, as a buggy rule would.
+        optimized, report = real_optimize(model, **kwargs)
+        proto = optimized if isinstance(optimized, onnx.ModelProto) else ir.serde.serialize_model(optimized)
+        _set_attr(_norm_nodes(proto)[1], "epsilon", 1.0)
+        ir_model = ir.serde.deserialize_model(proto)
+        attach_functions(ir_model)
+        return (ir_model if not isinstance(optimized, onnx.ModelProto) else ir.serde.serialize_model(ir_model)), report
+
+    monkeypatch.setattr(onnx_norm.rewrite, "optimize", broken_optimize)
+    out = tmp_path / "opt.onnx"
+    code = _cli(["optimize", str(LLAMA), "-o", str(out), "--verify"])
+    assert code == 1, capsys.readouterr().out
+    assert not out.exists()
+    assert not Path(f"{out}.data").exists()

@@ -10,7 +10,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from onnx_norm.cli import UsageError
+
+#: Width of tables written to a file or a pipe (CI logs, README excerpts), where rich would assume 80 columns.
+PIPE_WIDTH = 140
+
+
+def console() -> Console:
+    """Console for the CLI's tables: the terminal's width, or PIPE_WIDTH when not writing to a terminal."""
+    out = Console()
+    return out if out.is_terminal else Console(width=PIPE_WIDTH)
 
 
 def add_input_args(parser: argparse.ArgumentParser, *, samples: bool = True) -> None:

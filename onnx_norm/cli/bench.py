@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep is None and args.plot and args.inputs:
         raise UsageError("--plot with --inputs measures one shape only; use generated inputs with --sweep")
     kwargs = bench_kwargs(args)
-    console = Console()
+    console = common.console()
     report = bench_and_print(args.original, args.optimized, kwargs, console, title=str(args.original))
     if args.report is not None:
         report.write_json(args.report)

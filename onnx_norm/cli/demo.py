@@ -11,7 +11,6 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
@@ -82,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     source = examples_dir(args.examples_dir)
     names = [f"{name}.onnx" for name in args.model] if args.model else list(EXAMPLES)
     shapes = args.shape or ["sequence:64"]
-    console = Console()
+    console = common.console()
     summary: list[tuple[str, int, bool, float]] = []
     with tempfile.TemporaryDirectory(prefix="onnx_norm_demo_") as tmp:
         out_dir = args.out or Path(tmp)

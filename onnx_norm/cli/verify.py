@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -67,6 +68,23 @@ def add_parity_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_gate_args(parser: argparse.ArgumentParser) -> None:
+    """The parity flags for `optimize --verify`: comparison, inputs, runtime, and `--verify-report` (optimize's
+    own `--report` is its rewrite report)."""
+    add_parity_args(parser)
+    common.add_input_args(parser)
+    common.add_runtime_args(parser)
+    parser.add_argument("--verify-report", type=Path, metavar="PATH", help="write the parity report as JSON to PATH")
+
+
+def gate(original: Any, optimized: Any, args: argparse.Namespace, *, console: Console | None = None) -> int:
+    """The parity gate of `optimize --verify`: prints the comparison, returns 0 (passed) or 1 (failed); raises
+    UsageError (exit 2) for inputs that do not fit. The caller removes OUT unless this returns 0."""
+    flags = argparse.Namespace(**{**vars(args), "report": getattr(args, "verify_report", None)})
+    code, _ = verify_and_print(original, optimized, flags, console=console)
+    return code
+
+
 def _stat(text: str) -> str:
     if text not in STATS:
         raise ValueError(text)
@@ -114,7 +132,7 @@ def verify_and_print(
     report). Input and session errors raise UsageError. `optimize --verify` calls this with the in-memory model."""
     from onnx_norm.parity import verify
 
-    console = console or Console()
+    console = console or common.console()
     kwargs = parity_kwargs(args)
     start = time.perf_counter()
     with common.input_errors():
