@@ -213,3 +213,15 @@ def test_bench_cli_missing_model_exits_2(tmp_path: Path, capsys):
 def test_parse_sweep():
     assert parse_sweep("sequence:64,128") == ("sequence", [64, 128])
     assert parse_sweep(None) is None
+
+
+def test_bench_with_one_model_optimizes_it_in_memory(tmp_path: Path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "llama-rmsnorm-fp32.onnx"
+    report = tmp_path / "b.json"
+    code = _cli(
+        ["bench", str(example), "--warmup", "0", "--repeat", "1", "--shape", "sequence:8", "--report", str(report)]
+    )
+    assert code == 0
+    data = json.loads(report.read_text())
+    assert data["optimized_in_memory"] is True
+    assert data["points"][0]["shapes"] == {"input_ids": [1, 8], "attention_mask": [1, 8]}

@@ -223,3 +223,13 @@ def test_optimize_verify_exits_1_and_leaves_no_bad_output(tmp_path: Path, monkey
     assert code == 1, capsys.readouterr().out
     assert not out.exists()
     assert not Path(f"{out}.data").exists()
+
+
+def test_demo_runs_the_whole_flow_on_a_bundled_model(tmp_path: Path, capsys):
+    code = _cli(["demo", "--model", "bert-layernorm-opset13", "--warmup", "0", "--repeat", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for step in ("onnx-norm inspect", "onnx-norm optimize", "onnx-norm verify", "onnx-norm bench"):
+        assert f"$ {step}" in out
+    assert "PASSED | Output: 'last_hidden_state'" in out
+    assert (tmp_path / "bert-layernorm-opset13.optimized.onnx").is_file()
