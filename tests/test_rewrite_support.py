@@ -30,7 +30,7 @@ def make_model(
         nodes,
         "g",
         [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        [helper.make_tensor_value_info(n, t, inputs[0][2] if s is None else s) for n, t, s in outputs],
         list(initializers),
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -56,7 +56,7 @@ def random_feeds(model: onnx.ModelProto, shapes: dict[str, list[int]], seed: int
     feeds = {}
     for value in model.graph.input:
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        feeds[value.name] = (rng.standard_normal(shapes[value.name]) * 2 + 0.5).astype(dtype)
+        feeds[value.name] = np.asarray(rng.standard_normal(shapes[value.name]) * 2 + 0.5).astype(dtype)
     return feeds
 
 

@@ -63,8 +63,11 @@ class OptimizeReport:
 
 def op_counts(model: ir.Model) -> dict[str, int]:
     """Op types in the model (main graph, subgraphs and model-local functions), as `domain::op` outside ONNX."""
+    from onnx_norm.ops.schema import DOMAIN
+
     counts: collections.Counter[str] = collections.Counter()
-    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    # The bodies of our ops' model-local functions are their implementation, not part of the model's ops.
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *(f for f in model.functions.values() if f.domain != DOMAIN)]
     for graph in graphs:
         for node in ir.traversal.RecursiveGraphIterator(graph):
             name = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"

@@ -23,16 +23,16 @@ class NormSpec:
     """One norm to fuse, with the values it reads and the values it replaces."""
 
     kind: Kind
-    x: ir.Value                  # normalised input; the first addend of the residual Add when `skip` is set
-    skip: ir.Value | None        # second addend of a residual Add folded into the op
+    x: ir.Value  # normalised input; the first addend of the residual Add when `skip` is set
+    skip: ir.Value | None  # second addend of a residual Add folded into the op
     scale: ir.Value | None
     bias: ir.Value | None
-    attrs: NormAttributes        # axis is negative: -(number of normalised trailing dims)
-    y: ir.Value                  # the value the fused op's Y replaces
+    attrs: NormAttributes  # axis is negative: -(number of normalised trailing dims)
+    y: ir.Value  # the value the fused op's Y replaces
     sum: ir.Value | None = None  # the residual sum, when it has other consumers and must stay available
     mean: ir.Value | None = None  # statistics that the graph exposes (LayerNormalization's function expansion)
     inv_std: ir.Value | None = None
-    rule: str = ""               # name of the rule that matched, recorded on the new node
+    rule: str = ""  # name of the rule that matched, recorded on the new node
 
     @property
     def x_type(self) -> int:

@@ -309,9 +309,30 @@ def _emit_onnx_norm(op: Any, spec: NormSpec) -> list[ir.Value]:
         inputs.pop()
     requested = {key: index for key, index in wanted.items() if getattr(spec, key) is not None}
     n_outputs = 1 + max(requested.values(), default=0)
-    outputs = op.op(name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, _outputs=n_outputs, **spec.attrs.as_dict())
+    attrs = spec.attrs
+    out_cast = _output_cast(spec)
+    if out_cast:
+        attrs = dataclasses.replace(attrs, output_type=0)
+    outputs = op.op(name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, _outputs=n_outputs, **attrs.as_dict())
     outputs = [outputs] if isinstance(outputs, ir.Value) else list(outputs)
-    return [outputs[0]] + [outputs[requested[key]] for key in ("sum", "mean", "inv_std") if key in requested]
+    y = op.Cast(outputs[0], to=out_cast) if out_cast else outputs[0]
+    return [y] + [outputs[requested[key]] for key in ("sum", "mean", "inv_std") if key in requested]
+
+
+def _output_cast(spec: NormSpec) -> int:
+    """The type to Cast Y to after an op that keeps Y in X's type, or 0 to set output_type on the op.
+
+    The custom-op library cannot give Y another type than X's (ONNX Runtime infers a custom op's output types
+    from its inputs), so where it is exact the op keeps X's type and a Cast follows: when X is float32 (Y is then
+    the float32 result itself) or when the graph's last rounding before the output is to X's type anyway.
+    """
+    a = spec.attrs
+    if a.output_type in (0, spec.x_type):
+        return 0
+    last = a.multiply_type if (spec.scale is not None or spec.bias is not None) else a.normalized_type
+    if spec.x_type in (_FLOAT, last):
+        return a.output_type
+    return 0
 
 
 def _cast(op: Any, value: ir.Value, to: int, have: int) -> ir.Value:

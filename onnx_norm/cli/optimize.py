@@ -1,0 +1,134 @@
+"""`onnx-norm optimize IN -o OUT`: fuse the norms of a model and write it (never over IN unless --force)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from onnx_norm.cli import UsageError
+from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
+from onnx_norm.rewrite.report import OptimizeReport
+from onnx_norm.rewrite.rules import RULE_NAMES
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "optimize",
+        help="fuse the decomposed norms of a model",
+        description="Replace every decomposed LayerNorm/RMSNorm with a fused op and write the model. Each match is "
+        "proven on random inputs before it is rewritten; near-misses are left as they are.",
+    )
+    parser.add_argument("input", help="ONNX model to optimize")
+    parser.add_argument("-o", "--output", required=True, help="where to write the optimized model")
+    parser.add_argument(
+        "--target",
+        choices=("onnx-norm", "onnx", "ort"),
+        default="onnx-norm",
+        help="onnx-norm: our custom ops (with model-local functions); onnx: LayerNormalization (opset 17+) and "
+        "RMSNormalization (opset 23+); ort: ONNX Runtime's LayerNormalization, SimplifiedLayerNormalization and "
+        "Skip* ops (default: onnx-norm)",
+    )
+    parser.add_argument(
+        "--disable", nargs="+", action="extend", default=[], metavar="RULE", choices=RULE_NAMES, help="rules to skip"
+    )
+    parser.add_argument(
+        "--take-over-native",
+        action="store_true",
+        help="also convert native LayerNormalization/RMSNormalization/SimplifiedLayerNormalization/Skip* nodes",
+    )
+    parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
+    parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
+    parser.add_argument("--force", action="store_true", help="allow OUT to be IN (overwrite the input model)")
+    parser.add_argument(
+        "--external-data",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="save weights in OUT.data: auto when the input had external data or the model exceeds 2 GB",
+    )
+    add_verify_args(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_verify_args(parser: argparse.ArgumentParser) -> None:
+    """Hook for the parity gate: `--verify` checks OUT against IN before it is kept."""
+    parser.add_argument(
+        "--verify", action="store_true", help="check parity of OUT against IN; exit 1 and remove OUT when it fails"
+    )
+
+
+def _maybe_verify(args: argparse.Namespace, output: Path) -> bool:
+    """Parity of the written model against the input; True when it passed or was not asked."""
+    if not getattr(args, "verify", False):
+        return True
+    try:
+        from onnx_norm.parity import verify
+    except ImportError as err:
+        raise UsageError("--verify is not available (onnx_norm.parity is missing)") from err
+    report = verify(args.input, str(output))
+    Console().print(f"parity: {'PASSED' if report.passed else 'FAILED'}")
+    return bool(report.passed)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    from onnx_norm import model_io
+    from onnx_norm.rewrite import optimize
+
+    source, output = Path(args.input), Path(args.output)
+    if _same_file(source, output) and not args.force:
+        raise UsageError(f"output {output} is the input model; pass --force to overwrite it")
+    try:
+        model, report = optimize(
+            str(source), target=args.target, disable=args.disable, take_over_native=args.take_over_native
+        )
+    except model_io.ModelLoadError as err:
+        raise UsageError(str(err)) from err
+    external = {"auto": None, "always": True, "never": False}[args.external_data]
+    try:
+        model_io.save(model, output, external_data=external)
+    except model_io.ModelSaveError as err:
+        raise UsageError(str(err)) from err
+    console = Console()
+    print_norms(console, report)
+    print_summary(console, report)
+    if args.explain:
+        print_near_misses(console, report)
+    elif report.near_misses:
+        console.print(f"{len(report.near_misses)} near-miss(es) not fused; --explain lists them with the reasons")
+    if args.report:
+        write_report(args.report, report)
+    console.print(f"wrote {output}")
+    if not _maybe_verify(args, output):
+        output.unlink(missing_ok=True)
+        Path(f"{output}.data").unlink(missing_ok=True)
+        return 1
+    return 0
+
+
+def print_summary(console: Console, report: OptimizeReport) -> None:
+    rules = Table(title="fused per rule", title_justify="left")
+    rules.add_column("rule")
+    rules.add_column("count", justify="right")
+    for rule, count in sorted(report.rule_counts.items()):
+        rules.add_row(rule, str(count))
+    console.print(rules)
+    ops = Table(title="ops before and after", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("before", justify="right")
+    ops.add_column("after", justify="right")
+    for op in sorted(set(report.ops_before) | set(report.ops_after)):
+        before, after = report.ops_before.get(op, 0), report.ops_after.get(op, 0)
+        if before != after:
+            ops.add_row(op, str(before), str(after))
+    console.print(ops)

@@ -1,0 +1,271 @@
+"""Each spelling of a decomposed norm, written out as an ONNX graph: fused into the right op, same outputs.
+
+Covers ReduceMean axes as attribute and input, keepdims=0 + Unsqueeze, ReduceSum / N, the duplicated mean, Pow
+and Mul squares, E[x^2] - E[x]^2, every reciprocal-square-root spelling, operand orders, scale before the division,
+epsilon as a scalar or one-element tensor of any float type from an initializer or a Constant node, folded Gemma
+`1 + w`, no scale, no bias, several trailing axes, fp16 with and without Casts, the residual Add, channels first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from test_rewrite_support import DOUBLE, FLOAT, FLOAT16, assert_fused, const, make_model
+
+D = 16
+X = [("x", FLOAT, ["b", "s", D])]
+Y = [("y", FLOAT, None)]
+SHAPES = {"x": [2, 3, D]}
+rng = np.random.default_rng(1)
+W = (rng.random(D) + 0.5).astype(np.float32)
+B = rng.standard_normal(D).astype(np.float32)
+
+
+def mean(name, src, out, opset=17, keepdims=1, axes=(-1,)):
+    if opset >= 18:
+        return [helper.make_node("ReduceMean", [src, f"{name}_axes"], [out], keepdims=keepdims, name=name)]
+    return [helper.make_node("ReduceMean", [src], [out], axes=list(axes), keepdims=keepdims, name=name)]
+
+
+def layer_norm_graph(*, opset=17, square="pow", rsqrt="div", scale="after", eps_kind="initializer", dup=False):
+    nodes = mean("m", "x", "mu", opset)
+    nodes += [helper.make_node("Sub", ["x", "mu"], ["d"])]
+    if dup:
+        nodes += mean("m2", "x", "mu2", opset) + [helper.make_node("Sub", ["x", "mu2"], ["d2"])]
+    dv = "d2" if dup else "d"
+    if square == "pow":
+        nodes.append(helper.make_node("Pow", [dv, "two"], ["sq"]))
+    else:
+        nodes.append(helper.make_node("Mul", [dv, dv], ["sq"]))
+    nodes += mean("v", "sq", "var", opset)
+    if eps_kind == "constant":
+        nodes.append(helper.make_node("Constant", [], ["eps"], value=helper.make_tensor("e", FLOAT, [1], [1e-5])))
+    nodes.append(helper.make_node("Add", ["eps", "var"], ["ve"]))
+    num = "d"
+    if scale == "before":
+        nodes.append(helper.make_node("Mul", ["w", "d"], ["dw"]))
+        num = "dw"
+    if rsqrt == "div":
+        nodes += [helper.make_node("Sqrt", ["ve"], ["s"]), helper.make_node("Div", [num, "s"], ["n"])]
+    elif rsqrt == "reciprocal":
+        nodes += [
+            helper.make_node("Sqrt", ["ve"], ["s"]),
+            helper.make_node("Reciprocal", ["s"], ["r"]),
+            helper.make_node("Mul", ["r", num], ["n"]),
+        ]
+    elif rsqrt == "one_over":
+        nodes += [
+            helper.make_node("Sqrt", ["ve"], ["s"]),
+            helper.make_node("Div", ["one", "s"], ["r"]),
+            helper.make_node("Mul", [num, "r"], ["n"]),
+        ]
+    else:  # pow -0.5
+        nodes += [helper.make_node("Pow", ["ve", "mhalf"], ["r"]), helper.make_node("Mul", [num, "r"], ["n"])]
+    if scale == "after":
+        nodes.append(helper.make_node("Mul", ["n", "w"], ["nw"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["n"], ["nw"]))
+    nodes.append(helper.make_node("Add", ["b", "nw"], ["y"]))
+    inits = [const("two", 2.0, np.float32), const("one", 1.0, np.float32), const("mhalf", -0.5, np.float32)]
+    inits += [const("w", W), const("b", B), const("m_axes", [-1], np.int64), const("m2_axes", [-1], np.int64)]
+    inits += [const("v_axes", [-1], np.int64)]
+    if eps_kind == "initializer":
+        inits.append(const("eps", 1e-5, np.float32))
+    return make_model(nodes, X, Y, inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("rsqrt", ["div", "reciprocal", "one_over", "pow"])
+def test_layer_norm_spellings(opset, square, rsqrt):
+    optimized, report = assert_fused(layer_norm_graph(opset=opset, square=square, rsqrt=rsqrt), SHAPES, ["LayerNorm"])
+    assert report.norms[0].epsilon == pytest.approx(1e-5, rel=1e-6)
+    assert len(optimized.graph.node) == 1
+
+
+@pytest.mark.parametrize("scale", ["after", "before"])
+@pytest.mark.parametrize("eps_kind", ["initializer", "constant"])
+@pytest.mark.parametrize("dup", [False, True])
+def test_layer_norm_scale_placement_epsilon_source_duplicated_mean(scale, eps_kind, dup):
+    assert_fused(layer_norm_graph(scale=scale, eps_kind=eps_kind, dup=dup), SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
+
+
+def test_keepdims_zero_unsqueeze_and_reduce_sum_over_n():
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "axes"], ["sum"], keepdims=0),
+        helper.make_node("Div", ["sum", "n"], ["mu0"]),
+        helper.make_node("Unsqueeze", ["mu0", "axes"], ["mu"]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[2], keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
+    inits = [const("axes", [-1], np.int64), const("n", float(D), np.float32), const("eps", [1e-6], np.float32)]
+    _, report = assert_fused(make_model(nodes, X, Y, inits, opset=17), SHAPES, ["LayerNorm"])
+    assert report.norms[0].epsilon == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_variance_as_mean_square_minus_square_mean():
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Mul", ["x", "x"], ["xx"]),
+        helper.make_node("ReduceMean", ["xx"], ["ms"], axes=[-1]),
+        helper.make_node("Mul", ["mu", "mu"], ["mu2"]),
+        helper.make_node("Sub", ["ms", "mu2"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    inits = [const("eps", 1e-5, np.float32), const("w", W)]
+    assert_fused(make_model(nodes, X, Y, inits, opset=13), SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
+
+
+def rms_graph(*, dtype=FLOAT, eps_dtype=np.float32, gemma=False, cast=False, eps_shape=()):
+    xt = dtype
+    nodes = []
+    src = "x"
+    if cast:
+        nodes.append(helper.make_node("Cast", ["x"], ["x32"], to=FLOAT))
+        src = "x32"
+    nodes += [
+        helper.make_node("Pow", [src, "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+        helper.make_node("Mul", [src, "r"], ["n"]),
+    ]
+    compute = FLOAT if cast else dtype
+    np_compute = np.float32 if compute == FLOAT else np.float16
+    if gemma:
+        nodes += [
+            helper.make_node("Add", ["one", "w"], ["w1"]),
+            helper.make_node("Mul", ["n", "w1"], ["nw"]),
+            helper.make_node("Cast", ["nw"], ["y"], to=xt),
+        ]
+        inits = [const("one", 1.0, np.float32), const("w", (W - 1).astype(np.float32))]
+    elif cast:
+        nodes += [helper.make_node("Cast", ["n"], ["n16"], to=xt), helper.make_node("Mul", ["w", "n16"], ["y"])]
+        inits = [const("w", W.astype(np.float16 if xt == FLOAT16 else np.float32))]
+    else:
+        nodes.append(helper.make_node("Mul", ["n", "w"], ["y"]))
+        inits = [const("w", W.astype(np_compute))]
+    inits += [const("two", 2.0, np_compute), const("eps", np.full(eps_shape, 1e-6, dtype=eps_dtype))]
+    if eps_dtype != np_compute:
+        nodes.insert(2 if not cast else 3, helper.make_node("Cast", ["eps"], ["eps_c"], to=compute))
+        for node in nodes:
+            if node.op_type == "Add" and "eps" in node.input:
+                node.input[1] = "eps_c"
+    return make_model(nodes, [("x", xt, ["b", "s", D])], [("y", xt, None)], inits, opset=17)
+
+
+def test_rms_norm_fp32():
+    assert_fused(rms_graph(), SHAPES, ["RMSNorm"])
+
+
+def test_rms_norm_epsilon_one_element_fp16_constant_cast():
+    _, report = assert_fused(rms_graph(eps_dtype=np.float16, eps_shape=(1,)), SHAPES, ["RMSNorm"])
+    assert report.norms[0].epsilon == float(np.float16(1e-6))
+
+
+def test_rms_norm_fp16_llama_casts():
+    _, report = assert_fused(rms_graph(dtype=FLOAT16, cast=True), SHAPES, ["RMSNorm"], rtol=2e-3, atol=2e-3)
+    attrs = report.norms[0].attributes
+    assert attrs["normalized_type"] == FLOAT16 and attrs["multiply_type"] == FLOAT16
+
+
+def test_rms_norm_fp16_gemma_folds_one_plus_w():
+    optimized, report = assert_fused(
+        rms_graph(dtype=FLOAT16, cast=True, gemma=True), SHAPES, ["RMSNorm"], rtol=2e-3, atol=2e-3
+    )
+    attrs = report.norms[0].attributes
+    assert attrs["normalized_type"] == 0 and attrs["multiply_type"] == 0
+    scale = [i for i in optimized.graph.initializer if i.name.startswith("onnx_norm_scale")]
+    assert len(scale) == 1 and scale[0].data_type == FLOAT
+
+
+def test_rms_norm_fp16_without_casts():
+    _, report = assert_fused(rms_graph(dtype=FLOAT16), SHAPES, ["RMSNorm"], rtol=5e-3, atol=5e-3)
+    assert report.norms[0].attributes["normalized_type"] == FLOAT16
+
+
+def test_rms_norm_fp64_epsilon_in_fp32_graph():
+    assert_fused(rms_graph(eps_dtype=np.float64), SHAPES, ["RMSNorm"])
+
+
+def test_layer_norm_no_scale_no_bias_two_axes():
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-2, -1]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[1, 2]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
+    inits = [const("two", 2.0, np.float32), const("eps", 1e-5, np.float32)]
+    model = make_model(nodes, [("x", FLOAT, ["b", 3, D])], Y, inits)
+    _, report = assert_fused(model, SHAPES, ["LayerNorm"])
+    assert report.norms[0].attributes["axis"] == -2
+
+
+def test_residual_add_becomes_skip_and_sum_is_kept():
+    nodes = [
+        helper.make_node("Add", ["a", "x"], ["h"]),
+        helper.make_node("Pow", ["h", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["h", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+        helper.make_node("Add", ["h", "y"], ["z"]),
+    ]
+    inits = [const("two", 2.0, np.float32), const("eps", 1e-6, np.float32), const("w", W)]
+    model = make_model(nodes, [*X, ("a", FLOAT, ["b", "s", D])], [("z", FLOAT, None)], inits)
+    _, report = assert_fused(model, {"x": [2, 3, D], "a": [2, 3, D]}, ["SkipRMSNorm"])
+    assert report.norms[0].residual_sum_kept
+    _, report = assert_fused(model, {"x": [2, 3, D], "a": [2, 3, D]}, ["RMSNorm"], disable=["skip_rms_norm"])
+
+
+def test_channels_first_layer_norm():
+    c = 8
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[1]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["w", "n"], ["nw"]),
+        helper.make_node("Add", ["nw", "b"], ["y"]),
+    ]
+    inits = [
+        const("two", 2.0, np.float32),
+        const("eps", 1e-6, np.float32),
+        const("w", (rng.random((c, 1, 1)) + 0.5).astype(np.float32)),
+        const("b", rng.standard_normal((c, 1, 1)).astype(np.float32)),
+    ]
+    model = make_model(nodes, [("x", FLOAT, ["n", c, "h", "w"])], [("y", FLOAT, ["n", c, "h", "w"])], inits)
+    optimized, report = assert_fused(model, {"x": [2, c, 3, 5]}, ["LayerNorm"])
+    assert report.norms[0].rule == "layer_norm_channels_first"
+    assert [n.op_type for n in optimized.graph.node].count("Transpose") == 2
+
+
+def test_double_precision_input_is_a_near_miss():
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", DOUBLE, ["b", D])], [("y", DOUBLE, None)], [const("eps", 1e-6, np.float64)])
+    from test_rewrite_support import assert_not_fused
+
+    assert_not_fused(model, {"x": [3, D]}, reason="not supported by the fused ops")
