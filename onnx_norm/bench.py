@@ -314,8 +314,7 @@ def bench(
     if include_unoptimized:
         models[UNOPTIMIZED] = (original_proto, "disabled")
     sessions = {
-        name: create_session(proto, config.replace(optimization=level), custom_ops=None if name == OPTIMIZED else False)
-        for name, (proto, level) in models.items()
+        name: create_session(proto, config.replace(optimization=level)) for name, (proto, level) in models.items()
     }
 
     total_rounds = (warmup + repeat) * len(samples)
@@ -347,13 +346,8 @@ def bench(
         for name, (proto, level) in models.items():
             norm_nodes = frozenset() if name == OPTIMIZED else removed
 
-            def factory(prefix: str, proto: onnx.ModelProto = proto, level: OptLevel = level, name: str = name) -> Any:
-                return create_session(
-                    proto,
-                    config.replace(optimization=level),
-                    custom_ops=None if name == OPTIMIZED else False,
-                    profile_prefix=prefix,
-                )
+            def factory(prefix: str, proto: onnx.ModelProto = proto, level: OptLevel = level) -> Any:
+                return create_session(proto, config.replace(optimization=level), profile_prefix=prefix)
 
             profiles[name] = profile_split(factory, samples[-1], norm_nodes)
 

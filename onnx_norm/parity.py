@@ -698,7 +698,7 @@ def verify(
     run_optimized = _with_outputs(optimized_proto, extra_opt) if norms else optimized_proto
 
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
-    original_session = create_session(run_original, config, custom_ops=False)
+    original_session = create_session(run_original, config)
     optimized_session = create_session(run_optimized, config.replace(optimization=optimized_optimization))
     golden_eval = GoldenEvaluator(run_original, golden, threads)
 
