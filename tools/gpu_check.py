@@ -1,0 +1,1062 @@
+#!/usr/bin/env python3
+"""Checks the CUDA norm kernels on a machine with an NVIDIA GPU and measures their bandwidth.
+
+One prepared script (a few minutes on one GPU, no network):
+
+1. builds `tools/gpu_harness/harness.cu` with `custom_ops/src/cuda/*.cu` into a small shared library with the
+   machine's nvcc, for the GPU's own architecture, and loads it with ctypes;
+2. runs every op x X type x hidden size (1, 7, 127, 768, 4097, 16384), the rounding attributes, Scale/Y types,
+   broadcast Scale, Skip and statistics outputs, special values and unaligned tensors through `LaunchNorm` on
+   torch tensors (on a side stream, inside guard bands that must stay untouched), plus a CUDA graph capture,
+   and compares each output with `onnx_norm/ops/reference.py` with per-dtype tolerances;
+3. where onnxruntime-gpu and the built `onnx_norm` library are installed, runs a subset through ONNX Runtime's
+   CUDA provider and confirms from `get_providers()` and the profile that our node ran on CUDA;
+4. measures each kernel's effective bandwidth (bytes read + written / median time, CUDA events around CUDA-graph
+   replays, inputs rotated to defeat L2) against a device-to-device copy of the same bytes and against
+   `torch.nn.functional.layer_norm` / `rms_norm`, and prints one table.
+
+Exits 1 on any mismatch or failed check, 2 when it cannot run (no GPU, no nvcc, build failure).
+`--self-test` runs the parts that need no GPU (case list, reference comparisons against a fake backend,
+optionally the harness build) so the script itself can be checked on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import ctypes
+import dataclasses
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    # Runs from a checkout without `pip install`: the reference and schema are plain Python.
+    sys.path.insert(0, str(REPO))
+
+from onnx import TensorProto  # noqa: E402
+
+from onnx_norm.ops import reference  # noqa: E402
+from onnx_norm.ops.reference import np_dtype  # noqa: E402
+from onnx_norm.ops.schema import NormAttributes  # noqa: E402
+
+F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+TYPE_NAMES = {0: "-", F32: "f32", F16: "f16", BF16: "bf16"}
+FLOAT_TYPES = (F32, F16, BF16)
+OPS = ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
+HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
+BENCH_SHAPES = ((8192, 768), (8192, 4096), (32768, 1024), (4096, 16384))
+GUARD = 64  # elements of sentinel before and after every output
+SOURCES = REPO / "custom_ops" / "src" / "cuda"
+HARNESS = REPO / "tools" / "gpu_harness" / "harness.cu"
+
+
+# --------------------------------------------------------------------------------------------- cases
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    x_type: int
+    shape: tuple[int, ...]
+    axis: int = -1
+    scale_type: int | None = None  # None: no Scale input (and no Bias)
+    bias: bool = False
+    scale_shape: tuple[int, ...] | None = None  # None: the normalised dims
+    output_type: int = 0
+    normalized_type: int = 0
+    multiply_type: int = 0
+    epsilon: float = 1e-5
+    outputs: bool = True  # Mean/InvStdDev (LayerNorm), InvRMS (RMSNorm) or Sum (Skip ops)
+    data: str = "normal"  # normal | offset | constant | nonfinite | overflow16
+    layout: str = "contiguous"  # contiguous | shifted (one common element offset) | misaligned (mixed offsets)
+
+    @property
+    def rms(self) -> bool:
+        return "RMS" in self.op
+
+    @property
+    def skip(self) -> bool:
+        return self.op.startswith("Skip")
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[: self.axis % len(self.shape)])
+
+    @property
+    def cols(self) -> int:
+        return math.prod(self.shape[self.axis % len(self.shape) :])
+
+    @property
+    def y_type(self) -> int:
+        return self.output_type or self.x_type
+
+    def param_shape(self) -> tuple[int, ...]:
+        return self.scale_shape if self.scale_shape is not None else self.shape[self.axis % len(self.shape) :]
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "axis": self.axis,
+            "epsilon": self.epsilon,
+            "normalized_type": self.normalized_type,
+            "multiply_type": self.multiply_type,
+            "output_type": self.output_type,
+        }
+
+    def name(self) -> str:
+        parts = [self.op, TYPE_NAMES[self.x_type], "x".join(map(str, self.shape))]
+        if self.axis != -1:
+            parts.append(f"axis{self.axis}")
+        if self.scale_type is not None:
+            parts.append(f"scale:{TYPE_NAMES[self.scale_type]}" + ("+bias" if self.bias else ""))
+            if self.scale_shape is not None:
+                parts.append("bcast" + "x".join(map(str, self.scale_shape)))
+        if self.output_type:
+            parts.append(f"y:{TYPE_NAMES[self.output_type]}")
+        if self.normalized_type or self.multiply_type:
+            parts.append(f"round:{TYPE_NAMES[self.normalized_type]}/{TYPE_NAMES[self.multiply_type]}")
+        if self.data != "normal":
+            parts.append(self.data)
+        if self.layout != "contiguous":
+            parts.append(self.layout)
+        if not self.outputs:
+            parts.append("y-only")
+        return " ".join(parts)
+
+
+def _default_case(op: str, x_type: int, shape: tuple[int, ...], **changes: Any) -> Case:
+    bias = op in ("LayerNorm", "SkipLayerNorm")
+    return dataclasses.replace(Case(op, x_type, shape, scale_type=x_type, bias=bias), **changes)
+
+
+def build_cases(quick: bool = False) -> list[Case]:
+    """Every op x X type x hidden size, then the attribute, type, layout and special-value cases."""
+    cases: list[Case] = []
+    hidden_sizes = (7, 768, 4097) if quick else HIDDEN_SIZES
+    for op in OPS:
+        for x_type in FLOAT_TYPES:
+            for hidden in hidden_sizes:
+                cases.append(_default_case(op, x_type, (37, hidden)))
+                if hidden <= 768 and not quick:
+                    # Many rows: several rows per block and more than one wave of blocks.
+                    cases.append(_default_case(op, x_type, (3000, hidden)))
+            cases.append(_default_case(op, x_type, (1, 768), outputs=False))
+            cases.append(_default_case(op, x_type, (0, 768)))
+            cases.append(_default_case(op, x_type, (5, 4097), scale_type=None, bias=False))
+    for op in ("LayerNorm", "RMSNorm"):
+        for hidden in (768, 4097):
+            for x_type in (F16, BF16):
+                # LLaMA/T5 (round the normalised value, multiply in the narrow type), and an all-fp16 graph.
+                cases.append(_default_case(op, x_type, (9, hidden), normalized_type=x_type, multiply_type=x_type))
+                # Gemma: fp32 Scale (1 + w folded), fp32 multiply, narrow output.
+                cases.append(_default_case(op, x_type, (9, hidden), scale_type=F32))
+                cases.append(_default_case(op, x_type, (9, hidden), output_type=F32))
+                cases.append(_default_case(op, x_type, (9, hidden), normalized_type=F32, multiply_type=x_type))
+            cases.append(_default_case(op, F32, (9, hidden), output_type=F16, scale_type=BF16))
+            cases.append(_default_case(op, F32, (9, hidden), output_type=BF16, scale_type=F16, normalized_type=F16))
+            cases.append(_default_case(op, F16, (9, hidden), output_type=BF16, scale_type=BF16, multiply_type=F32))
+    for op in OPS:
+        for x_type in FLOAT_TYPES:
+            # Scale over a suffix of the normalised dims (vector and scalar paths), and a 2-D normalisation.
+            cases.append(_default_case(op, x_type, (5, 6, 128), axis=1, scale_shape=(128,)))
+            cases.append(_default_case(op, x_type, (4, 3, 7), axis=1, scale_shape=(7,)))
+            cases.append(_default_case(op, x_type, (4, 2, 3, 64), axis=-3, scale_shape=(3, 64)))
+            cases.append(_default_case(op, x_type, (6, 12, 64), axis=-2))
+            for data in ("offset", "constant", "nonfinite"):
+                cases.append(_default_case(op, x_type, (6, 768), data=data))
+            if x_type != F32:
+                cases.append(_default_case(op, x_type, (6, 768), data="overflow16"))
+            for layout in ("shifted", "misaligned"):
+                for hidden in (7, 768, 4097) if not quick else (768,):
+                    cases.append(_default_case(op, x_type, (7, hidden), layout=layout))
+                    if x_type != F32:
+                        cases.append(_default_case(op, x_type, (7, hidden), layout=layout, output_type=F32))
+    if not quick:
+        # Rows longer than the register path (shared-memory cache) and longer than shared memory (re-read).
+        for op in OPS:
+            cases.append(_default_case(op, F32, (3, 40000)))
+            cases.append(_default_case(op, F16, (3, 40004)))
+            cases.append(_default_case(op, F32, (3, 70001)))
+            cases.append(_default_case(op, BF16, (2, 130000)))
+            cases.append(_default_case(op, F16, (3, 16392), layout="shifted"))
+    return cases
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Inputs:
+    x: np.ndarray
+    skip: np.ndarray | None
+    scale: np.ndarray | None
+    bias: np.ndarray | None
+
+
+def make_inputs(case: Case, seed: int) -> Inputs:
+    rng = np.random.default_rng(seed)
+    x64 = rng.standard_normal(case.shape) * 1.5 + 0.25
+    if case.data == "offset":
+        x64 = x64 * 0.5 + 1000.0  # a mean far from zero: E[x^2] - E[x]^2 would lose the variance
+    elif case.data == "constant":
+        x64 = np.broadcast_to(rng.standard_normal((*case.shape[: case.axis % len(case.shape)], 1)), case.shape)
+        x64 = x64.reshape(case.shape)
+    elif case.data == "overflow16":
+        x64 = x64 * 150.0  # x^2 summed over the row overflows float16
+    x = x64.astype(np.float32).astype(np_dtype(case.x_type))
+    if case.data == "nonfinite" and case.rows >= 3:
+        flat = x.reshape(case.rows, case.cols)
+        flat[0, case.cols // 2] = np.nan
+        flat[1, 0] = np.inf
+        flat[2, -1] = -np.inf
+    skip = None
+    if case.skip:
+        skip = (rng.standard_normal(case.shape) * 0.5).astype(np.float32).astype(np_dtype(case.x_type))
+    scale = bias = None
+    if case.scale_type is not None:
+        shape = case.param_shape()
+        dtype = np_dtype(case.scale_type)
+        scale = (1.0 + 0.5 * rng.standard_normal(shape)).astype(np.float32).astype(dtype)
+        if case.bias:
+            bias = (0.2 * rng.standard_normal(shape)).astype(np.float32).astype(dtype)
+    return Inputs(x, skip, scale, bias)
+
+
+def reference_outputs(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
+    """Outputs of the numpy reference, keyed like the backends' results; statistics flattened to [rows]."""
+    attrs = case.attrs()
+    if case.op == "LayerNorm":
+        y, mean, inv = reference.layer_norm(inputs.x, inputs.scale, inputs.bias, **attrs)
+        return {"Y": y, "Mean": mean.reshape(-1), "InvStdDev": inv.reshape(-1)}
+    if case.op == "RMSNorm":
+        y, inv = reference.rms_norm(inputs.x, inputs.scale, **attrs)
+        return {"Y": y, "InvRMS": inv.reshape(-1)}
+    assert inputs.skip is not None
+    if case.op == "SkipLayerNorm":
+        y, s = reference.skip_layer_norm(inputs.x, inputs.skip, inputs.scale, inputs.bias, **attrs)
+    else:
+        y, s = reference.skip_rms_norm(inputs.x, inputs.skip, inputs.scale, **attrs)
+    return {"Y": y, "Sum": s}
+
+
+def requested_outputs(case: Case) -> tuple[str, ...]:
+    extra = {
+        "LayerNorm": ("Mean", "InvStdDev"),
+        "RMSNorm": ("InvRMS",),
+        "SkipLayerNorm": ("Sum",),
+        "SkipRMSNorm": ("Sum",),
+    }[case.op]
+    return ("Y", *extra) if case.outputs else ("Y",)
+
+
+# --------------------------------------------------------------------------------------------- comparison
+
+_EPS = {F32: 2.0**-23, F16: 2.0**-10, BF16: 2.0**-7}
+
+
+def _spread(x: np.ndarray) -> float:
+    finite = x[np.isfinite(x.astype(np.float32))].astype(np.float64)
+    return float(np.max(np.abs(finite))) if finite.size else 1.0
+
+
+def _row_inverse(case: Case, inputs: Inputs, want: dict[str, np.ndarray]) -> np.ndarray:
+    """The reference's 1/std (1/rms) per row, keepdims (broadcasts over X's shape)."""
+    effective = want["Sum"] if case.skip else inputs.x
+    _, inv, _ = reference.normalize(effective, None, None, NormAttributes(**case.attrs()), rms=case.rms)
+    return inv.astype(np.float64)
+
+
+def y_tolerance(case: Case, inputs: Inputs, want: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+    """(rtol, per-element atol) for Y.
+
+    float32 statistics: the mean (and the sums) are off by a few float32 units of the row's largest |x|, which
+    reaches Y multiplied by 1/std and |Scale|; on a zero-variance row 1/std is 1/sqrt(epsilon), so a float32
+    mean that is one unit off gives a small non-zero Y where the float64 reference gives exactly Bias.
+    Each rounding to a narrow type (normalized_type, multiply_type, Y) may land one unit either side of the
+    reference when a value sits on a rounding boundary: up to three units of the narrowest type, relative to
+    the magnitude before the Bias add, |n * Scale| <= |Y| + |Bias|.
+    """
+    effective = (want["Sum"] if case.skip else inputs.x).astype(np.float64)
+    axes = tuple(range(case.axis % len(case.shape), len(case.shape)))
+    with np.errstate(invalid="ignore"):
+        row_max = np.max(np.where(np.isfinite(effective), np.abs(effective), 0.0), axis=axes, keepdims=True)
+    scale = np.abs(inputs.scale.astype(np.float64)) if inputs.scale is not None else 1.0
+    inv = np.nan_to_num(_row_inverse(case, inputs, want), nan=0.0, posinf=0.0)
+    atol = 1e-6 + 32 * _EPS[F32] * row_max * inv * scale
+    narrow = [t for t in (case.y_type, case.normalized_type, case.multiply_type) if t in (F16, BF16)]
+    if not narrow:
+        return 2e-5, atol
+    eps = max(_EPS[t] for t in narrow)
+    if inputs.bias is not None:
+        atol = atol + 3.0 * eps * np.abs(inputs.bias.astype(np.float64))
+    return 3.0 * eps, atol
+
+
+def _as_f64(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32).astype(np.float64)
+
+
+def compare(
+    name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float | np.ndarray, exact: bool = False
+) -> str | None:
+    """None when `got` matches `want` (same shape and dtype, NaN/Inf in the same places, values within
+    atol + rtol * |want|, or bit-identical when `exact`), else a one-line description of the worst element."""
+    if got.shape != want.shape:
+        return f"{name}: shape {got.shape} != {want.shape}"
+    if got.dtype != want.dtype:
+        return f"{name}: dtype {got.dtype} != {want.dtype}"
+    if got.size == 0:
+        return None
+    g, w = _as_f64(got), _as_f64(want)
+    nan_g, nan_w = np.isnan(g), np.isnan(w)
+    if not np.array_equal(nan_g, nan_w):
+        where = np.argwhere(nan_g != nan_w)[0]
+        return f"{name}: NaN mismatch at {tuple(where)}: got {g[tuple(where)]}, want {w[tuple(where)]}"
+    inf_g, inf_w = np.isinf(g), np.isinf(w)
+    if not np.array_equal(inf_g, inf_w) or not np.array_equal(g[inf_g], w[inf_w]):
+        where = np.argwhere((inf_g != inf_w) | (inf_g & (g != w)))[0]
+        return f"{name}: Inf mismatch at {tuple(where)}: got {g[tuple(where)]}, want {w[tuple(where)]}"
+    finite = ~(nan_w | inf_w)
+    limit = np.broadcast_to(np.asarray(atol, dtype=np.float64), w.shape) + rtol * np.abs(w)
+    bad = finite & ((g != w) if exact else (np.abs(g - w) > limit))
+    if bad.any():
+        err = np.where(finite, np.abs(g - w), 0.0)
+        where = tuple(np.unravel_index(int(np.argmax(np.where(bad, err, -1.0))), err.shape))
+        return (
+            f"{name}: {int(bad.sum())}/{bad.size} elements off, worst at {where}: got {g[where]!r}, "
+            f"want {w[where]!r} (allowed {limit[where]:.3g})"
+        )
+    return None
+
+
+def check_case(case: Case, inputs: Inputs, got: dict[str, np.ndarray]) -> list[str]:
+    """Mismatch messages for one case's outputs (empty when all match)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        want = reference_outputs(case, inputs)
+        rtol, atol = y_tolerance(case, inputs, want)
+        return _check_outputs(case, inputs, got, want, rtol, atol)
+
+
+def _check_outputs(
+    case: Case,
+    inputs: Inputs,
+    got: dict[str, np.ndarray],
+    want: dict[str, np.ndarray],
+    rtol: float,
+    atol: np.ndarray,
+) -> list[str]:
+    problems = []
+    for output in requested_outputs(case):
+        if output not in got:
+            problems.append(f"{output}: missing")
+            continue
+        if output == "Y":
+            message = compare(output, got[output], want[output], rtol, atol)
+        elif output == "Sum":
+            # float32 add rounded once to X's type, like the reference: bit-identical.
+            message = compare(output, got[output], want[output], 0.0, 0.0, exact=True)
+        elif output == "Mean":
+            message = compare(output, got[output], want[output], 1e-5, 2e-6 * max(1.0, _spread(inputs.x)))
+        else:
+            message = compare(output, got[output], want[output], 2e-5, 0.0)
+        if message:
+            problems.append(message)
+    return problems
+
+
+# --------------------------------------------------------------------------------------------- build
+
+
+def find_nvcc(explicit: str | None) -> str | None:
+    if explicit:
+        return explicit if Path(explicit).is_file() and os.access(explicit, os.X_OK) else None
+    candidates = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            candidates.append(str(Path(root) / "bin" / "nvcc"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def build_harness(nvcc: str, arch: str, out_dir: Path, jobs: int | None = None) -> Path:
+    """Compiles the kernels and the harness entry into out_dir/libonnx_norm_harness.so for one `arch` (e.g.
+    "90"); each .cu in parallel. Raises RuntimeError with nvcc's output on failure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources = [*sorted(SOURCES.glob("*.cu")), HARNESS]
+    flags = [
+        "-std=c++17",
+        "-O3",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        "-Xcompiler=-fPIC,-fvisibility=hidden",
+        f"-I{SOURCES}",
+    ]
+
+    def compile_one(source: Path) -> Path:
+        obj = out_dir / f"{source.stem}.o"
+        cmd = [nvcc, *flags, "-c", str(source), "-o", str(obj)]
+        result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+        return obj
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 1)) as pool:
+        objects = list(pool.map(compile_one, sources))
+    library = out_dir / "libonnx_norm_harness.so"
+    cmd = [nvcc, "-shared", f"-gencode=arch=compute_{arch},code=sm_{arch}", *map(str, objects), "-o", str(library)]
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return library
+
+
+class Harness:
+    """ctypes binding of onnx_norm_harness_launch (tools/gpu_harness/harness.cu)."""
+
+    def __init__(self, library: Path) -> None:
+        self._lib = ctypes.CDLL(str(library))
+        fn = self._lib.onnx_norm_harness_launch
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, p]
+        fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
+        fn.restype = i32
+        self._fn = fn
+
+    def launch(
+        self,
+        *,
+        x: int,
+        y: int,
+        rows: int,
+        cols: int,
+        x_type: int,
+        y_type: int,
+        stream: int,
+        skip: int | None = None,
+        scale: int | None = None,
+        bias: int | None = None,
+        sum_out: int | None = None,
+        mean: int | None = None,
+        inv_std: int | None = None,
+        scale_size: int = 0,
+        scale_type: int = 0,
+        epsilon: float = 1e-5,
+        rms: bool = False,
+        normalized_type: int = 0,
+        multiply_type: int = 0,
+    ) -> None:
+        error = ctypes.c_char_p()
+        rc = self._fn(
+            x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
+            scale_type, y_type, normalized_type, multiply_type, stream, ctypes.byref(error),
+        )  # fmt: skip
+        if rc != 0:
+            message = error.value.decode() if error.value else "no message"
+            raise RuntimeError(f"LaunchNorm returned {rc}: {message}")
+
+
+# --------------------------------------------------------------------------------------------- torch backend
+
+
+class TorchHarnessBackend:
+    """Runs cases through LaunchNorm on torch CUDA tensors (side stream, guarded outputs)."""
+
+    def __init__(self, harness: Harness, device: int = 0) -> None:
+        import ml_dtypes
+        import torch
+
+        self.torch = torch
+        self.harness = harness
+        self.device = torch.device("cuda", device)
+        self._bf16 = np.dtype(ml_dtypes.bfloat16)
+        self._torch_types = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
+
+    # numpy <-> torch, bfloat16 through its bit pattern
+    def to_device(self, a: np.ndarray, offset: int = 0) -> Any:
+        torch = self.torch
+        flat = np.ascontiguousarray(a).reshape(-1)
+        if flat.dtype == self._bf16:
+            src = torch.from_numpy(flat.view(np.int16).copy()).view(torch.bfloat16)
+        else:
+            src = torch.from_numpy(flat.copy())
+        buf = torch.empty(offset + flat.size + GUARD, dtype=src.dtype, device=self.device)
+        view = buf[offset : offset + flat.size]
+        view.copy_(src)
+        return view.view(a.shape)
+
+    def to_host(self, t: Any) -> np.ndarray:
+        torch = self.torch
+        t = t.detach().contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).cpu().numpy().view(self._bf16)
+        return t.cpu().numpy()
+
+    def guarded_empty(self, shape: tuple[int, ...], elem: int, offset: int) -> tuple[Any, Any]:
+        """(buffer, view): the view starts `offset` elements in; everything else is NaN and must stay so."""
+        count = math.prod(shape)
+        buf = self.torch.full(
+            (offset + count + GUARD,), float("nan"), dtype=self._torch_types[elem], device=self.device
+        )
+        return buf, buf[offset : offset + count].view(shape)
+
+    def run(self, case: Case, inputs: Inputs, stream: Any = None, launch_only: bool = False) -> dict[str, np.ndarray]:
+        torch = self.torch
+        # Element offsets of each tensor from a 256-byte-aligned allocation: one common offset keeps the
+        # vector path (with a scalar head), mixed offsets force the scalar fallback.
+        offsets = {"x": GUARD, "skip": GUARD, "y": GUARD, "sum": GUARD, "param": GUARD}
+        if case.layout == "shifted":
+            offsets = dict.fromkeys(offsets, GUARD + 3)
+        elif case.layout == "misaligned":
+            offsets = {"x": GUARD + 1, "skip": GUARD + 2, "y": GUARD + 3, "sum": GUARD + 1, "param": GUARD + 1}
+        x = self.to_device(inputs.x, offsets["x"])
+        skip = self.to_device(inputs.skip, offsets["skip"]) if inputs.skip is not None else None
+        scale = self.to_device(inputs.scale, offsets["param"]) if inputs.scale is not None else None
+        bias = self.to_device(inputs.bias, offsets["param"]) if inputs.bias is not None else None
+        wanted = requested_outputs(case)
+        guarded: dict[str, tuple[Any, Any]] = {"Y": self.guarded_empty(case.shape, case.y_type, offsets["y"])}
+        if "Sum" in wanted:
+            guarded["Sum"] = self.guarded_empty(case.shape, case.x_type, offsets["sum"])
+        for stat in ("Mean", "InvStdDev", "InvRMS"):
+            if stat in wanted:
+                guarded[stat] = self.guarded_empty((case.rows,), F32, GUARD)
+        side = stream if stream is not None else torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.harness.launch(
+                x=x.data_ptr(),
+                y=guarded["Y"][1].data_ptr(),
+                rows=case.rows,
+                cols=case.cols,
+                x_type=case.x_type,
+                y_type=case.y_type,
+                stream=side.cuda_stream,
+                skip=skip.data_ptr() if skip is not None else None,
+                scale=scale.data_ptr() if scale is not None else None,
+                bias=bias.data_ptr() if bias is not None else None,
+                sum_out=guarded["Sum"][1].data_ptr() if "Sum" in guarded else None,
+                mean=guarded["Mean"][1].data_ptr() if "Mean" in guarded else None,
+                inv_std=next((guarded[s][1].data_ptr() for s in ("InvStdDev", "InvRMS") if s in guarded), None),
+                scale_size=math.prod(case.param_shape()) if case.scale_type is not None else 0,
+                scale_type=case.scale_type or 0,
+                epsilon=case.epsilon,
+                rms=case.rms,
+                normalized_type=case.normalized_type,
+                multiply_type=case.multiply_type,
+            )
+        side.synchronize()
+        results = {}
+        for name, (buf, view) in guarded.items():
+            outside = torch.cat([buf[: view.storage_offset()], buf[view.storage_offset() + view.numel() :]])
+            if not bool(torch.isnan(outside.float()).all()):
+                raise RuntimeError(f"{name}: the kernel wrote outside its output")
+            results[name] = self.to_host(view)
+        return results
+
+
+# --------------------------------------------------------------------------------------------- ORT backend
+
+
+class OrtCudaBackend:
+    """Runs cases through ONNX Runtime's CUDA provider with the built onnx_norm library."""
+
+    def __init__(self) -> None:
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.profiles_checked = 0
+
+    @staticmethod
+    def available() -> str | None:
+        """None when usable, else why not."""
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return "onnxruntime is not installed"
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return "onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu is not installed)"
+        try:
+            import onnx_norm
+
+            path = Path(onnx_norm.get_library_path())
+        except Exception as exc:  # any failure means the library is not built/installed
+            return f"the onnx_norm custom-op library is not available ({exc})"
+        if not path.is_file():
+            return f"the onnx_norm custom-op library is missing at {path}"
+        return None
+
+    def _session_options(self) -> Any:
+        import onnx_norm
+
+        try:
+            options = onnx_norm.session_options()
+        except TypeError:
+            options = self.ort.SessionOptions()
+            options.register_custom_ops_library(str(onnx_norm.get_library_path()))
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "onnx_norm_gpu_check")
+        return options
+
+    def _model(self, case: Case) -> bytes:
+        from onnx import helper
+
+        from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION
+        from onnx_norm.ops.schema import OPS as SIGNATURES
+
+        signature = SIGNATURES[case.op]
+        inputs = [helper.make_tensor_value_info("X", case.x_type, case.shape)]
+        names = ["X"]
+        if case.skip:
+            inputs.append(helper.make_tensor_value_info("Skip", case.x_type, case.shape))
+            names.append("Skip")
+        if case.scale_type is not None:
+            inputs.append(helper.make_tensor_value_info("Scale", case.scale_type, case.param_shape()))
+            names.append("Scale")
+            if case.bias:
+                inputs.append(helper.make_tensor_value_info("Bias", case.scale_type, case.param_shape()))
+                names.append("Bias")
+        wanted = requested_outputs(case)
+        out_names = [name if name in wanted else "" for name in signature.outputs]
+        while out_names and not out_names[-1]:
+            out_names.pop()
+        outputs = []
+        for name in wanted:
+            if name == "Y":
+                outputs.append(helper.make_tensor_value_info("Y", case.y_type, case.shape))
+            elif name == "Sum":
+                outputs.append(helper.make_tensor_value_info("Sum", case.x_type, case.shape))
+            else:
+                first = case.axis % len(case.shape)
+                stat_shape = [*case.shape[:first]] + [1] * (len(case.shape) - first)
+                outputs.append(helper.make_tensor_value_info(name, F32, stat_shape))
+        node = helper.make_node(case.op, names, out_names, domain=DOMAIN, name="fused", **case.attrs())
+        graph = helper.make_graph([node], "gpu_check", inputs, outputs)
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+        )
+        model.ir_version = 10  # ONNX Runtime <= 1.31 rejects newer IR versions
+        return model.SerializeToString()
+
+    def run(self, case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
+        ort = self.ort
+        session = ort.InferenceSession(
+            self._model(case), sess_options=self._session_options(), providers=["CUDAExecutionProvider"]
+        )
+        if session.get_providers()[0] != "CUDAExecutionProvider":
+            raise RuntimeError(f"session fell back to {session.get_providers()}")
+        feeds = {"X": inputs.x}
+        if inputs.skip is not None:
+            feeds["Skip"] = inputs.skip
+        if inputs.scale is not None:
+            feeds["Scale"] = inputs.scale
+        if inputs.bias is not None:
+            feeds["Bias"] = inputs.bias
+        wanted = requested_outputs(case)
+        values = session.run(list(wanted), feeds)
+        profile = Path(session.end_profiling())
+        try:
+            events = json.loads(profile.read_text())
+        finally:
+            profile.unlink(missing_ok=True)
+        providers = {
+            e.get("args", {}).get("provider")
+            for e in events
+            if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == case.op
+        }
+        if providers != {"CUDAExecutionProvider"}:
+            raise RuntimeError(f"profile shows {case.op} on {sorted(map(str, providers))}, not CUDA")
+        self.profiles_checked += 1
+        results = {}
+        for name, value in zip(wanted, values, strict=True):
+            results[name] = value.reshape(-1) if name in ("Mean", "InvStdDev", "InvRMS") else value
+        return results
+
+
+def ort_cases(cases: Iterable[Case]) -> list[Case]:
+    """The subset that ONNX Runtime's numpy interface can feed (no bfloat16) with the default layout."""
+    return [
+        c
+        for c in cases
+        if c.layout == "contiguous"
+        and BF16 not in (c.x_type, c.scale_type, c.output_type)
+        and c.rows > 0
+        and c.cols <= 16384
+    ]
+
+
+# --------------------------------------------------------------------------------------------- fake backend
+
+
+class FakeBackend:
+    """The reference itself, optionally with one element of one output nudged: checks the checker."""
+
+    def __init__(self, perturb: str | None = None) -> None:
+        self.perturb = perturb
+
+    def run(self, case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            reference_values = reference_outputs(case, inputs)
+        out = {k: v.copy() for k, v in reference_values.items() if k in requested_outputs(case)}
+        if self.perturb and self.perturb in out and out[self.perturb].size:
+            target = out[self.perturb].reshape(-1)
+            finite = np.flatnonzero(np.isfinite(target.astype(np.float32)))
+            if finite.size:
+                i = int(finite[len(finite) // 2])
+                value = np.float64(target[i].astype(np.float32))
+                target[i] = np.asarray(value + 0.05 * max(1.0, abs(value)), dtype=np.float32).astype(target.dtype)
+            else:
+                target[0] = np.asarray(0.0, dtype=np.float32).astype(target.dtype)
+        return out
+
+
+# --------------------------------------------------------------------------------------------- running checks
+
+
+@dataclasses.dataclass
+class Outcome:
+    checked: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
+    quiet: bool = False
+
+    def fail(self, what: str) -> None:
+        self.failures.append(what)
+        if not self.quiet:
+            print(f"FAIL {what}", flush=True)
+
+
+def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> None:
+    for index, case in enumerate(cases):
+        inputs = make_inputs(case, seed=index)
+        try:
+            got = backend.run(case, inputs)
+        except Exception as exc:  # every failure is reported, then the run goes on
+            outcome.fail(f"[{label}] {case.name()}: {type(exc).__name__}: {exc}")
+            continue
+        problems = check_case(case, inputs, got)
+        outcome.checked += 1
+        for problem in problems:
+            outcome.fail(f"[{label}] {case.name()}: {problem}")
+
+
+def check_graph_capture(backend: TorchHarnessBackend, outcome: Outcome) -> None:
+    """LaunchNorm inside torch.cuda.graph capture: launches only on the capturing stream, allocates nothing,
+    synchronises nothing (any of these breaks the capture); the replay must follow new input values."""
+    torch = backend.torch
+    case = _default_case("SkipLayerNorm", F16, (64, 4096))
+    inputs = make_inputs(case, seed=1234)
+    x = backend.to_device(inputs.x)
+    skip = backend.to_device(inputs.skip)
+    scale = backend.to_device(inputs.scale)
+    bias = backend.to_device(inputs.bias)
+    y = torch.empty(case.shape, dtype=torch.float16, device=backend.device)
+    s = torch.empty_like(y)
+
+    def launch() -> None:
+        backend.harness.launch(
+            x=x.data_ptr(), y=y.data_ptr(), rows=case.rows, cols=case.cols, x_type=F16, y_type=F16,
+            stream=torch.cuda.current_stream(backend.device).cuda_stream, skip=skip.data_ptr(),
+            scale=scale.data_ptr(), bias=bias.data_ptr(), sum_out=s.data_ptr(), scale_size=case.cols,
+            scale_type=F16,
+        )  # fmt: skip
+
+    try:
+        graph = torch.cuda.CUDAGraph()
+        warm = torch.cuda.Stream(device=backend.device)
+        warm.wait_stream(torch.cuda.current_stream(backend.device))
+        with torch.cuda.stream(warm):
+            launch()
+        torch.cuda.current_stream(backend.device).wait_stream(warm)
+        with torch.cuda.graph(graph):
+            launch()
+        fresh = make_inputs(case, seed=4321)
+        x.copy_(backend.to_device(fresh.x))
+        skip.copy_(backend.to_device(fresh.skip))
+        graph.replay()
+        torch.cuda.synchronize(backend.device)
+        got = {"Y": backend.to_host(y), "Sum": backend.to_host(s)}
+        outcome.checked += 1
+        for problem in check_case(case, Inputs(fresh.x, fresh.skip, inputs.scale, inputs.bias), got):
+            outcome.fail(f"[graph] {problem}")
+    except Exception as exc:  # reported as a failed check
+        outcome.fail(f"[graph] capture/replay failed: {type(exc).__name__}: {exc}")
+
+
+def check_other_device(harness: Harness, outcome: Outcome) -> None:
+    """With two GPUs: a stream on device 1 while device 0 is current (two CUDA runtimes share a process)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        print("(one GPU: the stream-device check of cudaStreamGetDevice needs two and was skipped)")
+        return
+    torch.cuda.set_device(0)
+    backend = TorchHarnessBackend(harness, device=1)
+    case = _default_case("RMSNorm", BF16, (33, 4096))
+    run_cases(backend, [case], "device1", outcome)
+
+
+# --------------------------------------------------------------------------------------------- bandwidth
+
+
+@dataclasses.dataclass
+class BenchRow:
+    op: str
+    dtype: str
+    shape: tuple[int, int]
+    bytes_moved: int
+    ours_us: float
+    copy_us: float
+    torch_us: float
+
+    def cells(self) -> list[str]:
+        gbs = self.bytes_moved / (self.ours_us * 1e3)
+        copy_gbs = self.bytes_moved / (self.copy_us * 1e3)
+        return [
+            self.op,
+            self.dtype,
+            f"{self.shape[0]}x{self.shape[1]}",
+            f"{self.bytes_moved / 1e6:.1f}",
+            f"{self.ours_us:.1f}",
+            f"{gbs:.0f}",
+            f"{copy_gbs:.0f}",
+            f"{100 * gbs / copy_gbs:.0f}%",
+            f"{self.torch_us:.1f}",
+            f"{self.torch_us / self.ours_us:.2f}x",
+        ]
+
+
+def time_graph(torch: Any, calls: list[Callable[[], None]], replays: int = 15) -> float:
+    """Median microseconds per call: the calls are captured once in a CUDA graph (no Python or launch overhead
+    in the timing), the graph replayed `replays` times between CUDA events."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm-up outside the capture (lazy init, attribute calls)
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def _bench_one(backend: TorchHarnessBackend, op: str, dtype: int, rows: int, cols: int, l2_bytes: int) -> BenchRow:
+    torch = backend.torch
+    functional = torch.nn.functional
+    tdtype = backend._torch_types[dtype]
+    size = torch.tensor([], dtype=tdtype).element_size()
+    skip_op, rms = op.startswith("Skip"), "RMS" in op
+    per_call = rows * cols * size * (2 + (2 if skip_op else 0)) + cols * size * (1 if rms else 2)
+    # Enough input sets that one graph replay streams more than twice the L2 cache.
+    sets = max(2, min(8, math.ceil(l2_bytes / per_call)))
+    device = backend.device
+    xs = [torch.randn(rows, cols, device=device, dtype=tdtype) for _ in range(sets)]
+    skips = [torch.randn_like(xs[0]) for _ in range(sets)] if skip_op else []
+    ys = [torch.empty_like(xs[0]) for _ in range(sets)]
+    sums = [torch.empty_like(xs[0]) for _ in range(sets)] if skip_op else []
+    weight = torch.randn(cols, device=device, dtype=tdtype)
+    bias = None if rms else torch.randn(cols, device=device, dtype=tdtype)
+    srcs = [torch.empty(per_call // 2, dtype=torch.uint8, device=device) for _ in range(sets)]
+    dsts = [torch.empty_like(s) for s in srcs]
+
+    def ours(i: int) -> Callable[[], None]:
+        def call() -> None:
+            backend.harness.launch(
+                x=xs[i].data_ptr(), y=ys[i].data_ptr(), rows=rows, cols=cols, x_type=dtype, y_type=dtype,
+                stream=torch.cuda.current_stream().cuda_stream, skip=skips[i].data_ptr() if skip_op else None,
+                scale=weight.data_ptr(), bias=bias.data_ptr() if bias is not None else None,
+                sum_out=sums[i].data_ptr() if skip_op else None, scale_size=cols, scale_type=dtype, rms=rms,
+            )  # fmt: skip
+
+        return call
+
+    def eager(i: int) -> Callable[[], None]:
+        def call() -> None:
+            h = xs[i] + skips[i] if skip_op else xs[i]
+            if rms:
+                functional.rms_norm(h, (cols,), weight, 1e-5)
+            else:
+                functional.layer_norm(h, (cols,), weight, bias, 1e-5)
+
+        return call
+
+    def copy(i: int) -> Callable[[], None]:
+        return lambda: dsts[i].copy_(srcs[i])
+
+    order = [i % sets for i in range(2 * sets)]
+    return BenchRow(
+        op,
+        TYPE_NAMES[dtype],
+        (rows, cols),
+        per_call,
+        time_graph(torch, [ours(i) for i in order]),
+        time_graph(torch, [copy(i) for i in order]),
+        time_graph(torch, [eager(i) for i in order]),
+    )
+
+
+def bench(backend: TorchHarnessBackend, shapes: Iterable[tuple[int, int]], dtypes: Iterable[int]) -> list[BenchRow]:
+    torch = backend.torch
+    l2_bytes = 2 * getattr(torch.cuda.get_device_properties(backend.device), "L2_cache_size", 64 << 20)
+    shapes, dtypes = list(shapes), list(dtypes)
+    rows = []
+    for op in OPS:
+        for dtype in dtypes:
+            for n_rows, cols in shapes:
+                rows.append(_bench_one(backend, op, dtype, n_rows, cols, l2_bytes))
+                torch.cuda.empty_cache()
+    return rows
+
+
+def print_table(rows: list[BenchRow]) -> None:
+    header = ["op", "dtype", "shape", "MB", "ours us", "ours GB/s", "copy GB/s", "of copy", "torch us", "vs torch"]
+    table = [header] + [r.cells() for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for j, row in enumerate(table):
+        print("  ".join(cell.rjust(widths[i]) for i, cell in enumerate(row)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+    print(
+        "MB: bytes read + written per call (X, Skip, Scale, Bias, Y, Sum). GB/s = MB / time. copy: a device-to-device"
+        " copy moving the same bytes. torch: F.layer_norm / F.rms_norm (Skip ops: x + skip first), same bytes."
+    )
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def self_test(nvcc: str | None, build_dir: Path | None) -> int:
+    """The parts that need no GPU: the case list, the reference comparisons (a fake backend that is the
+    reference must pass; one nudged output element per case must be caught), and the harness build."""
+    cases = build_cases(quick=False)
+    names = [c.name() for c in cases]
+    if len(set(names)) != len(names):
+        print("FAIL duplicate case names")
+        return 1
+    exact = Outcome()
+    run_cases(FakeBackend(), cases, "fake", exact)
+    if exact.failures:
+        print(f"FAIL the reference does not match itself in {len(exact.failures)} cases")
+        return 1
+    missed = 0
+    for output in ("Y", "Sum", "Mean", "InvStdDev", "InvRMS"):
+        subset = [c for c in cases if output in requested_outputs(c) and c.rows > 0]
+        caught = Outcome(quiet=True)
+        run_cases(FakeBackend(perturb=output), subset, f"nudged {output}", caught)
+        caught_names = {f.split("] ", 1)[1].split(": ", 1)[0] for f in caught.failures}
+        for case in subset:
+            if case.name() not in caught_names:
+                missed += 1
+                print(f"FAIL a nudged {output} passed the check: {case.name()}")
+    print(f"self-test: {len(cases)} cases; the exact fake passes; nudged outputs missed: {missed}")
+    if missed:
+        return 1
+    if nvcc is None:
+        print("self-test: nvcc not found, harness build not checked")
+    else:
+        started = time.perf_counter()
+        out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_harness_"))
+        library = build_harness(nvcc, "90", out)
+        print(f"self-test: built {library} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer hidden sizes and layouts (about a minute)")
+    parser.add_argument("--no-bench", action="store_true", help="skip the bandwidth table")
+    parser.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime even where onnxruntime-gpu is there")
+    parser.add_argument("--nvcc", help="nvcc to build the harness with (default: PATH, CUDA_HOME, /usr/local/cuda)")
+    parser.add_argument("--build-dir", type=Path, help="where to build the harness (default: a temporary folder)")
+    parser.add_argument("--arch", help="compute capability to build for, e.g. 90 (default: the GPU's)")
+    parser.add_argument("--self-test", action="store_true", help="check this script without a GPU, then exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    nvcc = find_nvcc(args.nvcc)
+    if args.self_test:
+        return self_test(nvcc, args.build_dir)
+    started = time.perf_counter()
+    try:
+        import torch
+    except ImportError:
+        print("gpu_check needs torch with CUDA")
+        return 2
+    if not torch.cuda.is_available():
+        print("no CUDA device visible to torch: nothing checked")
+        return 2
+    if nvcc is None:
+        print("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): cannot build the harness")
+        return 2
+    major, minor = torch.cuda.get_device_capability(0)
+    arch = args.arch or f"{major}{minor}"
+    print(f"GPU: {torch.cuda.get_device_name(0)} (sm_{major}{minor}), torch {torch.__version__}, nvcc {nvcc}")
+    build_dir = args.build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_harness_"))
+    try:
+        library = build_harness(nvcc, arch, build_dir)
+    except RuntimeError as exc:
+        print(f"harness build failed:\n{exc}")
+        return 2
+    print(f"built {library} in {time.perf_counter() - started:.0f} s")
+    harness = Harness(library)
+    backend = TorchHarnessBackend(harness)
+
+    outcome = Outcome()
+    cases = build_cases(quick=args.quick)
+    run_cases(backend, cases, "harness", outcome)
+    check_graph_capture(backend, outcome)
+    check_other_device(harness, outcome)
+    elapsed = time.perf_counter() - started
+    print(f"harness: {outcome.checked} checks, {len(outcome.failures)} failures ({elapsed:.0f} s)")
+
+    if not args.no_ort:
+        why_not = OrtCudaBackend.available()
+        if why_not:
+            print(f"ONNX Runtime CUDA provider: not run ({why_not})")
+        else:
+            ort_backend = OrtCudaBackend()
+            before = len(outcome.failures)
+            subset = ort_cases(cases)
+            run_cases(ort_backend, subset, "ort-cuda", outcome)
+            print(
+                f"ONNX Runtime CUDA provider: {len(subset)} cases, {len(outcome.failures) - before} failures, "
+                f"{ort_backend.profiles_checked} profiles show the node on CUDAExecutionProvider"
+            )
+
+    if not args.no_bench:
+        rows = bench(backend, BENCH_SHAPES, FLOAT_TYPES)
+        print_table(rows)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    if outcome.failures:
+        print(f"{len(outcome.failures)} FAILURES")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
