@@ -36,8 +36,8 @@ class Example:
 
 EXAMPLES = (
     Example("llama-rmsnorm-fp32.onnx", "llama", "torchscript-17", "fp32", "LLaMA-style decoder, RMSNorm, fp32"),
-    Example("llama-rmsnorm-fp16.onnx", "llama", "torchscript-17", "fp16", "the same model in fp16 (Cast-wrapped RMSNorm)"),
-    Example("bert-layernorm-opset13.onnx", "bert", "torchscript-13", "fp32", "BERT-style encoder, LayerNorm decomposed at opset 13"),
+    Example("llama-rmsnorm-fp16.onnx", "llama", "torchscript-17", "fp16", "LLaMA-style decoder, fp16"),
+    Example("bert-layernorm-opset13.onnx", "bert", "torchscript-13", "fp32", "BERT-style encoder, LayerNorm, opset 13"),
 )
 
 

@@ -33,7 +33,9 @@ EXPORTERS: tuple[Exporter, ...] = ("torchscript-14", "torchscript-17", "dynamo")
 DTYPES: tuple[Dtype, ...] = ("fp32", "fp16", "fp16-converted")
 
 CACHE_ENV = "ONNX_NORM_ZOO_CACHE"
-_FORMAT_VERSION = 1
+# Part of every cache key: bump it when a change to the export steps (not to a model's config, which has its own
+# fingerprint) must invalidate existing cache entries.
+_FORMAT_VERSION = 2
 TRACE_SHAPE = (2, 8)  # batch, sequence used while exporting
 TEST_SHAPE = (3, 11)  # another shape, so that the tests exercise the dynamic axes
 
@@ -92,13 +94,17 @@ def _versions() -> str:
     import torch
     import transformers
 
-    parts = [f"v{_FORMAT_VERSION}", torch.__version__, transformers.__version__, onnx.__version__, onnxscript.__version__]
+    parts = [
+        f"v{_FORMAT_VERSION}",
+        torch.__version__,
+        transformers.__version__,
+        onnx.__version__,
+        onnxscript.__version__,
+    ]
     return "-".join(p.replace("+", "_") for p in parts)
 
 
-def export(
-    name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path | str | None = None
-) -> ZooExport:
+def export(name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path | str | None = None) -> ZooExport:
     """The cached export of zoo model `name`, exporting it first if it is not in the cache.
 
     Raises `ZooExportError` when the exporter fails on this model (the failure is cached too, so a test run
@@ -237,17 +243,32 @@ def write_onnx(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings, one screen per model
         if exporter == "dynamo":
+            # torch.export cannot translate dynamic_axes for a *args forward; Dim.AUTO lets it keep each
+            # axis dynamic unless the model's code specializes it (then the export is checked at TEST_SHAPE).
+            axes = dynamic_axes(spec)
+            shapes = tuple(dict.fromkeys(axes.get(name, {}), torch.export.Dim.AUTO) for name in names)
             program = torch.onnx.export(
-                wrapper, args, input_names=names, output_names=output_names,
-                dynamic_axes=dynamic_axes(spec), dynamo=True, verbose=False,
+                wrapper,
+                args,
+                input_names=names,
+                output_names=output_names,
+                dynamic_shapes=(shapes,),
+                dynamo=True,
+                verbose=False,
             )
             if program is None:
                 raise ZooExportError("the dynamo exporter returned no program")
             program.save(str(path))
         elif exporter.startswith("torchscript-"):
             torch.onnx.export(
-                wrapper, args, str(path), input_names=names, output_names=output_names,
-                dynamic_axes=dynamic_axes(spec), opset_version=int(exporter.split("-", 1)[1]), dynamo=False,
+                wrapper,
+                args,
+                str(path),
+                input_names=names,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes(spec),
+                opset_version=int(exporter.split("-", 1)[1]),
+                dynamo=False,
             )
         else:
             raise ValueError(f"unknown exporter {exporter!r}: use 'dynamo' or 'torchscript-<opset>'")
@@ -258,18 +279,25 @@ def _convert_to_fp16(spec: ZooModel, exporter: Exporter, directory: Path, root: 
     from onnxconverter_common import float16
 
     source = export(spec.name, exporter, "fp32", root)
-    converted = float16.convert_float_to_float16(onnx.load(source.path), keep_io_types=True)
+    # keep_io_types=True breaks graphs where a graph output also feeds another node (BERT's pooler reads
+    # last_hidden_state): the converter's output Cast leaves that node with a mistyped input.
+    converted = float16.convert_float_to_float16(onnx.load(source.path), keep_io_types=False)
     path = directory / "model.onnx"
     onnx.save(converted, path)
     meta["norm_calls"] = source.norm_calls
     meta["output_names"] = source.output_names
-    test = source.inputs()
+    test = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in source.inputs().items()}
     golden = _golden(spec, test, source.output_names, half_weights=True)
-    trace = example_inputs(spec, *TRACE_SHAPE, seed=0)
-    _finish(path, directory, test, trace, golden, meta)
+    trace = example_inputs(spec, *TRACE_SHAPE, seed=0, float_dtype=np.float16)
+    try:
+        _finish(path, directory, test, trace, golden, meta)
+    except Exception as err:
+        raise ZooExportError(f"onnxconverter-common's float16 converter made an invalid model: {err}") from err
 
 
-def _golden(spec: ZooModel, inputs: dict[str, np.ndarray], output_names: list[str], half_weights: bool) -> dict[str, np.ndarray] | None:
+def _golden(
+    spec: ZooModel, inputs: dict[str, np.ndarray], output_names: list[str], half_weights: bool
+) -> dict[str, np.ndarray] | None:
     """Float64 torch outputs for `inputs`, with the weights rounded to fp16 first when the export is fp16."""
     import torch
 

@@ -1,0 +1,116 @@
+"""Find norms in an ONNX graph by their op types: fused ones (ours, ONNX's, ONNX Runtime's) and decomposed ones
+that are still there. A deliberately simple detector, independent of the rewrite's matchers, so that a test
+built on it can catch what the matchers miss.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnx_norm.ops.schema import DOMAIN, OPS
+
+# Native norm ops by (domain, op_type); "" and "ai.onnx" are the standard domain.
+NATIVE_NORM_OPS = frozenset(
+    {
+        ("", "LayerNormalization"),
+        ("", "RMSNormalization"),
+        ("", "SimplifiedLayerNormalization"),  # ORT registers it in the ONNX domain
+        ("com.microsoft", "LayerNormalization"),
+        ("com.microsoft", "SimplifiedLayerNormalization"),
+        ("com.microsoft", "SkipLayerNormalization"),
+        ("com.microsoft", "SkipSimplifiedLayerNormalization"),
+    }
+)
+_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})
+# Ops allowed between a reduction and the square root of a decomposed norm (epsilon Add, Casts, the division
+# by N after a ReduceSum, the E[x^2] - E[x]^2 form).
+_PASS_THROUGH = frozenset({"Add", "Cast", "Div", "Mul", "Sub", "Identity", "Max", "Clip"})
+_SEARCH_DEPTH = 4
+
+
+def _domain(node: onnx.NodeProto) -> str:
+    return "" if node.domain in ("", "ai.onnx") else node.domain
+
+
+def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """All nodes of `graph` and of the subgraphs in its If/Loop/Scan nodes."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from graph_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graph_nodes(sub)
+
+
+def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """The nodes that run: the main graph with its subgraphs, and the model-local functions other than ours
+    (our ops' functions are the decomposed fallback bodies of the fused ops, not leftovers)."""
+    yield from graph_nodes(model.graph)
+    for function in model.functions:
+        if function.domain != DOMAIN:
+            yield from function.node
+
+
+def fused_norms(model: onnx.ModelProto) -> collections.Counter[str]:
+    """Our fused ops in the model, by op type."""
+    return collections.Counter(n.op_type for n in model_nodes(model) if n.domain == DOMAIN and n.op_type in OPS)
+
+
+def native_norms(model: onnx.ModelProto) -> collections.Counter[str]:
+    """Standard and ONNX Runtime norm ops in the model, by op type (domain-qualified outside ONNX's)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for node in model_nodes(model):
+        key = (_domain(node), node.op_type)
+        if key in NATIVE_NORM_OPS:
+            counts[node.op_type if not key[0] else f"{key[0]}.{node.op_type}"] += 1
+    return counts
+
+
+def _is_inverse_sqrt(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    if node.op_type in ("Sqrt", "Rsqrt"):
+        return True
+    if node.op_type == "Pow" and len(node.input) > 1 and node.input[1] in constants:
+        exponent = constants[node.input[1]]
+        return exponent.size == 1 and float(exponent.reshape(-1)[0]) in (0.5, -0.5)
+    return False
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model_nodes(model):
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def decomposed_norms(model: onnx.ModelProto) -> list[str]:
+    """Names (or output names) of reductions that still start a decomposed norm: a ReduceMean/ReduceSum whose
+    result reaches a square root (Sqrt, Pow 0.5 or -0.5) within a few element-wise steps."""
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    nodes = list(model_nodes(model))
+    for node in nodes:
+        for name in node.input:
+            consumers[name].append(node)
+    constants = _constants(model)
+    found = []
+    for node in nodes:
+        if node.op_type not in _REDUCTIONS:
+            continue
+        frontier, seen = list(node.output), set()
+        for _ in range(_SEARCH_DEPTH):
+            successors = [c for name in frontier for c in consumers.get(name, []) if id(c) not in seen]
+            seen.update(id(c) for c in successors)
+            if any(_is_inverse_sqrt(c, constants) for c in successors):
+                found.append(node.name or node.output[0])
+                break
+            frontier = [out for c in successors if c.op_type in _PASS_THROUGH for out in c.output]
+            if not frontier:
+                break
+    return found

@@ -1,0 +1,100 @@
+"""Real exporter output: tiny Hugging Face models exported with each exporter and dtype (see onnx_norm/zoo).
+
+For each (model, exporter, dtype) the optimized model must contain one fused op per norm module the torch
+forward pass ran, no decomposed or native norm may remain, it must pass onnx.checker, and its outputs must match
+the original's under ONNX Runtime on the CPU. Default: a subset of models; ONNX_NORM_FULL_ZOO=1 for all.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("torch", reason="the zoo needs torch")
+pytest.importorskip("transformers", reason="the zoo needs transformers")
+
+import onnx_norm
+import onnx_norm.rewrite
+from onnx_norm import zoo
+from onnx_norm.zoo import ZooExport
+from onnx_norm.zoo.compare import TOLERANCES, compare_outputs
+from onnx_norm.zoo.detect import decomposed_norms, fused_norms, native_norms
+
+# The zoo fixtures live next to this module rather than in conftest.py, which other test modules own.
+pytest_plugins = ("zoo_fixtures",)
+
+# The default run covers DEFAULT_SUBSET (one model per norm shape) with every exporter and dtype.
+FULL_ZOO = os.environ.get("ONNX_NORM_FULL_ZOO", "") not in ("", "0")
+ZOO_CASES = [
+    pytest.param(model, exporter, dtype, id=f"{model}-{exporter}-{dtype}")
+    for model in (tuple(zoo.ZOO) if FULL_ZOO else zoo.DEFAULT_SUBSET)
+    for exporter in zoo.EXPORTERS
+    for dtype in zoo.DTYPES
+]
+
+
+def _session(model: onnx.ModelProto, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _library_options() -> ort.SessionOptions:
+    """Session options with our custom-op library registered, or plain options where it is not built (the
+    model-local functions then run the fused ops)."""
+    try:
+        return onnx_norm.session_options()
+    except (ImportError, FileNotFoundError, OSError):
+        return ort.SessionOptions()
+
+
+def _run(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs), strict=True))
+
+
+def _reported_fusions(report: onnx_norm.rewrite.OptimizeReport) -> int:
+    """Norms the report says were fused: matched decomposed norms plus native norm ops taken over."""
+    return len(report.norms) + len(report.native_taken_over)
+
+
+def _export(zoo_export, model: str, exporter: str, dtype: str) -> tuple[ZooExport, onnx.ModelProto]:
+    exported = zoo_export(model, exporter, dtype)
+    return exported, onnx.load(exported.path)
+
+
+@pytest.mark.parametrize(("model", "exporter", "dtype"), ZOO_CASES)
+def test_export_holds_one_norm_per_module_call(zoo_export, model: str, exporter: str, dtype: str) -> None:
+    """The zoo itself: every norm module call appears in the export, fused by the exporter or decomposed, so
+    that the rewrite tests below count against the right number."""
+    exported, proto = _export(zoo_export, model, exporter, dtype)
+    assert exported.norms_in_forward > 0
+    in_graph = len(decomposed_norms(proto)) + sum(native_norms(proto).values())
+    assert in_graph == exported.norms_in_forward, f"norm calls in forward: {exported.norm_calls}"
+
+
+@pytest.mark.parametrize(("model", "exporter", "dtype"), ZOO_CASES)
+def test_optimize_fuses_every_norm(zoo_export, model: str, exporter: str, dtype: str) -> None:
+    exported, original = _export(zoo_export, model, exporter, dtype)
+    take_over = bool(native_norms(original))
+
+    optimized, report = onnx_norm.optimize(original, take_over_native=take_over)
+
+    expected = exported.norms_in_forward
+    assert sum(fused_norms(optimized).values()) == expected, (
+        f"fused {dict(fused_norms(optimized))}, norm calls in forward {exported.norm_calls}"
+    )
+    assert _reported_fusions(report) == expected, (
+        f"report: {report.rule_counts}, {len(report.native_taken_over)} taken over"
+    )
+    assert decomposed_norms(optimized) == [], "decomposed norms left in the graph"
+    assert not native_norms(optimized), f"native norms not taken over: {dict(native_norms(optimized))}"
+    onnx.checker.check_model(optimized, full_check=True)
+
+    inputs = exported.inputs()
+    original_outputs = _run(_session(original), inputs)
+    optimized_outputs = _run(_session(optimized, _library_options()), inputs)
+    parity = compare_outputs(original_outputs, optimized_outputs, exported.golden(), TOLERANCES[dtype])
+    assert parity.passed, parity.reason
