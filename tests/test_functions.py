@@ -5,6 +5,7 @@ is registered."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import onnx
@@ -13,6 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from onnx_norm import library
 from onnx_norm.ops import functions
 from onnx_norm.ops.reference import REFERENCES, elem_type, np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPS
@@ -24,7 +26,7 @@ def _random(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator, lo
     return (rng.standard_normal(shape) * 2.0 + loc).astype(np.float32).astype(np_dtype(elem_type))
 
 
-def _model(  # noqa: PLR0917 - the tests describe a one-node model positionally, in schema order
+def _model(
     op: str,
     x_shape: tuple[int | str, ...],
     x_type: int,
@@ -377,3 +379,75 @@ def test_bad_nodes_give_clear_errors() -> None:
     proto = _model("LayerNorm", (2, 8), BF16, (True, False, False), (True, False, False), (8,), F32, attrs, opset=11)
     with pytest.raises(ValueError, match="opset >= 13"):
         _with_functions(proto)
+
+
+needs_library = pytest.mark.skipif(
+    not library.library_available(), reason="the onnx_norm custom-op library is not built"
+)
+
+
+def _library_options() -> ort.SessionOptions:
+    options = library.session_options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+@needs_library
+def test_registered_library_runs_the_kernel_not_the_function(tmp_path) -> None:
+    """With the library registered ONNX Runtime runs our kernel for a node that has a model-local function;
+    without it, it runs the function's ops. Read from ONNX Runtime's profile of what it executed."""
+    attrs = {"axis": -1, "epsilon": 1e-5, "normalized_type": 0, "multiply_type": 0, "output_type": 0}
+    proto = _with_functions(
+        _model("LayerNorm", (4, 16), F32, (True, True, False), (True, False, False), (16,), F32, attrs)
+    )
+    feeds = _feeds(proto, np.random.default_rng(0))
+    executed = {}
+    for registered in (False, True):
+        options = _library_options() if registered else ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(tmp_path / f"profile_{registered}")
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session.run(None, feeds)
+        with open(session.end_profiling()) as events:
+            executed[registered] = {
+                e["args"]["op_name"] for e in json.load(events) if e.get("cat") == "Node" and "op_name" in e["args"]
+            }
+    assert executed[True] == {"LayerNorm"}
+    assert "LayerNorm" not in executed[False]
+    assert {"ReduceMean", "Reciprocal"} <= executed[False]
+
+
+@needs_library
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtypes", ROUNDING_CASES[:7], ids=str)
+def test_kernel_and_function_agree(op: str, dtypes: tuple[int, int, int, int, int]) -> None:
+    """The same model (with its functions) run with and without the library: both match the reference."""
+    x_type, p_type, nt, mt, ot = dtypes
+    schema = OPS[op]
+    for inputs, outputs in _presence(op):
+        attrs = {"axis": -1, "epsilon": 1e-6, "normalized_type": nt, "multiply_type": mt, "output_type": ot}
+        proto = _model(op, (2, 5, 32), x_type, inputs, outputs, (32,), p_type, attrs)
+        feeds = _feeds(proto, np.random.default_rng(7))
+        expected = _expected(op, feeds, attrs)
+        with_functions = _with_functions(proto)
+        for options in (None, _library_options()):
+            try:
+                actual = _run(with_functions, feeds, options)
+            except (
+                ort.capi.onnxruntime_pybind11_state.Fail,
+                ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+            ) as error:
+                if options is not None and ot not in (0, x_type) and "type" in str(error):
+                    pytest.xfail(f"the library types Y like X and ignores output_type: {error}")
+                raise
+            for name, value in actual.items():
+                want = expected[name]
+                assert value.dtype == want.dtype, (schema.name, name)
+                tol = _tolerance(F32 if name in ("mean", "invstddev", "invrms") else elem_type(want.dtype))
+                np.testing.assert_allclose(
+                    value.astype(np.float64),
+                    want.astype(np.float64),
+                    rtol=tol,
+                    atol=tol,
+                    err_msg=f"{name} library={options is not None}",
+                )

@@ -11,8 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from onnx_norm import library
 from onnx_norm.ops.reference import layer_norm, rms_norm
 from onnx_norm.ops.schema import DOMAIN
+from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.native import take_over
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -66,7 +68,8 @@ def _take_over(proto: onnx.ModelProto, target: str = "onnx-norm") -> tuple[onnx.
     model = ir.serde.deserialize_model(proto)
     records = take_over(model, target)
     result = ir.serde.serialize_model(model)
-    onnx.checker.check_model(result, full_check=True)
+    if all(r["converted"] for r in records):  # the checker does not know ORT's contrib ops that stay
+        onnx.checker.check_model(result, full_check=True)
     return result, records
 
 
@@ -139,10 +142,24 @@ def test_rms_normalization_23(x_type: int) -> None:
 
 
 @pytest.mark.parametrize(("domain", "opset"), [("", 16), (MS, 18)])
-def test_contrib_layer_norm_with_scale_of_another_type(domain: str, opset: int) -> None:
-    """ORT's contrib LayerNormalization: float16 X, float32 scale and bias, float32 Y."""
+def test_contrib_layer_norm_with_scale_of_another_type(domain: str, opset: int, monkeypatch) -> None:
+    """ORT's contrib LayerNormalization gives Y the scale's type. float32 X with float16 scale and bias: our op
+    then a Cast. float16 X with float32 scale and bias: refused, since our library types Y like X, but the
+    function path alone computes it exactly."""
+    inputs = [("x", F32, [2, 4, 8]), ("scale", F16, [8]), ("bias", F16, [8])]
+    proto = _model("LayerNormalization", domain, inputs, [("y", F16), ("", 0), ("inv", F32)], opset)
+    converted, records = _take_over(proto)
+    assert records[0]["converted"], records
+    assert [n.op_type for n in converted.graph.node] == ["LayerNorm", "Cast"]
+    if domain == "":
+        _check_same(proto, converted, F16)
+
     inputs = [("x", F16, [2, 4, 8]), ("scale", F32, [8]), ("bias", F32, [8])]
     proto = _model("LayerNormalization", domain, inputs, [("y", F32), ("", 0), ("inv", F32)], opset)
+    _, records = _take_over(proto)
+    assert not records[0]["converted"]
+    assert "types Y like X" in records[0]["reason"]
+    monkeypatch.setattr(targets, "LIBRARY_TYPES_Y_LIKE_X", False)
     converted, records = _take_over(proto)
     assert records[0]["converted"], records
     node = converted.graph.node[0]
@@ -162,6 +179,10 @@ def test_simplified_layer_normalization(x_type: int, s_type: int) -> None:
     inputs = [("x", x_type, [2, 3, 8]), ("scale", s_type, [8])]
     proto = _model("SimplifiedLayerNormalization", "", inputs, [("y", s_type), ("inv", F32)], 18, epsilon=1e-6)
     converted, records = _take_over(proto)
+    if (x_type, s_type) == (F16, F32):
+        # A float32 Y from float16 X: our library types Y like X, and a Cast from float16 would round.
+        assert "types Y like X" in records[0]["reason"]
+        return
     assert records[0]["converted"], records
     _check_same(proto, converted, F16 if F16 in (x_type, s_type) else F32)
 
@@ -263,3 +284,69 @@ def test_norm_inside_a_subgraph() -> None:
         "s": rng.standard_normal(8).astype(np.float32),
     }
     np.testing.assert_allclose(_run(converted, feeds)["out"], _run(proto, feeds)["out"], rtol=3e-5, atol=3e-5)
+
+
+def _library_cases() -> list:
+    sk = [("x", F16, [2, 3, 8]), ("skip", F16, [2, 3, 8]), ("gamma", F16, [8]), ("beta", F16, [8])]
+    return [
+        pytest.param(
+            _model(
+                "LayerNormalization",
+                "",
+                [("x", F16, [2, 3, 8]), ("s", F16, [8]), ("b", F16, [8])],
+                [("y", F16), ("mean", F32), ("inv", F32)],
+                17,
+            ),
+            F16,
+            id="LayerNormalization-17-f16",
+        ),
+        pytest.param(
+            _model("RMSNormalization", "", [("x", F32, [2, 3, 8]), ("s", F32, [8])], [("y", F32)], 23),
+            F32,
+            id="RMSNormalization-23",
+        ),
+        pytest.param(
+            _model(
+                "SimplifiedLayerNormalization",
+                "",
+                [("x", F32, [2, 3, 8]), ("s", F16, [8])],
+                [("y", F16), ("inv", F32)],
+                18,
+            ),
+            F16,
+            id="SimplifiedLayerNormalization-f32-f16",
+        ),
+        pytest.param(
+            _model("SkipLayerNormalization", MS, sk, [("y", F16), ("", 0), ("", 0), ("sum", F16)], 18, epsilon=1e-5),
+            F16,
+            id="SkipLayerNormalization-f16",
+        ),
+        pytest.param(
+            _model(
+                "SkipSimplifiedLayerNormalization",
+                MS,
+                sk[:3],
+                [("y", F16), ("", 0), ("", 0), ("sum", F16)],
+                18,
+                epsilon=1e-5,
+            ),
+            F16,
+            id="SkipSimplifiedLayerNormalization-f16",
+        ),
+    ]
+
+
+@pytest.mark.skipif(not library.library_available(), reason="the onnx_norm library is not built")
+@pytest.mark.parametrize(("proto", "tol_type"), _library_cases())
+def test_taken_over_nodes_run_on_our_kernels(proto: onnx.ModelProto, tol_type: int) -> None:
+    converted, records = _take_over(proto)
+    assert records[0]["converted"], records
+    feeds = _feeds(proto)
+    before = _run(proto, feeds)
+    options = library.session_options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(converted.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    after = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    for name, value in before.items():
+        tol = 2 * _ulps(tol_type)
+        np.testing.assert_allclose(after[name], value, rtol=tol, atol=tol, err_msg=name)

@@ -15,6 +15,7 @@ from onnx import TensorProto
 from onnxscript import rewriter
 from onnxscript.rewriter._context import TapeBuilder
 
+from onnx_norm import library
 from onnx_norm.ops import functions
 from onnx_norm.ops.reference import REFERENCES, elem_type, layer_norm, np_dtype, rms_norm
 from onnx_norm.ops.schema import DOMAIN, NormAttributes
@@ -232,7 +233,9 @@ def test_emitted_nodes_match_reference(target: str, kind: str, layout: dict, dty
     opset = _opset(target, kind)
     reason = targets.unsupported_reason(spec, target, {"": opset})
     if reason is not None:
-        assert target != "onnx-norm" or (layout["skip"] and set(layout["want"]) & {"mean", "inv_std"}), reason
+        if target == "onnx-norm":
+            stats_on_skip = layout["skip"] and set(layout["want"]) & {"mean", "inv_std"}
+            assert stats_on_skip or "types Y like X" in reason, reason
         with pytest.raises(ValueError, match="cannot emit"):
             targets.emit(TapeBuilder(), spec, target, opset)
         pytest.skip(reason)
@@ -362,13 +365,54 @@ def test_opset_requirements() -> None:
 
 
 def test_onnx_norm_nodes_set_every_attribute() -> None:
-    attrs = NormAttributes(axis=-2, epsilon=1e-6, normalized_type=F16, multiply_type=F16, output_type=F32)
+    attrs = NormAttributes(axis=-2, epsilon=1e-6, normalized_type=F16, multiply_type=F16, output_type=F16)
     spec = _spec("layer", (2, 3, 16), F16, p_type=F16, bias=True, want=("inv_std",), attrs=attrs)
     model, _ = _model(spec, "onnx-norm", 18)
     (node,) = list(model.graph)
     assert (node.domain, node.op_type) == (DOMAIN, "LayerNorm")
     assert {k: a.value for k, a in node.attributes.items()} == attrs.as_dict()
     assert len(node.outputs) == 3  # Y, Mean (unused), InvStdDev
+
+
+def test_output_type_becomes_a_cast_where_exact() -> None:
+    """Our library types Y like X, so a float32 Y after a float16 multiply is a Cast after the op; a bfloat16 X
+    whose result is not rounded to bfloat16 is refused (a Cast would round it; the function path could do it)."""
+    split = _spec(
+        "rms", (2, 16), F16, p_type=F16, attrs=NormAttributes(normalized_type=F16, multiply_type=F16, output_type=F32)
+    )
+    model = _check(split, "onnx-norm", 18)
+    assert [n.op_type for n in model.graph] == ["RMSNorm", "Cast"]
+    assert model.graph.node(0).attributes["output_type"].value == 0
+    refused = _spec("rms", (2, 16), BF16, p_type=F32, attrs=NormAttributes(normalized_type=BF16, output_type=F32))
+    assert "types Y like X" in targets.unsupported_reason(refused, "onnx-norm", {"": 18})
+    targets.LIBRARY_TYPES_Y_LIKE_X = False
+    try:
+        kept = _spec("rms", (2, 16), BF16, p_type=F32, attrs=NormAttributes(normalized_type=BF16, output_type=F32))
+        model = _check(kept, "onnx-norm", 18)  # the function path honours output_type
+    finally:
+        targets.LIBRARY_TYPES_Y_LIKE_X = True
+    assert [n.op_type for n in model.graph] == ["RMSNorm"]
+    assert model.graph.node(0).attributes["output_type"].value == F32
+
+
+needs_library = pytest.mark.skipif(not library.library_available(), reason="the onnx_norm library is not built")
+
+
+@needs_library
+@pytest.mark.parametrize(("kind", "layout", "dtypes"), _cases("all"))
+def test_onnx_norm_target_with_the_library(kind: str, layout: dict, dtypes: tuple[int, ...]) -> None:
+    """The same emitted models run by our kernels (the library registered) match the reference."""
+    x_type, p_type, nt, mt, ot = dtypes
+    attrs = NormAttributes(axis=-1, epsilon=1e-5, normalized_type=nt, multiply_type=mt, output_type=ot)
+    spec = _spec(kind, (2, 3, 16), x_type, p_type=p_type, attrs=attrs, **layout)
+    if targets.unsupported_reason(spec, "onnx-norm", {"": 18}) is not None:
+        pytest.skip("not an onnx-norm signature")
+    model, _ = _model(spec, "onnx-norm", 18)
+    feeds = _feeds(spec, 0)
+    options = library.session_options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    actual = _run(model, feeds, options)
+    _compare(spec, actual, _expected(spec, feeds))
 
 
 def test_through_a_rewrite_rule() -> None:

@@ -33,6 +33,11 @@ from onnx_norm.rewrite.spec import TARGETS, NormSpec
 RULE_METADATA_KEY = "onnx_norm.rule"
 MS_DOMAIN = "com.microsoft"
 
+#: The custom-op library gives Y the type of X: ONNX Runtime infers a custom op's output types from its inputs, so
+#: the kernels refuse an output_type other than X's. Nodes that need one are emitted as the op and a Cast where
+#: that is exact, and refused otherwise, so that a model never fails once the library is registered.
+LIBRARY_TYPES_Y_LIKE_X = True
+
 _FLOAT = int(ir.DataType.FLOAT)
 _BF16 = int(ir.DataType.BFLOAT16)
 _INT64_MAX = np.iinfo(np.int64).max
@@ -139,6 +144,11 @@ def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
     if target == "onnx-norm":
         if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
             return "the onnx_norm Skip ops have no statistics outputs"
+        if LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec):
+            return (
+                f"Y must be {_type_name(spec.attrs.output_type)} without rounding through the input's "
+                f"{_type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
+            )
         return _Plan("", DOMAIN, OPSET_VERSION, 0, False, len(_steps(spec)), False, False)
     op_type, domain, version, single_type = _core_candidates(spec, target, opset)[0]
     if domain == "" and opset < version:
