@@ -1,5 +1,5 @@
 // Branch-free float16 / bfloat16 <-> float32 conversions, round to nearest even, NaN and Inf preserved.
-// Written as plain integer/float arithmetic with selects so that GCC vectorises loops that use them
+// Written as plain integer/float arithmetic with selects so that GCC can vectorise loops that use them
 // (baseline x86-64 has no F16C). They rely on the default FP environment (round to nearest, no -ffast-math).
 #pragma once
 
@@ -24,34 +24,32 @@ inline float BitsFloat(uint32_t u) {
 }
 
 inline float Half2Float(uint16_t h) {
-  // Shift the half into the top of a word, then rebuild the float: normal numbers by re-biasing the
-  // exponent through a multiply (which also maps half Inf/NaN to float Inf/NaN), subnormals by
-  // placing the mantissa under a 2^-1 exponent and subtracting 0.5.
-  const uint32_t w = static_cast<uint32_t>(h) << 16;
-  const uint32_t sign = w & 0x80000000u;
-  const uint32_t two_w = w + w;
-  const float normalized = BitsFloat((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized = BitsFloat((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t result = two_w < (1u << 27) ? FloatBits(denormalized) : FloatBits(normalized);
-  return BitsFloat(sign | result);
+  // Integer re-biasing for normal numbers, an exact int->float conversion for subnormals, all
+  // computed and selected without branches, and without producing float subnormals on the way
+  // (those cost a microcode assist per operation on x86).
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7FFFu;
+  const uint32_t normal = (em << 13) + ((127u - 15u) << 23);
+  const uint32_t inf_nan = (em << 13) | 0x7F800000u;
+  const uint32_t subnormal = FloatBits(static_cast<float>(static_cast<int32_t>(em)) * 0x1.0p-24f);
+  const uint32_t magnitude = em >= 0x7C00u ? inf_nan : (em >= 0x0400u ? normal : subnormal);
+  return BitsFloat(sign | magnitude);
 }
 
 inline uint16_t Float2Half(float f) {
-  // Scale into the half range so that the float adder performs the round-to-nearest-even of the
-  // mantissa (and the overflow to Inf), then extract exponent and mantissa bits.
-  const float abs_f = BitsFloat(FloatBits(f) & 0x7FFFFFFFu);
-  float base = (abs_f * 0x1.0p+112f) * 0x1.0p-110f;
-  const uint32_t w = FloatBits(f);
-  const uint32_t shl1_w = w + w;
-  const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
-  base = BitsFloat((bias >> 1) + 0x07800000u) + base;
-  const uint32_t bits = FloatBits(base);
-  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
-  const uint32_t mantissa_bits = bits & 0x00000FFFu;
-  const uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+  const uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  // |f| >= 65536 (after rounding everything from 65520 up overflows too, through the normal path):
+  // Inf, or a quiet NaN.
+  const uint32_t overflow = a > 0x7F800000u ? 0x7E00u : 0x7C00u;
+  // Normal halves: re-bias the exponent, round the 13 dropped mantissa bits to nearest even.
+  const uint32_t normal = (a + ((15u - 127u) << 23) + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+  // Subnormal halves and zero (|f| < 2^-14): adding 0.5 lines the half's subnormal ulp (2^-24) up
+  // with the float ulp of 0.5, so the FPU's own round-to-nearest-even does the rounding.
+  const uint32_t subnormal = FloatBits(BitsFloat(a) + 0.5f) - 0x3F000000u;
+  const uint32_t magnitude = a >= 0x47800000u ? overflow : (a >= 0x38800000u ? normal : subnormal);
+  return static_cast<uint16_t>(sign | magnitude);
 }
 
 inline float BFloat2Float(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "cpu/half_simd.h"
 
 namespace onnx_norm {
 namespace cpu {
@@ -49,18 +50,10 @@ float SumSquaresRow(const float* x, int64_t n, float center) {
   return ReduceLanes(acc);
 }
 
-void LoadHalf(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = Half2Float(src[i]);
-}
-void LoadBFloat(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat2Float(src[i]);
-}
-void StoreHalf(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = Float2Half(src[i]);
-}
-void StoreBFloat(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = Float2BFloat(src[i]);
-}
+void LoadHalf(const uint16_t* src, float* dst, int64_t n) { HalfToFloat(src, dst, n); }
+void LoadBFloat(const uint16_t* src, float* dst, int64_t n) { BFloatToFloat(src, dst, n); }
+void StoreHalf(const float* src, uint16_t* dst, int64_t n) { FloatToHalf(src, dst, n); }
+void StoreBFloat(const float* src, uint16_t* dst, int64_t n) { FloatToBFloat(src, dst, n); }
 
 void LoadRow(const void* src, int type, float* dst, int64_t n) {
   if (type == kFloat16) {
@@ -91,22 +84,28 @@ void AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, i
     if (sum) std::copy_n(dst, n, static_cast<float*>(sum));
     return;
   }
+  const bool half = type == kFloat16;
   const uint16_t* a = static_cast<const uint16_t*>(x);
   const uint16_t* b = static_cast<const uint16_t*>(skip);
-  if (type == kFloat16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = Half2Float(Float2Half(Half2Float(a[i]) + Half2Float(b[i])));
-    if (sum) StoreHalf(dst, static_cast<uint16_t*>(sum), n);  // exact: dst holds fp16 values
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = BFloat2Float(Float2BFloat(BFloat2Float(a[i]) + BFloat2Float(b[i])));
-    if (sum) StoreBFloat(dst, static_cast<uint16_t*>(sum), n);
+  (half ? HalfToFloat : BFloatToFloat)(a, dst, n);
+  // Skip is converted in stack-sized chunks, then added to the converted X.
+  constexpr int64_t kChunk = 256;
+  float tmp[kChunk];
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t len = std::min(kChunk, n - start);
+    (half ? HalfToFloat : BFloatToFloat)(b + start, tmp, len);
+    for (int64_t i = 0; i < len; ++i) dst[start + i] += tmp[i];
   }
+  (half ? RoundToHalf : RoundToBFloat)(dst, n);
+  // Exact: dst holds values of X's type.
+  if (sum) (half ? FloatToHalf : FloatToBFloat)(dst, static_cast<uint16_t*>(sum), n);
 }
 
 void RoundInPlace(float* v, int64_t n, int type) {
   if (type == kFloat16) {
-    for (int64_t i = 0; i < n; ++i) v[i] = Half2Float(Float2Half(v[i]));
+    RoundToHalf(v, n);
   } else if (type == kBFloat16) {
-    for (int64_t i = 0; i < n; ++i) v[i] = BFloat2Float(Float2BFloat(v[i]));
+    RoundToBFloat(v, n);
   }
 }
 

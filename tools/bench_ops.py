@@ -1,0 +1,239 @@
+"""Benchmark of the fused CPU ops against ONNX Runtime's own norm kernels and the decomposed graphs.
+
+A benchmark, not a test: it prints one markdown table of median times, ratios and effective bandwidth.
+Every variant runs in the same process on the same inputs, with the same thread count; runs are
+interleaved round by round (variant A, B, C, A, B, C, ...) so that drift in the machine's load hits
+all variants alike. Outputs are preallocated and bound (IO binding), so output allocation is not timed.
+
+Variants per (shape, dtype, threads):
+  LayerNorm: ours `onnx_norm.LayerNorm`; ONNX `LayerNormalization` (opset 17, ORT's MLAS kernel);
+             the decomposed graph (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) with
+             graph optimizations off (ORT_ENABLE_ALL would fuse it into LayerNormalization).
+  RMSNorm:   ours `onnx_norm.RMSNorm`; ORT's `SimplifiedLayerNormalization` (contrib op, ONNX domain);
+             ONNX `RMSNormalization` (opset 23) where this ORT has it; the torch-style decomposed graph
+             (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) with ORT_ENABLE_ALL, which ORT does not fuse.
+
+Ratios are "ours / theirs" in time: below 1.0 means ours is faster. GB/s counts X read, Y written and
+Scale/Bias read once.
+
+    python tools/bench_ops.py            # the full table (a few minutes)
+    python tools/bench_ops.py --quick    # small shapes, few rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from onnx_norm.library import session_options
+from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION
+
+FULL_SHAPES = ((8192, 768), (8192, 4096), (32768, 1024))
+QUICK_SHAPES = ((2048, 768), (1024, 4096))
+DTYPES = {"fp32": (TensorProto.FLOAT, np.float32), "fp16": (TensorProto.FLOAT16, np.float16)}
+EPS = 1e-5
+
+
+@dataclasses.dataclass
+class Variant:
+    family: str  # "LayerNorm" or "RMSNorm"
+    name: str
+    model: onnx.ModelProto
+    ours: bool = False
+    opt_level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], elem: int, opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "bench",
+        [helper.make_tensor_value_info("X", elem, ["rows", "cols"])],
+        [helper.make_tensor_value_info("Y", elem, ["rows", "cols"])],
+        initializer=inits,
+    )
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(value, name)
+
+
+def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
+    rng = np.random.default_rng(0)
+    scale = _const("scale", (1 + 0.1 * rng.standard_normal(cols)).astype(np_dtype))
+    bias = _const("bias", (0.1 * rng.standard_normal(cols)).astype(np_dtype))
+    axes = _const("axes", np.array([-1], np.int64))
+    eps = _const("eps", np.array(EPS, np_dtype))
+    two = _const("two", np.array(2.0, np_dtype))
+    one = _const("one", np.array(1.0, np_dtype))
+    mk = helper.make_node
+    variants = [
+        Variant(
+            "LayerNorm",
+            "onnx_norm.LayerNorm",
+            _model(
+                [mk("LayerNorm", ["X", "scale", "bias"], ["Y"], domain=DOMAIN, epsilon=EPS)], [scale, bias], elem, 17
+            ),
+            ours=True,
+        ),
+        Variant(
+            "LayerNorm",
+            "LayerNormalization (opset 17)",
+            _model([mk("LayerNormalization", ["X", "scale", "bias"], ["Y"], epsilon=EPS)], [scale, bias], elem, 17),
+        ),
+        Variant(
+            "LayerNorm",
+            "decomposed, ORT_DISABLE_ALL",
+            _model(
+                [
+                    mk("ReduceMean", ["X", "axes"], ["mean"]),
+                    mk("Sub", ["X", "mean"], ["d"]),
+                    mk("Pow", ["d", "two"], ["d2"]),
+                    mk("ReduceMean", ["d2", "axes"], ["var"]),
+                    mk("Add", ["var", "eps"], ["ve"]),
+                    mk("Sqrt", ["ve"], ["std"]),
+                    mk("Div", ["d", "std"], ["n"]),
+                    mk("Mul", ["n", "scale"], ["ns"]),
+                    mk("Add", ["ns", "bias"], ["Y"]),
+                ],
+                [scale, bias, axes, eps, two],
+                elem,
+                18,
+            ),
+            opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ),
+        Variant(
+            "RMSNorm",
+            "onnx_norm.RMSNorm",
+            _model([mk("RMSNorm", ["X", "scale"], ["Y"], domain=DOMAIN, epsilon=EPS)], [scale], elem, 17),
+            ours=True,
+        ),
+        Variant(
+            "RMSNorm",
+            "SimplifiedLayerNormalization (ORT contrib)",
+            _model([mk("SimplifiedLayerNormalization", ["X", "scale"], ["Y"], epsilon=EPS)], [scale], elem, 17),
+        ),
+        Variant(
+            "RMSNorm",
+            "RMSNormalization (opset 23)",
+            _model([mk("RMSNormalization", ["X", "scale"], ["Y"], epsilon=EPS)], [scale], elem, 23),
+        ),
+        Variant(
+            "RMSNorm",
+            "decomposed rsqrt-style, ORT_ENABLE_ALL",
+            _model(
+                [
+                    mk("Pow", ["X", "two"], ["x2"]),
+                    mk("ReduceMean", ["x2", "axes"], ["ms"]),
+                    mk("Add", ["ms", "eps"], ["mse"]),
+                    mk("Sqrt", ["mse"], ["rms"]),
+                    mk("Reciprocal", ["rms"], ["inv"]),
+                    mk("Mul", ["X", "inv"], ["n"]),
+                    mk("Mul", ["n", "scale"], ["Y"]),
+                ],
+                [scale, axes, eps, two, one],
+                elem,
+                18,
+            ),
+        ),
+    ]
+    return variants
+
+
+def make_session(variant: Variant, threads: int) -> ort.InferenceSession:
+    options = session_options() if variant.ours else ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = variant.opt_level
+    # No spin-waiting: idle pool threads of one session must not steal the CPU from the next variant.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(variant.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def make_runner(session: ort.InferenceSession, x: np.ndarray) -> Callable[[], None]:
+    binding = session.io_binding()
+    binding.bind_cpu_input("X", x)
+    y = np.empty_like(x)
+    binding.bind_output("Y", "cpu", 0, y.dtype, list(y.shape), y.ctypes.data)
+    run_options = ort.RunOptions()
+
+    def run() -> None:
+        # `y` is referenced here so that the bound output buffer lives as long as the runner.
+        session.run_with_iobinding(binding, run_options)
+        assert y.shape == x.shape
+
+    return run
+
+
+def bench_case(
+    rows: int, cols: int, dtype: str, threads: int, rounds: int, warmup: int
+) -> list[tuple[Variant, float | None, str]]:
+    elem, np_dtype = DTYPES[dtype]
+    x = np.random.default_rng(1).standard_normal((rows, cols)).astype(np_dtype)
+    runners: list[tuple[Variant, Callable[[], None] | None, str]] = []
+    for variant in build_variants(cols, elem, np_dtype):
+        try:
+            runner = make_runner(make_session(variant, threads), x)
+            runner()
+        except Exception as err:  # an ORT build without this op/type: report, keep benchmarking the rest
+            runners.append((variant, None, str(err).splitlines()[0][:80]))
+            continue
+        runners.append((variant, runner, ""))
+    times: dict[str, list[float]] = {v.name: [] for v, r, _ in runners if r}
+    for round_index in range(warmup + rounds):
+        for variant, runner, _ in runners:
+            if runner is None:
+                continue
+            start = time.perf_counter()
+            runner()
+            elapsed = time.perf_counter() - start
+            if round_index >= warmup:
+                times[variant.name].append(elapsed)
+    return [(v, statistics.median(times[v.name]) if r else None, note) for v, r, note in runners]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes and few rounds (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant (default 15, quick 5)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts")
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    args = parser.parse_args(argv)
+    shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
+    rounds = args.rounds or (5 if args.quick else 15)
+    warmup = 2
+
+    print(f"onnxruntime {ort.__version__}, CPU, median of {rounds} interleaved rounds after {warmup} warm-up rounds\n")
+    print("| shape | dtype | threads | variant | median ms | GB/s | ours / this |")
+    print("|---|---|---|---|---|---|---|")
+    for rows, cols in shapes:
+        for dtype in args.dtypes:
+            elem_size = np.dtype(DTYPES[dtype][1]).itemsize
+            for threads in args.threads:
+                results = bench_case(rows, cols, dtype, threads, rounds, warmup)
+                ours = {v.family: t for v, t, _ in results if v.ours and t}
+                for variant, seconds, note in results:
+                    label = f"| [{rows}, {cols}] | {dtype} | {threads} | {variant.name} |"
+                    if seconds is None:
+                        print(f"{label} n/a | | {note} |")
+                        continue
+                    params = 2 if variant.family == "LayerNorm" else 1
+                    traffic = (2 * rows * cols + params * cols) * elem_size
+                    ratio = "" if variant.ours else f"{ours[variant.family] / seconds:.2f}"
+                    print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")
+                sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
