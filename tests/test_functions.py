@@ -224,7 +224,16 @@ def test_body_opsets(op: str, opset: int) -> None:
     outputs = tuple(True for _ in schema.outputs)
     x_type = F16 if opset < 13 else BF16
     attrs = {"axis": -1, "epsilon": 1e-5, "normalized_type": x_type, "multiply_type": x_type, "output_type": 0}
-    _check(op, _model(op, (2, 3, 16), x_type, inputs, outputs, (16,), x_type, attrs, opset=opset), attrs)
+    proto = _model(op, (2, 3, 16), x_type, inputs, outputs, (16,), x_type, attrs, opset=opset)
+    _check(op, proto, attrs)
+    # The body is valid ONNX at the model's opset: the checker and strict shape inference accept it.
+    with_functions = _with_functions(proto)
+    assert {f.opset_import[0].version for f in with_functions.functions} == {opset}
+    inferred = onnx.shape_inference.infer_shapes(with_functions, check_type=True, strict_mode=True, data_prop=True)
+    onnx.checker.check_model(inferred, full_check=True)
+    y = next(o for o in inferred.graph.output if o.name == "y").type.tensor_type
+    assert y.elem_type == x_type
+    assert [d.dim_value for d in y.shape.dim] == [2, 3, 16]
 
 
 def test_symbolic_dims_and_empty_rows() -> None:
@@ -451,3 +460,25 @@ def test_kernel_and_function_agree(op: str, dtypes: tuple[int, int, int, int, in
                     atol=tol,
                     err_msg=f"{name} library={options is not None}",
                 )
+
+
+@pytest.mark.parametrize("op", ["LayerNorm", "RMSNorm"])
+def test_non_negative_axis_of_unknown_rank(op: str) -> None:
+    """A non-negative axis on an input of unknown rank: the body flattens to rows instead of naming the axes."""
+    schema = OPS[op]
+    attrs = {"axis": 1, "epsilon": 1e-5, "normalized_type": 0, "multiply_type": 0, "output_type": 0}
+    inputs = tuple(True for _ in schema.inputs)
+    outputs = tuple(True for _ in schema.outputs)
+    proto = _model(op, (2, 3, 4, 5), F32, inputs, outputs, (3, 4, 5), F32, attrs)
+    proto.graph.input[0].type.tensor_type.ClearField("shape")
+    with_functions = _with_functions(proto)
+    assert any(n.op_type == "Flatten" for f in with_functions.functions for n in f.node)
+    rng = np.random.default_rng(5)
+    for shape in [(2, 3, 4, 5), (0, 3, 4, 5)]:
+        feeds = {"x": _random(shape, F32, rng, 2.0), "scale": _random((3, 4, 5), F32, rng)}
+        if "Bias" in schema.inputs:
+            feeds["bias"] = _random((3, 4, 5), F32, rng)
+        actual = _run(with_functions, feeds)
+        for name, want in _expected(op, feeds, attrs).items():
+            assert actual[name].shape == want.shape, name
+            np.testing.assert_allclose(actual[name], want, rtol=2e-5, atol=2e-5, err_msg=name)

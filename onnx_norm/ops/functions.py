@@ -10,14 +10,19 @@ steps apply change the structure of the body, not just constants in it. Attribut
 so each distinct node signature gets its own function overload (`NodeProto.overload`, IR version >= 10), and the
 node is pointed at it. The body also bakes in `axis` and `epsilon`: attribute references to them would need
 opset >= 12 for `Constant(value_float)` and >= 18 for dynamic reduction axes, while the models we rewrite start
-at opset 11.
+at opset 11. An op used with a single signature gets the default overload "" (runtimes without overload support,
+and IR < 10, then work too).
+
+Bodies are written in the model's default-domain opset (the checker wants function and model opsets to agree):
+float32 arithmetic on Cast inputs, `Cast` pairs for the rounding attributes, reductions over the last `-axis`
+dims with keepdims (which gives the statistics their shape).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -54,6 +59,7 @@ class FunctionSignature:
     x_type: int
     attrs: NormAttributes = dataclasses.field(default_factory=NormAttributes)
     opset: int = DEFAULT_BODY_OPSET  # default-domain opset the body is written in (not part of the overload)
+    rank: int | None = None  # rank of X, used (and part of the overload) only for a non-negative axis
 
     def __post_init__(self) -> None:
         schema = OPS.get(self.op)
@@ -76,6 +82,8 @@ class FunctionSignature:
         for what, value in (("X", self.x_type), *self._type_attrs()):
             if value not in FLOAT_TYPES and not (value == 0 and what != "X"):
                 raise ValueError(f"{self.op}: {what} element type {value} is not one of float, float16, bfloat16")
+        if self.rank is not None and not -self.rank <= self.attrs.axis < self.rank:
+            raise ValueError(f"axis {self.attrs.axis} is out of range for rank {self.rank}")
         if self.opset < MIN_BODY_OPSET:
             raise ValueError(f"function bodies need default opset >= {MIN_BODY_OPSET}, got {self.opset}")
         uses_bf16 = ir.DataType.BFLOAT16 in (self.x_type, *(v for _, v in self._type_attrs()))
@@ -101,8 +109,9 @@ class FunctionSignature:
         def t(v: int) -> str:
             return _TYPE_NAMES.get(v, str(v)) if v else "0"
 
+        rank = f"_rank{self.rank}" if a.axis >= 0 and self.rank is not None else ""
         return (
-            f"{ins}__{outs}__x{t(self.x_type)}_axis{a.axis}_eps{float(np.float32(a.epsilon))!r}"
+            f"{ins}__{outs}__x{t(self.x_type)}_axis{a.axis}{rank}_eps{float(np.float32(a.epsilon))!r}"
             f"_n{t(a.normalized_type)}_m{t(a.multiply_type)}_o{t(a.output_type)}"
         )
 
@@ -130,10 +139,25 @@ class FunctionSignature:
         unknown = set(node.attributes) - set(values)
         if unknown:
             raise ValueError(f"{where} has unknown attributes {sorted(unknown)}")
+        rank = len(x.shape) if x.shape is not None and values["axis"] >= 0 else None
         try:
-            return cls(schema.name, inputs, outputs, int(x.dtype), NormAttributes(**values), opset)
+            return cls(schema.name, inputs, outputs, int(x.dtype), NormAttributes(**values), opset, rank)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
+
+
+def _statistics(
+    op: Callable[..., ir.Value], x: ir.Value, eps: ir.Value, reduce_mean: Callable[[ir.Value], ir.Value], *, rms: bool
+) -> tuple[ir.Value, ir.Value | None, ir.Value]:
+    """(centred x, mean or None, 1 / sqrt(variance + eps)), with the reductions `reduce_mean` makes."""
+    if rms:
+        mean, centred = None, x
+    else:
+        mean = reduce_mean(x)
+        centred = op("Sub", [x, mean])
+    variance = reduce_mean(op("Mul", [centred, centred]))
+    inv = op("Reciprocal", [op("Sqrt", [op("Add", [variance, eps])])])
+    return centred, mean, inv
 
 
 def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
@@ -183,22 +207,44 @@ def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Fu
         xf = to_float(x, sig.x_type)
         x_shape_source = x
 
-    # Flatten to [rows, N] so that the reduction axis is the constant 1 whatever the rank and the opset.
-    rows = op("Flatten", [xf], {"axis": a.axis})
-    x_shape = op("Shape", [x_shape_source])
+    axis = a.axis
+    if axis >= 0 and sig.rank is not None:
+        axis -= sig.rank
     eps = const(np.array(a.epsilon, np.float32))
-    if schema.rms:
-        mean_square = reduce_mean_rows(op("Mul", [rows, rows]))
-        centred = rows
-        inv = op("Reciprocal", [op("Sqrt", [op("Add", [mean_square, eps])])])
-        mean = None
+    if axis < 0:
+        # The normalised dims are the last -axis ones whatever the rank: reduce over them with keepdims, which
+        # also gives the statistics their shape.
+        axes = list(range(axis, 0))
+
+        def reduce_mean(v: ir.Value) -> ir.Value:
+            if sig.opset >= 18:
+                return op("ReduceMean", [v, const(np.array(axes, np.int64))], {"keepdims": 1})
+            return op("ReduceMean", [v], {"axes": axes, "keepdims": 1})
+
+        centred, mean, inv = _statistics(op, xf, eps, reduce_mean, rms=schema.rms)
+        y = op("Mul", [centred, inv])
+        if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
+            # ONNX Runtime (1.31) reduces an empty tensor to its input shape; keep one element per normalised dim.
+            starts, ends = const(np.zeros(len(axes), np.int64)), const(np.ones(len(axes), np.int64))
+            axes_value = const(np.array(axes, np.int64))
+            mean = None if mean is None else op("Slice", [mean, starts, ends, axes_value])
+            inv_out = op("Slice", [inv, starts, ends, axes_value])
+        else:
+            inv_out = inv
     else:
-        mean = reduce_mean_rows(rows)
-        centred = op("Sub", [rows, mean])
-        var = reduce_mean_rows(op("Mul", [centred, centred]))
-        inv = op("Reciprocal", [op("Sqrt", [op("Add", [var, eps])])])
-    reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
-    y = op("Reshape", [op("Mul", [centred, inv]), x_shape], reshape_attrs)
+        # A non-negative axis of an input of unknown rank: flatten to [rows, N] and reduce over axis 1.
+        x_shape = op("Shape", [x_shape_source])
+        rows = op("Flatten", [xf], {"axis": axis})
+        centred, mean, inv = _statistics(op, rows, eps, reduce_mean_rows, rms=schema.rms)
+        reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
+        y = op("Reshape", [op("Mul", [centred, inv]), x_shape], reshape_attrs)
+        # Statistics keep X's leading dims and have 1 for every normalised dim.
+        leading = op("Slice", [x_shape, const(np.array([0], np.int64)), const(np.array([axis], np.int64))])
+        tail = op("Slice", [x_shape, const(np.array([axis], np.int64)), const(np.array([_INT64_MAX], np.int64))])
+        ones = op("Add", [op("Mul", [tail, const(np.array(0, np.int64))]), const(np.array(1, np.int64))])
+        stat_shape = op("Concat", [leading, ones], {"axis": 0})
+        mean = None if mean is None else op("Reshape", [mean, stat_shape], reshape_attrs)
+        inv_out = op("Reshape", [inv, stat_shape], reshape_attrs)
     y = round_to(y, a.normalized_type)
     if "Scale" in formal:
         y = round_to(op("Mul", [y, cast(formal["Scale"], _FLOAT)]), a.multiply_type)
@@ -206,19 +252,9 @@ def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Fu
         y = round_to(op("Add", [y, cast(formal["Bias"], _FLOAT)]), a.multiply_type)
     out_type = a.output_type or sig.x_type
     results["Y"] = y if out_type == _FLOAT else cast(y, out_type)
-
-    if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
-        # Statistics keep X's leading dims and have 1 for every normalised dim.
-        leading = op("Slice", [x_shape, const(np.array([0], np.int64)), const(np.array([a.axis], np.int64))])
-        if a.axis < 0:
-            ones = const(np.ones(-a.axis, np.int64))
-        else:
-            tail = op("Slice", [x_shape, const(np.array([a.axis], np.int64)), const(np.array([_INT64_MAX], np.int64))])
-            ones = op("Add", [op("Mul", [tail, const(np.array(0, np.int64))]), const(np.array(1, np.int64))])
-        stat_shape = op("Concat", [leading, ones], {"axis": 0})
-        if mean is not None:
-            results["Mean"] = op("Reshape", [mean, stat_shape], reshape_attrs)
-        results["InvStdDev" if not schema.rms else "InvRMS"] = op("Reshape", [inv, stat_shape], reshape_attrs)
+    if mean is not None:
+        results["Mean"] = mean
+    results["InvRMS" if schema.rms else "InvStdDev"] = inv_out
 
     outputs = []
     for name in schema.outputs[:n_out]:

@@ -118,23 +118,19 @@ def _common_reason(spec: NormSpec, target: str) -> str | None:
     return None
 
 
-def _rank(spec: NormSpec) -> int | None:
-    shape = spec.x.shape
-    return None if shape is None else len(shape)
-
-
-def _core_candidates(spec: NormSpec, target: str, opset: int) -> list[tuple[str, str, int, bool]]:
-    """(op_type, domain, version, single_type) of the ops that can compute the core; single_type: X, scale, bias
-    and Y share one type (else Y takes the scale's type and X keeps its own)."""
+def _core_op(spec: NormSpec, target: str, opset: int) -> tuple[str, str, int, bool]:
+    """(op_type, domain, version, single_type) of the op that computes the norm; single_type: X, scale, bias and Y
+    share one type (else Y takes the scale's type and X keeps its own)."""
     if target == "onnx":
         if spec.kind == "layer":
-            return [("LayerNormalization", "", 17, True)]
-        return [("RMSNormalization", "", 23, True)]
+            return ("LayerNormalization", "", 17, True)
+        return ("RMSNormalization", "", 23, True)
     if spec.kind == "rms":
-        return [("SimplifiedLayerNormalization", "", 1, False)]
+        return ("SimplifiedLayerNormalization", "", 1, False)
     if opset >= 17:
-        return [("LayerNormalization", "", 17, True)]
-    return [("LayerNormalization", "", 1, False)]
+        return ("LayerNormalization", "", 17, True)
+    # Below opset 17 the default-domain name is ONNX Runtime's contrib op.
+    return ("LayerNormalization", "", 1, False)
 
 
 def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
@@ -150,21 +146,23 @@ def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
                 f"{_type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
             )
         return _Plan("", DOMAIN, OPSET_VERSION, 0, False, len(_steps(spec)), False, False)
-    op_type, domain, version, single_type = _core_candidates(spec, target, opset)[0]
-    if domain == "" and opset < version:
+    op_type, domain, version, single_type = _core_op(spec, target, opset)
+    if opset < version:
         return f"{op_type} needs default opset >= {version}, the model imports opset {opset}"
-    if domain == "" and version == 1 and opset >= 17 and op_type == "LayerNormalization":
-        return "ONNX Runtime's contrib LayerNormalization only exists below opset 17"
     if target == "onnx" and spec.kind == "rms" and spec.inv_std is not None:
         return "RMSNormalization has no inverse-RMS output"
     steps = _steps(spec)
     roundings = _roundings(spec)
     x_type = spec.x_type
-    fused_skip = False
-    if target == "ort" and spec.skip is not None and x_type == _FLOAT:
-        rank = _rank(spec)
-        if rank in (2, 3) and spec.attrs.axis == -1:
-            fused_skip = True
+    # ORT's Skip ops normalise the last dim of a 2-D or 3-D input, and normalise the unrounded sum: only a float32
+    # residual is rounded the same way as the graph's Add.
+    fused_skip = (
+        target == "ort"
+        and spec.skip is not None
+        and x_type == _FLOAT
+        and _rank_of(spec.x) in (2, 3)
+        and spec.attrs.axis == -1
+    )
     if fused_skip:
         op_type = "SkipSimplifiedLayerNormalization" if spec.kind == "rms" else "SkipLayerNormalization"
         domain, version, single_type = MS_DOMAIN, 1, True
@@ -189,6 +187,8 @@ def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
         if isinstance(plan, str):
             return plan
         return dataclasses.replace(plan, separate_add=True)
+    # Unreachable while the op can run in float32 with nothing folded; kept so that a new op's constraints
+    # produce a reason rather than a wrong plan.
     return (
         f"{op_type} cannot reproduce the graph's rounding (normalized_type={_type_name(spec.attrs.normalized_type)}, "
         f"multiply_type={_type_name(spec.attrs.multiply_type)}, input {_type_name(x_type)}, scale "
