@@ -170,6 +170,14 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
                 f"{100 * split.norm_share:.1f}%",
             )
         console.print(table)
+        baseline = report.profile.get("original")
+        if baseline is not None and baseline.norm_ms + baseline.other_ms > 0:
+            total = baseline.norm_ms + baseline.other_ms
+            console.print(
+                f"norms are {100 * baseline.norm_share:.1f}% of the original's kernel time: even free norms would "
+                f"make it at most {total / max(baseline.other_ms, 1e-9):.3f}x faster",
+                highlight=False,
+            )
     lo, hi = report.speedup_spread
     console.print(
         f"speedup (original ORT_ENABLE_ALL / optimized, median of paired rounds): [bold]{report.speedup:.3f}x[/] "
