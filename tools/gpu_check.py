@@ -423,6 +423,34 @@ def build_harness(nvcc: str, arch: str, out_dir: Path, jobs: int | None = None) 
     return library
 
 
+def find_cuda_include(nvcc: str | None) -> Path | None:
+    """A CUDA include directory (for cuda_fp16.h and friends), or None."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    roots += ["/usr/local/cuda", *sorted(map(str, Path("/usr/local").glob("cuda-*")), reverse=True)]
+    for root in roots:
+        if root and (Path(root) / "include" / "cuda_fp16.h").is_file():
+            return Path(root) / "include"
+    return None
+
+
+def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++") -> Path:
+    """Builds the CPU emulator of the kernels (tools/gpu_harness/emulator.cc) with the real launcher and
+    harness entry into out_dir/libonnx_norm_emulator.so."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / "libonnx_norm_emulator.so"
+    cmd = [
+        cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{SOURCES}",
+        str(HARNESS.parent / "emulator.cc"), "-x", "c++", str(SOURCES / "launch.cu"), str(HARNESS),
+        "-o", str(library),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return library
+
+
 class Harness:
     """ctypes binding of onnx_norm_harness_launch (tools/gpu_harness/harness.cu)."""
 
@@ -434,6 +462,14 @@ class Harness:
         fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
         fn.restype = i32
         self._fn = fn
+        last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)
+        if last_kernel is not None:
+            last_kernel.restype = ctypes.c_char_p
+        self._last_kernel = last_kernel
+
+    def last_kernel(self) -> str | None:
+        """The emulator's name for the kernel of the last launch; None on a GPU build."""
+        return self._last_kernel().decode() if self._last_kernel is not None else None
 
     def launch(
         self,
@@ -563,6 +599,83 @@ class TorchHarnessBackend:
             if not bool(torch.isnan(outside.float()).all()):
                 raise RuntimeError(f"{name}: the kernel wrote outside its output")
             results[name] = self.to_host(view)
+        return results
+
+
+class HostHarnessBackend:
+    """Runs cases through LaunchNorm on host memory, for the CPU emulator of the kernels: the same launches,
+    offsets and guard bands as TorchHarnessBackend, without a GPU."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.kernels: dict[str, int] = {}
+        self._keep: list[np.ndarray] = []
+
+    @staticmethod
+    def _aligned(count: int, dtype: np.dtype, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(buffer, view of `count` elements starting `offset` elements after a 256-byte boundary)."""
+        total = (offset + count + GUARD) * dtype.itemsize
+        raw = np.empty(total + 256, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 256
+        buf = raw[start : start + total].view(dtype)
+        return buf, buf[offset : offset + count]
+
+    def _input(self, a: np.ndarray | None, offset: int) -> int | None:
+        if a is None:
+            return None
+        buf, view = self._aligned(a.size, a.dtype, offset)
+        view[...] = a.reshape(-1)
+        self._keep.append(buf)
+        return view.ctypes.data
+
+    def run(self, case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
+        offsets = {"x": GUARD, "skip": GUARD, "y": GUARD, "sum": GUARD, "param": GUARD}
+        if case.layout == "shifted":
+            offsets = dict.fromkeys(offsets, GUARD + 3)
+        elif case.layout == "misaligned":
+            offsets = {"x": GUARD + 1, "skip": GUARD + 2, "y": GUARD + 3, "sum": GUARD + 1, "param": GUARD + 1}
+        self._keep = []
+        wanted = requested_outputs(case)
+        outputs: dict[str, tuple[np.ndarray, np.ndarray, tuple[int, ...]]] = {}
+        kinds = {"Y": (case.y_type, case.shape, offsets["y"]), "Sum": (case.x_type, case.shape, offsets["sum"])}
+        for stat in ("Mean", "InvStdDev", "InvRMS"):
+            kinds[stat] = (F32, (case.rows,), GUARD)
+        for name in wanted:
+            elem, shape, offset = kinds[name]
+            buf, view = self._aligned(math.prod(shape), np_dtype(elem), offset)
+            buf[...] = np.asarray(np.nan, dtype=np.float32).astype(buf.dtype)
+            outputs[name] = (buf, view, shape)
+        self.harness.launch(
+            x=self._input(inputs.x, offsets["x"]) or 0,
+            y=outputs["Y"][1].ctypes.data,
+            rows=case.rows,
+            cols=case.cols,
+            x_type=case.x_type,
+            y_type=case.y_type,
+            stream=0,
+            skip=self._input(inputs.skip, offsets["skip"]),
+            scale=self._input(inputs.scale, offsets["param"]),
+            bias=self._input(inputs.bias, offsets["param"]),
+            sum_out=outputs["Sum"][1].ctypes.data if "Sum" in outputs else None,
+            mean=outputs["Mean"][1].ctypes.data if "Mean" in outputs else None,
+            inv_std=next((outputs[s][1].ctypes.data for s in ("InvStdDev", "InvRMS") if s in outputs), None),
+            scale_size=math.prod(case.param_shape()) if case.scale_type is not None else 0,
+            scale_type=case.scale_type or 0,
+            epsilon=case.epsilon,
+            rms=case.rms,
+            normalized_type=case.normalized_type,
+            multiply_type=case.multiply_type,
+        )
+        kernel = self.harness.last_kernel()
+        if kernel and case.rows > 0:
+            self.kernels[kernel] = self.kernels.get(kernel, 0) + 1
+        results = {}
+        for name, (buf, view, shape) in outputs.items():
+            start = (view.ctypes.data - buf.ctypes.data) // buf.itemsize
+            outside = np.concatenate([buf[:start], buf[start + view.size :]]).astype(np.float32)
+            if not np.isnan(outside).all():
+                raise RuntimeError(f"{name}: the kernel wrote outside its output")
+            results[name] = view.reshape(shape).copy()
         return results
 
 
@@ -947,9 +1060,10 @@ def print_table(rows: list[BenchRow]) -> None:
 # --------------------------------------------------------------------------------------------- main
 
 
-def self_test(nvcc: str | None, build_dir: Path | None) -> int:
+def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) -> int:
     """The parts that need no GPU: the case list, the reference comparisons (a fake backend that is the
-    reference must pass; one nudged output element per case must be caught), and the harness build."""
+    reference must pass; one nudged output element per case must be caught), every case through the CPU
+    emulator of the kernels (tools/gpu_harness/emulator.cc), and the harness build with nvcc."""
     cases = build_cases(quick=False)
     names = [c.name() for c in cases]
     if len(set(names)) != len(names):
@@ -973,6 +1087,22 @@ def self_test(nvcc: str | None, build_dir: Path | None) -> int:
     print(f"self-test: {len(cases)} cases; the exact fake passes; nudged outputs missed: {missed}")
     if missed:
         return 1
+    cuda_include = find_cuda_include(nvcc)
+    if emulate and cuda_include is not None and shutil.which("g++"):
+        started = time.perf_counter()
+        out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_"))
+        backend = HostHarnessBackend(Harness(build_emulator(cuda_include, out)))
+        emulated = Outcome()
+        run_cases(backend, cases, "emulated", emulated)
+        print(
+            f"self-test: {emulated.checked} cases through the CPU emulator of the kernels, "
+            f"{len(emulated.failures)} failures ({time.perf_counter() - started:.0f} s); kernels used: "
+            + ", ".join(f"{k} x{n}" for k, n in sorted(backend.kernels.items()))
+        )
+        if emulated.failures:
+            return 1
+    else:
+        print("self-test: no CUDA headers or g++, the kernels were not emulated")
     if nvcc is None:
         print("self-test: nvcc not found, harness build not checked")
     else:
@@ -992,6 +1122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--build-dir", type=Path, help="where to build the harness (default: a temporary folder)")
     parser.add_argument("--arch", help="compute capability to build for, e.g. 90 (default: the GPU's)")
     parser.add_argument("--self-test", action="store_true", help="check this script without a GPU, then exit")
+    parser.add_argument("--no-emulate", action="store_true", help="--self-test without the CPU emulator of the kernels")
     return parser.parse_args(argv)
 
 
@@ -999,7 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     nvcc = find_nvcc(args.nvcc)
     if args.self_test:
-        return self_test(nvcc, args.build_dir)
+        return self_test(nvcc, args.build_dir, emulate=not args.no_emulate)
     started = time.perf_counter()
     try:
         import torch

@@ -5,13 +5,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "norm_args.h"
+
 namespace onnx_norm {
 namespace cuda {
-
-// ONNXTensorElementDataType values (launch.h): the kernels never see any other id.
-constexpr int kFloat32 = 1;
-constexpr int kFloat16 = 10;
-constexpr int kBFloat16 = 16;
 
 template <typename T>
 struct ElementId;

@@ -3,13 +3,13 @@
 // No allocation, no synchronisation: safe inside CUDA graph capture.
 #include "launch.h"
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 
-#include "kernel_dispatch.cuh"
+#include "kernel_config.h"
 
 #if CUDART_VERSION < 12080
 #error "LaunchNorm needs cudaStreamGetDevice (CUDA 12.8 or newer)"
@@ -200,13 +200,13 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
 
   switch (p.x_type) {
     case kFloat32:
-      status = LaunchNormKernel<float>(args, config, stream);
+      status = LaunchNormFloat32(args, config, stream);
       break;
     case kFloat16:
-      status = LaunchNormKernel<__half>(args, config, stream);
+      status = LaunchNormFloat16(args, config, stream);
       break;
     default:
-      status = LaunchNormKernel<__nv_bfloat16>(args, config, stream);
+      status = LaunchNormBFloat16(args, config, stream);
       break;
   }
   if (status != cudaSuccess) return FailCuda(status, error);

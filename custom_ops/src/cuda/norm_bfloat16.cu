@@ -1,10 +1,12 @@
-// Kernels with X in bfloat16 (see kernel_dispatch.cuh for why one file per type).
-#include "kernel_dispatch.cuh"
+// Kernels with X in bfloat16 (kernel_config.h says why one file per type).
+#include "norm_launch.cuh"
 
 namespace onnx_norm {
 namespace cuda {
 
-template cudaError_t LaunchNormKernel<__nv_bfloat16>(const NormArgs&, const KernelConfig&, cudaStream_t);
+cudaError_t LaunchNormBFloat16(const NormArgs& args, const KernelConfig& config, cudaStream_t stream) {
+  return LaunchNormKernel<__nv_bfloat16>(args, config, stream);
+}
 
 }  // namespace cuda
 }  // namespace onnx_norm

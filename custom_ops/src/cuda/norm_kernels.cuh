@@ -14,41 +14,17 @@
 #include <cstdint>
 
 #include "element_types.cuh"
+#include "norm_args.h"
 #include "reduce.cuh"
 #include "vector_io.cuh"
 
+// The CPU emulator of the kernels (tools/gpu_harness/emulator.cc) provides its own dynamic shared memory.
+#ifndef ONNX_NORM_DYNAMIC_SHARED
+#define ONNX_NORM_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 namespace onnx_norm {
 namespace cuda {
-
-// Everything a kernel needs, passed by value. Built and validated by the launcher (launch.cu).
-struct NormArgs {
-  const void* x;
-  const void* skip;
-  const void* scale;
-  const void* bias;
-  void* y;
-  void* sum;
-  float* mean;
-  float* inv_std;
-  int64_t rows;
-  int cols;
-  int scale_size;
-  float epsilon;
-  // Threads per row: a power of two >= 8; when > 32 it is the block size (one row per block).
-  int group;
-  // Element offset of x from the previous 16-byte boundary: vectors start where
-  // (x_phase + flat index) % V == 0.
-  int x_phase;
-  // Every tensor is aligned for a vector access at those starts; when false, all elements are scalar.
-  bool vector_ok;
-  // Scale and Bias can be read as vectors at the same columns (launch.cu says when).
-  bool scale_vector;
-  bool rms;
-  int scale_type;  // also Bias's type; float32 when neither is given
-  int y_type;
-  int normalized_type;
-  int multiply_type;
-};
 
 struct RowLayout {
   int head;  // scalar elements before the first vector
@@ -362,7 +338,7 @@ struct SharedRow {
 template <typename TX, bool kCached>
 __global__ void __launch_bounds__(1024, 1) SharedRowKernel(NormArgs a) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  extern __shared__ uint4 dynamic_shared[];
+  ONNX_NORM_DYNAMIC_SHARED(uint4, dynamic_shared);
   TX* cache = reinterpret_cast<TX*>(dynamic_shared);
   __shared__ ReduceScratch scratch;
   int parity = 0;

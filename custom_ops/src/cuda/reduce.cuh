@@ -1,15 +1,10 @@
 // Sums over the threads that share a row: shuffles inside a warp, shared memory across warps.
 #pragma once
 
+#include "norm_args.h"
+
 namespace onnx_norm {
 namespace cuda {
-
-// Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one
-// barrier each (a thread past the barrier of reduction k+1 knows every thread has finished reading
-// the buffer of reduction k, which reduction k+2 overwrites).
-struct ReduceScratch {
-  float partial[2][32];
-};
 
 // Lanes of the current warp that belong to the same row group of `group` threads (a power of two
 // <= 32). Groups that have run out of rows leave the loop, so shuffles name only their own group.

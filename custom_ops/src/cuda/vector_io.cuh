@@ -10,6 +10,12 @@
 
 #include "element_types.cuh"
 
+// The CPU emulator of the kernels (tools/gpu_harness/emulator.cc) checks every vector access's alignment
+// here; on the GPU a misaligned access is a fault, on the CPU it would go unnoticed.
+#ifndef ONNX_NORM_CHECK_ALIGNED
+#define ONNX_NORM_CHECK_ALIGNED(pointer)
+#endif
+
 namespace onnx_norm {
 namespace cuda {
 
@@ -50,7 +56,10 @@ __device__ __forceinline__ void LoadVector(const T* p, float (&out)[N]) {
   auto* dst = reinterpret_cast<typename Shape::ChunkType*>(raw);
   const auto* src = reinterpret_cast<const typename Shape::ChunkType*>(p);
 #pragma unroll
-  for (int c = 0; c < Shape::kChunks; ++c) dst[c] = __ldg(src + c);
+  for (int c = 0; c < Shape::kChunks; ++c) {
+    ONNX_NORM_CHECK_ALIGNED(src + c);
+    dst[c] = __ldg(src + c);
+  }
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = ToFloat(raw[i]);
 }
@@ -64,7 +73,10 @@ __device__ __forceinline__ void StoreVector(T* p, const float (&in)[N]) {
   const auto* src = reinterpret_cast<const typename Shape::ChunkType*>(raw);
   auto* dst = reinterpret_cast<typename Shape::ChunkType*>(p);
 #pragma unroll
-  for (int c = 0; c < Shape::kChunks; ++c) dst[c] = src[c];
+  for (int c = 0; c < Shape::kChunks; ++c) {
+    ONNX_NORM_CHECK_ALIGNED(dst + c);
+    dst[c] = src[c];
+  }
 }
 
 // Shared memory holds rows that do not fit in registers; each thread reads back only what it wrote.
@@ -75,7 +87,10 @@ __device__ __forceinline__ void LoadVectorShared(const T* p, float (&out)[N]) {
   auto* dst = reinterpret_cast<typename Shape::ChunkType*>(raw);
   const auto* src = reinterpret_cast<const typename Shape::ChunkType*>(p);
 #pragma unroll
-  for (int c = 0; c < Shape::kChunks; ++c) dst[c] = src[c];
+  for (int c = 0; c < Shape::kChunks; ++c) {
+    ONNX_NORM_CHECK_ALIGNED(src + c);
+    dst[c] = src[c];
+  }
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = ToFloat(raw[i]);
 }

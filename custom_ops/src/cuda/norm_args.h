@@ -1,0 +1,53 @@
+// Parameters of one norm kernel launch, shared by the host-side launcher (launch.cu, no device code)
+// and the kernels (norm_kernels.cuh).
+#pragma once
+
+#include <cstdint>
+
+namespace onnx_norm {
+namespace cuda {
+
+// ONNXTensorElementDataType values (launch.h): the kernels never see any other id.
+constexpr int kFloat32 = 1;
+constexpr int kFloat16 = 10;
+constexpr int kBFloat16 = 16;
+
+// Everything a kernel needs, passed by value. Built and validated by the launcher (launch.cu).
+struct NormArgs {
+  const void* x;
+  const void* skip;
+  const void* scale;
+  const void* bias;
+  void* y;
+  void* sum;
+  float* mean;
+  float* inv_std;
+  int64_t rows;
+  int cols;
+  int scale_size;
+  float epsilon;
+  // Threads per row: a power of two >= 8; when > 32 it is the block size (one row per block).
+  int group;
+  // Element offset of x from the previous 16-byte boundary: vectors start where
+  // (x_phase + flat index) % V == 0.
+  int x_phase;
+  // Every tensor is aligned for a vector access at those starts; when false, all elements are scalar.
+  bool vector_ok;
+  // Scale and Bias can be read as vectors at the same columns (launch.cu says when).
+  bool scale_vector;
+  bool rms;
+  int scale_type;  // also Bias's type; float32 when neither is given
+  int y_type;
+  int normalized_type;
+  int multiply_type;
+};
+
+// Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one
+// barrier each (a thread past the barrier of reduction k+1 knows every thread has finished reading
+// the buffer of reduction k, which reduction k+2 overwrites).
+struct ReduceScratch {
+  float partial[2][32];
+};
+
+}  // namespace cuda
+}  // namespace onnx_norm
