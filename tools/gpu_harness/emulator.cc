@@ -193,7 +193,7 @@ T __ldg(const T* p) {
 }
 using std::min;
 
-#include "kernel_config.h"
+#include "kernel_config.cuh"
 #include "norm_kernels.cuh"
 
 namespace onnx_norm {

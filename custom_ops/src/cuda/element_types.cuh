@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "norm_args.h"
+#include "norm_args.cuh"
 
 namespace onnx_norm {
 namespace cuda {

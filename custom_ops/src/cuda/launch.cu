@@ -9,7 +9,7 @@
 #include <climits>
 #include <cstdint>
 
-#include "kernel_config.h"
+#include "kernel_config.cuh"
 
 #if CUDART_VERSION < 12080
 #error "LaunchNorm needs cudaStreamGetDevice (CUDA 12.8 or newer)"

@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "element_types.cuh"
-#include "norm_args.h"
+#include "norm_args.cuh"
 #include "reduce.cuh"
 #include "vector_io.cuh"
 

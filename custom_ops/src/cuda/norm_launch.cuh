@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "kernel_config.h"
+#include "kernel_config.cuh"
 #include "norm_kernels.cuh"
 
 namespace onnx_norm {

@@ -1,7 +1,7 @@
 // Sums over the threads that share a row: shuffles inside a warp, shared memory across warps.
 #pragma once
 
-#include "norm_args.h"
+#include "norm_args.cuh"
 
 namespace onnx_norm {
 namespace cuda {

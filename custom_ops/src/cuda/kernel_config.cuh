@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "norm_args.h"
+#include "norm_args.cuh"
 
 namespace onnx_norm {
 namespace cuda {
