@@ -1,4 +1,4 @@
-// Kernels with X in float16 (kernel_config.h says why one file per type).
+// Kernels with X in float16 (kernel_config.cuh says why one file per type).
 #include "norm_launch.cuh"
 
 namespace onnx_norm {
