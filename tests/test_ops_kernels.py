@@ -45,19 +45,19 @@ def np_type(elem_type: int) -> np.dtype:
     return reference.np_dtype(elem_type)
 
 
-def _value_info(name: str, elem_type: int) -> onnx.ValueInfoProto:
-    # No shape: one session then serves every shape and axis layout of the test.
-    return helper.make_tensor_value_info(name, elem_type, None)
-
-
 def build_model(
     op: str,
     input_types: Sequence[int | None],
     outputs: Sequence[bool],
     attrs: dict[str, float | int],
+    input_shapes: Sequence[Sequence[int | str] | None] | None = None,
 ) -> onnx.ModelProto:
-    """One `op` node; input_types[i] None leaves input i out (empty name), outputs[i] False omits output i."""
+    """One `op` node; input_types[i] None leaves input i out (empty name), outputs[i] False omits output i.
+
+    Inputs have no shape unless input_shapes says so: one session then serves every shape of a test.
+    """
     sig = OPS[op]
+    shapes = list(input_shapes) if input_shapes is not None else [None] * len(sig.inputs)
     in_names = [name if t is not None else "" for name, t in zip(sig.inputs, input_types, strict=True)]
     while in_names and not in_names[-1]:
         in_names.pop()
@@ -68,7 +68,11 @@ def build_model(
     graph = helper.make_graph(
         [node],
         op,
-        [_value_info(n, t) for n, t in zip(sig.inputs, input_types, strict=True) if t is not None],
+        [
+            helper.make_tensor_value_info(n, t, shape)
+            for n, t, shape in zip(sig.inputs, input_types, shapes, strict=True)
+            if t is not None
+        ],
         # Untyped graph outputs: ORT's own type inference for the node decides, and the test checks it.
         [onnx.ValueInfoProto(name=n) for n in out_names if n],
     )
@@ -78,9 +82,13 @@ def build_model(
 
 @functools.cache
 def make_session(
-    op: str, input_types: tuple[int | None, ...], outputs: tuple[bool, ...], attrs: tuple[tuple[str, float | int], ...]
+    op: str,
+    input_types: tuple[int | None, ...],
+    outputs: tuple[bool, ...],
+    attrs: tuple[tuple[str, float | int], ...],
+    input_shapes: tuple[tuple[int | str, ...] | None, ...] | None = None,
 ) -> ort.InferenceSession:
-    model = build_model(op, input_types, outputs, dict(attrs))
+    model = build_model(op, input_types, outputs, dict(attrs), input_shapes)
     options = session_options()
     options.intra_op_num_threads = 2
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -90,15 +98,25 @@ def run_op(
     op: str,
     arrays: Sequence[np.ndarray | None],
     outputs: Sequence[bool] | None = None,
+    shaped: bool = False,
     **attrs: float | int,
 ) -> list[np.ndarray | None]:
-    """Runs `op` on arrays (None = input left out); returns one entry per declared output (None if omitted)."""
+    """Runs `op` on arrays (None = input left out); returns one entry per declared output (None if omitted).
+
+    shaped: declare the inputs' ranks in the model (leading dims symbolic), so that the op's shape
+    inference runs.
+    """
     sig = OPS[op]
     arrays = list(arrays) + [None] * (len(sig.inputs) - len(arrays))
     if outputs is None:
         outputs = [True] * len(sig.outputs)
     input_types = tuple(None if a is None else reference.elem_type(a.dtype) for a in arrays)
-    session = make_session(op, input_types, tuple(outputs), tuple(sorted(attrs.items())))
+    input_shapes = None
+    if shaped:
+        input_shapes = tuple(
+            None if a is None else (*(f"d{i}" for i in range(a.ndim - 1)), a.shape[-1]) for a in arrays
+        )
+    session = make_session(op, input_types, tuple(outputs), tuple(sorted(attrs.items())), input_shapes)
     feeds = {name: to_ort_value(a) for name, a in zip(sig.inputs, arrays, strict=True) if a is not None}
     names = [o.name for o in session.get_outputs()]
     results = iter(from_ort_value(v) for v in session.run_with_ort_values(names, feeds))
@@ -167,9 +185,9 @@ def make_inputs(
     return arrays
 
 
-def check_op(op: str, arrays: Sequence[np.ndarray | None], **attrs: float | int) -> None:
+def check_op(op: str, arrays: Sequence[np.ndarray | None], shaped: bool = False, **attrs: float | int) -> None:
     sig = OPS[op]
-    actual = run_op(op, arrays, **attrs)
+    actual = run_op(op, arrays, shaped=shaped, **attrs)
     expected = reference_outputs(op, arrays, **attrs)
     y_type = attrs.get("output_type") or reference.elem_type(arrays[0].dtype)
     # Y is only as precise as the narrowest type it was rounded to on the way.
@@ -272,22 +290,82 @@ def test_rounding_points_are_applied() -> None:
     assert mismatched <= x.size // 1000, f"{mismatched} of {x.size} values differ from the reference"
 
 
-def test_output_type_same_as_x() -> None:
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize(
+    ("x_type", "output_type"),
+    [(F16, F32), (BF16, F32), (F32, F16), (F32, BF16), (F16, BF16), (F16, F16)],
+    ids=lambda t: TYPE_NAMES[t],
+)
+def test_output_type(op: str, x_type: int, output_type: int) -> None:
+    # With X's rank in the model, the op's shape inference gives ORT Y's type from output_type.
     rng = np.random.default_rng(3)
-    x = random_array((4, 768), F16, rng)
-    scale = random_array((768,), F32, rng)
-    y, inv = run_op("RMSNorm", [x, scale], output_type=F16)
-    assert y.dtype == np.float16
-    assert inv.dtype == np.float32
+    arrays = make_inputs(op, (4, 768), -1, x_type, F32, rng)
+    check_op(op, arrays, shaped=True, output_type=output_type)
 
 
-def test_output_type_other_than_x_is_a_clear_error() -> None:
-    # ORT types a custom op's outputs from its inputs only, so Y is X's type; a different output_type
-    # cannot be honoured and must not silently produce a differently typed result.
+def test_output_type_with_unknown_rank_is_a_clear_error() -> None:
+    # Without X's rank, ORT types Y like X and the kernel must not silently write another type.
     rng = np.random.default_rng(4)
     x = random_array((4, 16), F16, rng)
-    with pytest.raises(OrtError, match="output_type=FLOAT"):
+    with pytest.raises(OrtError, match="output_type=FLOAT but ONNX Runtime typed Y as FLOAT16"):
         run_op("RMSNorm", [x, None], output_type=F32)
+    assert run_op("RMSNorm", [x, None], output_type=F16)[0].dtype == np.float16
+
+
+@pytest.mark.parametrize(
+    ("op", "x_shape", "axis", "inputs", "outputs", "expected"),
+    [
+        (
+            "LayerNorm",
+            ["batch", 5, 8],
+            1,
+            (F16, None, F32),  # Bias without Scale
+            (True, True, True),
+            [
+                ("tensor(float16)", ["batch", 5, 8]),
+                ("tensor(float)", ["batch", 1, 1]),
+                ("tensor(float)", ["batch", 1, 1]),
+            ],
+        ),
+        (
+            "LayerNorm",
+            ["batch", 5, 8],
+            -1,
+            (F32, F32, None),
+            (True, False, True),
+            [("tensor(float)", ["batch", 5, 8]), ("tensor(float)", ["batch", 5, 1])],
+        ),
+        (
+            "RMSNorm",
+            [2, "seq", 8],
+            -1,
+            (BF16, F16),
+            (True, True),
+            [("tensor(bfloat16)", [2, "seq", 8]), ("tensor(float)", [2, "seq", 1])],
+        ),
+        (
+            "SkipRMSNorm",
+            ["b", "s", 8],
+            -1,
+            (F16, F16, F32),
+            (True, True),
+            [("tensor(float16)", ["b", "s", 8]), ("tensor(float16)", ["b", "s", 8])],
+        ),
+    ],
+)
+def test_shape_inference(
+    op: str,
+    x_shape: list[int | str],
+    axis: int,
+    inputs: tuple[int | None, ...],
+    outputs: tuple[bool, ...],
+    expected: list[tuple[str, list[int | str]]],
+) -> None:
+    sig = OPS[op]
+    norm_shape = tuple(x_shape[axis:])
+    shapes = [x_shape if name in {"X", "Skip"} else norm_shape for name in sig.inputs]
+    session = make_session(op, inputs, outputs, (("axis", axis),), tuple(map(tuple, shapes)))
+    assert [(o.type, o.shape) for o in session.get_outputs()] == expected
 
 
 # --- special values ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@
 #      of this machine's own apt configuration, unpacked into the build tree and cached there.
 
 set(_ort_hint "Set ONNX_NORM_ORT_INCLUDE_DIR (environment variable or -DONNX_NORM_ORT_INCLUDE_DIR=...) to a \
-directory containing onnxruntime_c_api.h and onnxruntime_cxx_api.h (ONNX Runtime >= 1.17 headers; for example \
+directory containing onnxruntime_c_api.h and onnxruntime_cxx_api.h (ONNX Runtime >= 1.17; tested with 1.21; for example \
 <onnxruntime release>/include, or install Debian's libonnxruntime-dev).")
 
 option(ONNX_NORM_ORT_FETCH_DEB "Fetch the ONNX Runtime headers from Debian's libonnxruntime-dev if none are found" ON)

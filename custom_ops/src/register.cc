@@ -2,12 +2,12 @@
 // with SessionOptions.register_custom_ops_library. Registers the domain `onnx_norm` (opset 1) with the
 // four ops of docs/ops.md for the CPU provider, and for the CUDA provider when built with CUDA.
 //
-// Declared types. ORT infers a custom op's output types from its input types only (never from
-// attributes; the shape-inference hook cannot change an element type): a type-agnostic output takes
-// the type of the last present type-agnostic input. So X is the one type-agnostic input and Y (and
-// Sum) follow it; Skip, Scale and Bias get concrete types, one op instance per combination
-// (float, float16, bfloat16 each), and the kernel checks at run time that Skip matches X.
-// The statistics are declared float32.
+// Declared types. ORT types a custom op's outputs in two steps: first from the input types (a
+// type-agnostic output takes the type of the last present type-agnostic input), then the op's shape
+// inference may set a type (applied by recent ORT releases, when X's rank is known; see NormOp::InferShapes).
+// So X is the one type-agnostic input, and Y and Sum follow it unless output_type says otherwise; Skip,
+// Scale and Bias get concrete types, one op instance per combination (float, float16, bfloat16 each),
+// and the kernel checks at run time that Skip matches X. The statistics are declared float32.
 
 #include <memory>
 #include <mutex>

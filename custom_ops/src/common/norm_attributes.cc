@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "common/norm_op.h"
 
 namespace onnx_norm {
 namespace {
@@ -220,10 +221,11 @@ std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const
     return std::string("Y was typed ") + ElemTypeName(y_type) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
   }
   if (attrs.output_type != 0 && attrs.output_type != y_type) {
-    // ORT derives a custom op's output type from its input types, never from attributes.
+    // ORT types a custom op's outputs from its inputs, unless the op's shape inference types them,
+    // which needs X's rank (and an ORT release that applies the inferred type).
     return std::string("output_type=") + ElemTypeName(attrs.output_type) + " but ONNX Runtime typed Y as " +
-           ElemTypeName(y_type) + " (the type of X): ONNX Runtime custom ops cannot take their output type from " +
-           "an attribute; use output_type=0 (or X's type) and a Cast after the node";
+           ElemTypeName(y_type) + ": Y can only take a type other than X's when X's rank is known in the model " +
+           "(so that the op's shape inference runs); otherwise use output_type=0 and a Cast after the node";
   }
   p->y_type = y_type;
   p->y = y.GetTensorMutableRawData();
@@ -249,6 +251,84 @@ std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const
     }
   }
   return {};
+}
+
+OrtStatusPtr ORT_API_CALL NormOp::InferShapes(const OrtCustomOp* self, OrtShapeInferContext* ctx) noexcept {
+  const OrtApi& api = Ort::GetApi();
+  const OpSignature& op = static_cast<const NormOp*>(self)->op_;
+  // Failing to infer is not an error here: the kernel reports bad input with the shapes at hand, and
+  // ORT learns the shapes at run time.
+  auto ignore = [&api](OrtStatus* status) {
+    if (status == nullptr) return false;
+    api.ReleaseStatus(status);
+    return true;
+  };
+  auto int_attribute = [&](const char* name, int64_t fallback) {
+    const OrtOpAttr* attr = nullptr;
+    int64_t value = fallback;
+    size_t size = 0;
+    if (!ignore(api.ShapeInferContext_GetAttribute(ctx, name, &attr)) && attr != nullptr &&
+        ignore(api.ReadOpAttr(attr, ORT_OP_ATTR_INT, &value, sizeof(value), &size))) {
+      value = fallback;
+    }
+    return value;
+  };
+
+  OrtTensorTypeAndShapeInfo* x_info = nullptr;  // owned by ctx
+  if (ignore(api.ShapeInferContext_GetInputTypeShape(ctx, 0, &x_info)) || x_info == nullptr) return nullptr;
+  ONNXTensorElementDataType x_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  size_t rank = 0;
+  if (ignore(api.GetTensorElementType(x_info, &x_type)) || ignore(api.GetDimensionsCount(x_info, &rank))) {
+    return nullptr;
+  }
+  // Unknown rank reads as rank 0 here; declaring outputs as scalars would be wrong, so leave them to
+  // ORT's own type inference (Y and Sum typed like X).
+  if (rank == 0) return nullptr;
+  std::vector<int64_t> dims(rank);
+  std::vector<const char*> symbols(rank, nullptr);
+  if (ignore(api.GetDimensions(x_info, dims.data(), rank)) ||
+      ignore(api.GetSymbolicDimensions(x_info, symbols.data(), rank))) {
+    return nullptr;
+  }
+  const int64_t r = static_cast<int64_t>(rank);
+  const int64_t axis = int_attribute("axis", -1);
+  if (axis < -r || axis >= r) return nullptr;
+  const size_t first = static_cast<size_t>(axis < 0 ? axis + r : axis);
+  const int64_t output_type = int_attribute("output_type", 0);
+  const bool output_type_ok = output_type == kFloat || output_type == kFloat16 || output_type == kBFloat16;
+  const auto y_type = output_type_ok ? static_cast<ONNXTensorElementDataType>(output_type) : x_type;
+
+  auto set_output = [&](size_t index, ONNXTensorElementDataType type, bool reduced) {
+    OrtTensorTypeAndShapeInfo* info = nullptr;
+    if (ignore(api.CreateTensorTypeAndShapeInfo(&info))) return;
+    std::vector<int64_t> out_dims = dims;
+    std::vector<const char*> out_symbols = symbols;
+    for (size_t i = 0; i < rank; ++i) {
+      if (out_symbols[i] == nullptr) out_symbols[i] = "";
+      if (reduced && i >= first) {
+        out_dims[i] = 1;
+        out_symbols[i] = "";
+      }
+    }
+    // Newer ORT releases take the element type from here as well; older ones keep the type they
+    // inferred from the inputs (X's), and the kernel then rejects an output_type it cannot honour.
+    if (!ignore(api.SetTensorElementType(info, type)) && !ignore(api.SetDimensions(info, out_dims.data(), rank)) &&
+        !ignore(api.SetSymbolicDimensions(info, out_symbols.data(), rank))) {
+      ignore(api.ShapeInferContext_SetOutputTypeShape(ctx, index, info));
+    }
+    api.ReleaseTensorTypeAndShapeInfo(info);
+  };
+  set_output(0, y_type, false);
+  // An optional output the node leaves out makes SetOutputTypeShape fail, which is ignored: the node's
+  // output count is not visible here.
+  for (size_t i = 1; i < op.num_outputs; ++i) {
+    if (op.skip) {
+      set_output(i, x_type, false);  // Sum
+    } else {
+      set_output(i, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, true);  // statistics
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace onnx_norm

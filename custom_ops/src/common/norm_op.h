@@ -40,7 +40,9 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
  public:
   // skip_type/scale_type: the element type this instance declares for Skip and for Scale/Bias.
   NormOp(const OpSignature& op, const char* provider, ComputeFn compute, int skip_type, int scale_type)
-      : op_(op), provider_(provider), compute_(compute), skip_type_(skip_type), scale_type_(scale_type) {}
+      : op_(op), provider_(provider), compute_(compute), skip_type_(skip_type), scale_type_(scale_type) {
+    OrtCustomOp::InferOutputShapeFn = &InferShapes;
+  }
 
   OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const noexcept {
     try {
@@ -81,6 +83,10 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
   }
 
  private:
+  // Output shapes for ORT's graph: Y and Sum have X's shape, the statistics X's with the normalised
+  // dims set to 1. (Element types are ORT's to infer, from the inputs; see register.cc.)
+  static OrtStatusPtr ORT_API_CALL InferShapes(const OrtCustomOp* self, OrtShapeInferContext* ctx) noexcept;
+
   OpSignature op_;
   const char* provider_;
   ComputeFn compute_;
