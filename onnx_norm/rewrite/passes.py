@@ -88,3 +88,71 @@ def _infer_shapes(model: ir.Model) -> None:
         common_passes.ShapeInferencePass(strict_mode=False)(model)
     except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
         logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
+    for function in model.functions.values():
+        try:
+            _infer_function_shapes(model, function)
+        except Exception as err:  # same: a function without shapes only yields near-misses
+            logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
+
+
+def _call_sites(model: ir.Model, function: ir.Function) -> list[ir.Node]:
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    calls = []
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            if (node.domain, node.op_type, node.overload) == function.identifier():
+                calls.append(node)
+    return calls
+
+
+def _infer_function_shapes(model: ir.Model, function: ir.Function) -> None:
+    """Shapes inside a model-local function, inferred from the types at its call sites when they all agree.
+
+    onnx shape inference does not annotate function bodies, and the matchers need ranks and static normalised dims.
+    """
+    import onnx
+
+    calls = _call_sites(model, function)
+    if not calls:
+        return
+    input_types: list[onnx.TypeProto] = []
+    for index, value in enumerate(function.inputs):
+        seen = set()
+        for call in calls:
+            actual = call.inputs[index] if index < len(call.inputs) else None
+            if actual is None or actual.type is None:
+                return
+            seen.add((actual.dtype, None if actual.shape is None else tuple(str(d) for d in actual.shape)))
+        if len(seen) != 1:
+            return  # called with different types or shapes: the body has no single shape
+        first = calls[0].inputs[index]
+        assert first is not None
+        shape = None if first.shape is None else [d if isinstance(d, int) else None for d in first.shape]
+        input_types.append(onnx.helper.make_tensor_type_proto(int(first.dtype), shape))
+    proto = ir.serde.serialize_function(function)
+    graph = onnx.helper.make_graph(
+        list(proto.node),
+        "body",
+        [onnx.helper.make_value_info(name, t) for name, t in zip(proto.input, input_types)],
+        [onnx.helper.ValueInfoProto(name=name) for name in proto.output],
+    )
+    opsets = [onnx.helper.make_opsetid(d, v) for d, v in function.opset_imports.items()]
+    body_model = onnx.helper.make_model(
+        graph, opset_imports=opsets, functions=[ir.serde.serialize_function(f) for f in model.functions.values()]
+    )
+    inferred = onnx.shape_inference.infer_shapes(body_model, strict_mode=False)
+    infos = {info.name: info for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    values = {v.name: v for v in function.inputs}
+    for node in function:
+        for output in node.outputs:
+            values[output.name] = output
+    for name, info in infos.items():
+        value = values.get(name)
+        if value is None or not info.type.HasField("tensor_type"):
+            continue
+        tensor_type = info.type.tensor_type
+        if value.type is None and tensor_type.elem_type:
+            value.type = ir.TensorType(ir.DataType(tensor_type.elem_type))
+        if value.shape is None and tensor_type.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
+            value.shape = ir.Shape(dims)

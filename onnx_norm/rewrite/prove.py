@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from onnx_norm.ops.reference import normalize, np_dtype
 from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
 from onnx_norm.rewrite.match import Candidate
 from onnx_norm.rewrite.structure import NearMiss
@@ -84,8 +85,10 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
 def _const(value: ir.Value | None) -> np.ndarray | None:
     if value is None:
         return None
-    assert value.const_value is not None
-    return value.const_value.numpy()
+    array = constants.constant_array(value)
+    if array is None:
+        raise NearMiss(f"scale or bias {value.name!r} is not constant", value)
+    return array
 
 
 def _reference(
