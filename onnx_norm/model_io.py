@@ -13,14 +13,13 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Union
 
 import onnx
 import onnx_ir as ir
 
 logger = logging.getLogger(__name__)
 
-ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
+ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model
 
 #: Above this many bytes of tensors a model is saved with external data (protobuf's hard limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000

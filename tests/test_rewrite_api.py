@@ -131,7 +131,7 @@ def test_broken_inputs_give_clear_errors(tmp_path):
         model_io.load(tmp_path / "missing.onnx")
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x00not a model\xff" * 10)
-    with pytest.raises(model_io.ModelLoadError, match="garbage.onnx"):
+    with pytest.raises(model_io.ModelLoadError, match=r"garbage\.onnx"):
         model_io.load(garbage)
     with pytest.raises(model_io.ModelLoadError, match="directory"):
         model_io.load(tmp_path)

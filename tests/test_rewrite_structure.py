@@ -38,7 +38,7 @@ def expanded_layer_normalization() -> onnx.ModelProto:
 
 def test_function_expansion_of_layer_normalization_keeps_statistics():
     model = expanded_layer_normalization()
-    optimized, report = assert_fused(model, {"X": [2, 3, D]}, ["LayerNorm"], rtol=1e-4, atol=1e-4)
+    _optimized, report = assert_fused(model, {"X": [2, 3, D]}, ["LayerNorm"], rtol=1e-4, atol=1e-4)
     assert report.norms[0].statistics == ["mean", "inv_std"]
     assert report.norms[0].variant == "E[x^2] - E[x]^2"
 
@@ -69,7 +69,7 @@ def test_norm_inside_if_branch():
     )
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)]
     model = make_model(nodes, [("x", FLOAT, ["b", D]), ("c", onnx.TensorProto.BOOL, [])], [("y", FLOAT, ["b", D])])
-    optimized, report = optimize(model)
+    optimized, _report = optimize(model)
     onnx.checker.check_model(optimized)
     then_branch = next(a.g for a in optimized.graph.node[0].attribute if a.name == "then_branch")
     then_ops = [n.op_type for n in then_branch.node]
@@ -94,7 +94,7 @@ def test_norm_inside_model_local_function():
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)], functions=[function]
     )
     model.ir_version = 10
-    optimized, report = optimize(model)
+    optimized, _report = optimize(model)
     onnx.checker.check_model(optimized)
     body = next(f for f in optimized.functions if f.name == "MyNorm")
     assert [n.op_type for n in body.node if n.op_type == "RMSNorm"], [n.op_type for n in body.node]
@@ -110,7 +110,7 @@ def test_standard_targets(target):
     assert fused_ops(optimized) == []
     assert report.fused == 1 and report.norms[0].target == target
     feeds = random_feeds(model, {"X": [2, 3, D]})
-    for before, after in zip(run(model, feeds), run(optimized, feeds)):
+    for before, after in zip(run(model, feeds), run(optimized, feeds), strict=False):
         np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4)
 
 

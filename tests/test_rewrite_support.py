@@ -76,7 +76,7 @@ def assert_fused(
     if target == "onnx-norm":
         assert sorted(fused_ops(optimized)) == sorted(expected), (fused_ops(optimized), report.near_misses)
     feeds = random_feeds(model, shapes)
-    for before, after in zip(run(model, feeds), run(optimized, feeds)):
+    for before, after in zip(run(model, feeds), run(optimized, feeds), strict=False):
         assert before.dtype == after.dtype and before.shape == after.shape
         np.testing.assert_allclose(after.astype(np.float64), before.astype(np.float64), rtol=rtol, atol=atol)
     return optimized, report
@@ -88,7 +88,7 @@ def assert_not_fused(model: onnx.ModelProto, shapes: dict[str, list[int]], reaso
     onnx.checker.check_model(optimized)
     assert fused_ops(optimized) == [], report.norms
     feeds = random_feeds(model, shapes)
-    for before, after in zip(run(model, feeds), run(optimized, feeds)):
+    for before, after in zip(run(model, feeds), run(optimized, feeds), strict=False):
         np.testing.assert_array_equal(after, before)
     if reason is not None:
         reasons = " | ".join(m.reason for m in report.near_misses)

@@ -32,7 +32,7 @@ def layer_norm_graph(*, opset=17, square="pow", rsqrt="div", scale="after", eps_
     nodes = mean("m", "x", "mu", opset)
     nodes += [helper.make_node("Sub", ["x", "mu"], ["d"])]
     if dup:
-        nodes += mean("m2", "x", "mu2", opset) + [helper.make_node("Sub", ["x", "mu2"], ["d2"])]
+        nodes += [*mean("m2", "x", "mu2", opset), helper.make_node("Sub", ["x", "mu2"], ["d2"])]
     dv = "d2" if dup else "d"
     if square == "pow":
         nodes.append(helper.make_node("Pow", [dv, "two"], ["sq"]))

@@ -456,10 +456,16 @@ def _build(
                         node_set.add(readers[0])
                         changed = True
                         continue
-                if perm is None and inv_out is None and output.is_graph_output() and not outside:
-                    if _is_inv_std(output, eps_sum) and rank_of(output) == rank:
-                        inv_out = output
-                        continue
+                if (
+                    perm is None
+                    and inv_out is None
+                    and output.is_graph_output()
+                    and not outside
+                    and _is_inv_std(output, eps_sum)
+                    and rank_of(output) == rank
+                ):
+                    inv_out = output
+                    continue
                 where = (
                     "a graph output"
                     if output.is_graph_output()

@@ -116,7 +116,7 @@ def _infer_function_shapes(model: ir.Model, function: ir.Function) -> None:
     if not calls:
         return
     input_types: list[onnx.TypeProto] = []
-    for index, value in enumerate(function.inputs):
+    for index in range(len(function.inputs)):
         seen = set()
         for call in calls:
             actual = call.inputs[index] if index < len(call.inputs) else None
@@ -133,7 +133,7 @@ def _infer_function_shapes(model: ir.Model, function: ir.Function) -> None:
     graph = onnx.helper.make_graph(
         list(proto.node),
         "body",
-        [onnx.helper.make_value_info(name, t) for name, t in zip(proto.input, input_types)],
+        [onnx.helper.make_value_info(name, t) for name, t in zip(proto.input, input_types, strict=False)],
         [onnx.helper.ValueInfoProto(name=name) for name in proto.output],
     )
     opsets = [onnx.helper.make_opsetid(d, v) for d, v in function.opset_imports.items()]

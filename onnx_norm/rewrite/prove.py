@@ -151,7 +151,7 @@ def prove(candidate: Candidate, *, seed: int = 0) -> None:
             raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
         y, inv, mean = _reference(candidate, feeds.x_wide, exact, wide=True)
         expected = {"Y": y, "Mean": mean, "InvStdDev": inv, "Sum": feeds.x_wide}
-        for (name, _), actual in zip(outputs, graph):
+        for (name, _), actual in zip(outputs, graph, strict=False):
             reference = expected[name]
             assert reference is not None
             ratio, ok = _max_error(
