@@ -83,7 +83,8 @@ def like(original: ModelLike, model: ir.Model) -> onnx.ModelProto | ir.Model:
     return model
 
 
-def _tensor_bytes(model: ir.Model) -> int:
+def tensor_bytes(model: ir.Model) -> int:
+    """Bytes of all initializers (main graph and functions), without loading external data."""
     total = 0
     graphs = [model.graph, *(f.graph for f in model.functions.values())]
     for graph in graphs:
@@ -104,7 +105,7 @@ def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None
     if not directory.is_dir():
         raise ModelSaveError(f"{path}: directory {directory} does not exist")
     if external_data is None:
-        external_data = _uses_external_data(model) or _tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
+        external_data = _uses_external_data(model) or tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
     data_name = f"{path.name}.data"
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
@@ -113,7 +114,7 @@ def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None
     try:
         staged = staging / path.name
         if external_data:
-            if _tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD:
+            if tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD:
                 logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", path, data_name)
             ir.save(model, staged, external_data=data_name)
         else:

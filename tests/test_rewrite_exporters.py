@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -166,3 +167,45 @@ def test_dynamo_hand_written_layer_norm():
 
     model = export(HandLayerNorm().eval(), torch.randn(2, 5, 24), opset=18, dynamo=True)
     check(model, [2, 5, 24], ["LayerNorm"], rtol=1e-4, atol=1e-4)
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize(
+    ("name", "counts"),
+    [
+        ("bert-layernorm-opset13", {"skip_layer_norm": 4, "layer_norm": 1}),
+        ("llama-rmsnorm-fp32", {"skip_rms_norm": 4, "rms_norm": 1}),
+        ("llama-rmsnorm-fp16", {"skip_rms_norm": 4, "rms_norm": 1}),
+    ],
+)
+def test_bundled_examples(name, counts):
+    """Whole exported models (attention Reshapes defeat onnx's shape inference in BERT, so the symbolic one is
+    needed to see the residual Adds' shapes)."""
+    path = EXAMPLES / f"{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} not in this checkout")
+    model = onnx.load(path)
+    optimized, report = optimize(model)
+    onnx.checker.check_model(optimized)
+    assert report.rule_counts == counts, [(m.reason, m.nodes) for m in report.near_misses]
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input_ids": rng.integers(0, 128, (2, 9), dtype=np.int64),
+        "attention_mask": np.ones((2, 9), dtype=np.int64),
+    }
+    for before, after in zip(run(model, feeds), run(optimized, feeds), strict=True):
+        tolerance = 2e-2 if before.dtype == np.float16 else 1e-4
+        np.testing.assert_allclose(after.astype(np.float64), before.astype(np.float64), rtol=tolerance, atol=tolerance)
+
+
+def test_fp16_converted_after_export():
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    model = export(LayerNormModule().eval(), torch.randn(2, 5, 24), opset=14)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        converted = float16.convert_float_to_float16(model, keep_io_types=False)
+    _, report = check(converted, [3, 7, 24], ["LayerNorm"], dtype=np.float16, rtol=1e-2, atol=1e-2)
+    assert report.norms[0].dtype == "fp16"
+    assert report.norms[0].attributes["normalized_type"] == onnx.TensorProto.FLOAT16

@@ -88,11 +88,63 @@ def _infer_shapes(model: ir.Model) -> None:
         common_passes.ShapeInferencePass(strict_mode=False)(model)
     except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
         logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
+    if _reductions_without_shape(model.graph):
+        _infer_symbolic_shapes(model)
     for function in model.functions.values():
         try:
             _infer_function_shapes(model, function)
         except Exception as err:  # same: a function without shapes only yields near-misses
             logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
+
+
+#: Models with more tensor bytes than this are not serialised again for ONNX Runtime's symbolic shape inference.
+_SYMBOLIC_INFERENCE_MAX_BYTES = 1 << 30
+
+
+def _reductions_without_shape(graph: ir.Graph) -> bool:
+    return any(
+        node.op_type in ("ReduceMean", "ReduceSum")
+        and node.inputs
+        and node.inputs[0] is not None
+        and node.inputs[0].shape is None
+        for node in graph
+    )
+
+
+def _infer_symbolic_shapes(model: ir.Model) -> None:
+    """ONNX Runtime's symbolic shape inference, which follows the data-dependent Reshapes of attention blocks that
+    onnx's inference gives up on; it fills in shapes the model does not have yet."""
+    from onnx_norm.model_io import tensor_bytes
+
+    if tensor_bytes(model) > _SYMBOLIC_INFERENCE_MAX_BYTES:
+        return
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(ir.serde.serialize_model(model), auto_merge=True)
+    except Exception as err:  # best effort, like onnx's inference
+        logger.info("symbolic shape inference failed: %s", err)
+        return
+    if inferred is None:
+        return
+    values = {v.name: v for node in model.graph for v in node.outputs if v.name}
+    for info in inferred.graph.value_info:
+        value = values.get(info.name)
+        if value is None or not _vague(value.shape) or not info.type.tensor_type.HasField("shape"):
+            continue
+        dims = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in info.type.tensor_type.shape.dim
+        ]
+        value.shape = ir.Shape(dims)
+        if value.type is None and info.type.tensor_type.elem_type:
+            value.type = ir.TensorType(ir.DataType(info.type.tensor_type.elem_type))
+
+
+def _vague(shape: ir.Shape | None) -> bool:
+    """No shape, or dims onnx's inference could only name `unk__N` (which match nothing else)."""
+    if shape is None:
+        return True
+    return any(not isinstance(d, int) and (d.value is None or str(d.value).startswith("unk__")) for d in shape)
 
 
 def _call_sites(model: ir.Model, function: ir.Function) -> list[ir.Node]:
