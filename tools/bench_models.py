@@ -41,14 +41,14 @@ def llama_spec(hidden: int, layers: int, vocab: int, heads: int, sequence: int) 
     return ZooModel(f"llama-h{hidden}-l{layers}", "LlamaConfig", config, ort_model_type="gpt2")
 
 
-def export_model(spec: ZooModel, dtype: str, path: Path, console: Console) -> None:
+def export_model(spec: ZooModel, dtype: str, exporter: str, path: Path, console: Console) -> None:
     import torch
 
     start = time.perf_counter()
     model = build_model(spec, seed=0)
     trace = example_inputs(spec, 1, 8, seed=0)
     names = _output_names(model, _to_torch(trace, torch.float32))
-    write_onnx(model, spec, "torchscript-17", dtype, trace, path, names)
+    write_onnx(model, spec, exporter, dtype, trace, path, names)
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     console.print(f"exported {path.name} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f}s")
 
@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequence", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
+    parser.add_argument(
+        "--exporter",
+        default="torchscript-17",
+        help="torchscript-<opset> (Div-style RMSNorm, which ORT fuses) or dynamo (rsqrt as Reciprocal(Sqrt))",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=10)
@@ -78,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         for dtype in args.dtype:
-            path = out / f"{spec.name}-{dtype}.onnx"
+            path = out / f"{spec.name}-{args.exporter}-{dtype}.onnx"
             if not path.is_file():
-                export_model(spec, dtype, path, console)
+                export_model(spec, dtype, args.exporter, path, console)
             optimized, report = optimize(onnx.load(str(path)))
             console.print(f"{path.name}: {report.fused} norms fused ({dict(report.rule_counts)})")
-            shapes = {"batch": [args.batch], "sequence": [args.sequence]}
+            # By input name: exporters name the dims differently (dynamo writes s0, s1, ...).
+            shapes = {name: [args.batch, args.sequence] for name in ("input_ids", "attention_mask")}
             result = bench(
                 str(path),
                 optimized,
