@@ -233,3 +233,25 @@ def test_demo_runs_the_whole_flow_on_a_bundled_model(tmp_path: Path, capsys):
         assert f"$ {step}" in out
     assert "PASSED | Output: 'last_hidden_state'" in out
     assert (tmp_path / "bert-layernorm-opset13.optimized.onnx").is_file()
+
+
+def _cuda_runs() -> bool:
+    import onnxruntime as ort
+
+    from onnx_norm.sessions import RuntimeConfig, SessionError, create_session
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    try:
+        create_session(onnx.load(LLAMA), RuntimeConfig("cuda"), custom_ops=False)
+    except SessionError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_cuda_runs(), reason="CUDA works here: nothing falls back")
+def test_a_cuda_run_that_falls_back_to_the_cpu_is_refused(tmp_path: Path, optimized_llama, capsys):
+    onnx.save(optimized_llama, tmp_path / "opt.onnx")
+    code = _cli(["verify", str(LLAMA), str(tmp_path / "opt.onnx"), "--provider", "cuda", *SHAPE])
+    assert code == 2
+    assert "runs the model on ['CPUExecutionProvider']" in capsys.readouterr().err
