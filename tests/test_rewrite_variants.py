@@ -269,3 +269,28 @@ def test_double_precision_input_is_a_near_miss():
     from test_rewrite_support import assert_not_fused
 
     assert_not_fused(model, {"x": [3, D]}, reason="not supported by the fused ops")
+
+
+def test_bf16_llama_casts_are_proven_and_fused():
+    """bf16 norms are proven with the numpy interpreter (ONNX Runtime has few bf16 CPU kernels to compare on)."""
+    from onnx import TensorProto
+
+    from onnx_norm.rewrite import optimize
+
+    bf16 = TensorProto.BFLOAT16
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x32"], to=FLOAT),
+        helper.make_node("Mul", ["x32", "x32"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x32", "s"], ["n"]),
+        helper.make_node("Cast", ["n"], ["nb"], to=bf16),
+        helper.make_node("Mul", ["nb", "w"], ["y"]),
+    ]
+    w = helper.make_tensor("w", bf16, [D], W.tolist())
+    model = make_model(nodes, [("x", bf16, ["b", D])], [("y", bf16, ["b", D])], [const("eps", 1e-6, np.float32), w])
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node if n.domain == "onnx_norm"] == ["RMSNorm"]
+    attrs = report.norms[0].attributes
+    assert attrs["normalized_type"] == bf16 and attrs["multiply_type"] == bf16 and attrs["output_type"] == 0

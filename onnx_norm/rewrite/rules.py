@@ -84,6 +84,9 @@ class Session:
             result = find_norm(node, kinds=kinds, channels_first="layer_norm_channels_first" not in self.disabled)
         except NearMiss as miss:
             self.near_miss(node, graph, miss)
+        except Exception as err:  # a graph the matcher does not understand is left as it is, and reported
+            logger.warning("matcher failed at %s: %s", node.name, err, exc_info=logger.isEnabledFor(logging.DEBUG))
+            self.near_miss(node, graph, NearMiss(f"not analysed ({type(err).__name__}: {err})"))
         self._last = (node, result)
         return result
 
@@ -108,6 +111,8 @@ class Session:
                 self._proven[key] = None
             except NearMiss as miss:
                 self._proven[key] = miss.reason
+            except Exception as err:  # an unprovable candidate is never rewritten
+                self._proven[key] = f"proof could not run ({type(err).__name__}: {err})"
         return self._proven[key]
 
     def invalidate(self) -> None:
@@ -210,7 +215,11 @@ class NormFusionRule(pattern.RewriteRule):
         spec = dataclasses.replace(candidate.spec, rule=self.name)
         tape = TapeBuilder()
         opset = graph_or_function.opset_imports.get("", model.graph.opset_imports.get("", 17))
-        outputs = self._emit(tape, candidate, spec, opset, isinstance(graph_or_function, ir.Function))
+        try:
+            outputs = self._emit(tape, candidate, spec, opset, isinstance(graph_or_function, ir.Function))
+        except ValueError as err:  # the target cannot express this norm exactly
+            self.session.near_miss(node, graph_or_function, NearMiss(f"target {self.session.target}: {err}"))
+            return None
         old_values = [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]
         old_values += [n.outputs[0] for n in candidate.recast]
         match = pattern.MatchResult()
