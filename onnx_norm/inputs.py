@@ -46,6 +46,7 @@ _PASS_THROUGH = frozenset(
 _GATHER_OPS = frozenset({"Gather", "GatherElements"})
 _POSITION_TABLES = re.compile(r"position|pos_emb|wpe", re.IGNORECASE)
 _FALLBACK_INT_HIGH = 16
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 class InputError(ValueError):
@@ -181,7 +182,10 @@ def resolve_shapes(
     dims capped at `limit`)."""
     overrides = dict(overrides or {})
     by_name = {spec.name: spec for spec in specs}
-    symbols_in_model = {d for spec in specs for d in (spec.shape or ()) if isinstance(d, str)}
+    # Symbols, also those inside exporters' dim expressions such as `past_sequence_length + 1`.
+    symbols_in_model = {
+        name for spec in specs for d in (spec.shape or ()) if isinstance(d, str) for name in _IDENTIFIER.findall(d)
+    }
     symbols: dict[str, int] = {}
     for key, dims in overrides.items():
         if key in by_name:
@@ -246,8 +250,9 @@ def _defaults_for(specs: Sequence[InputSpec], limit: int | None) -> dict[str, in
     symbols: dict[str, int] = {}
     for spec in specs:
         for position, dim in enumerate(spec.shape or ()):
-            if isinstance(dim, str) and dim.isidentifier():
-                symbols.setdefault(dim, _default_dim(dim, position, limit))
+            if isinstance(dim, str):
+                for name in _IDENTIFIER.findall(dim):
+                    symbols.setdefault(name, _default_dim(name, position, limit))
     return symbols
 
 

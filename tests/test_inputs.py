@@ -105,6 +105,10 @@ def test_dim_expressions_of_exporters_are_evaluated():
     ]
     shapes = inputs.resolve_shapes(specs, {"sequence_length": [5], "past_sequence_length": [7]})
     assert shapes == {"ids": (1, 5), "mask": (1, 12), "past": (1, 4, 7, 8)}
+    # A symbol that appears only inside an expression can be set too.
+    only_in_expression = [inputs.InputSpec("mask", TensorProto.INT64, ("batch", "past_sequence_length + 1"))]
+    assert inputs.resolve_shapes(only_in_expression, {"past_sequence_length": [3]}) == {"mask": (1, 4)}
+    assert inputs.resolve_shapes(only_in_expression) == {"mask": (1, inputs.DEFAULT_PAST + 1)}
 
 
 def test_generation_is_seeded():
