@@ -231,6 +231,17 @@ def test_matches_reference(op: str, x_type: int, scale_type: int, hidden: int) -
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("x_type", [F32, BF16], ids=lambda t: TYPE_NAMES[t])
+def test_many_rows_split_over_threads(op: str, x_type: int) -> None:
+    # Enough rows for several blocks of work on ORT's intra-op pool (the sessions have 2 threads);
+    # every row distinct so that a block written to the wrong place shows.
+    rng = np.random.default_rng(20)
+    arrays = make_inputs(op, (301, 1000), -1, x_type, F16, rng)
+    arrays[0] = (arrays[0].astype(np.float32) * np.arange(1, 302, dtype=np.float32)[:, None]).astype(arrays[0].dtype)
+    check_op(op, arrays)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize(
     ("shape", "axis", "scale_shape"),
     [
