@@ -9,6 +9,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -580,3 +583,23 @@ def test_missing_required_input_is_rejected() -> None:
     model.graph.node[0].input[1] = ""
     with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidGraph, match=r"input 1 is marked single"):
         ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+
+
+# --- the portable conversions -----------------------------------------------------------------------------
+
+
+def test_portable_conversions_match_reference() -> None:
+    """With ONNX_NORM_CPU_SIMD=0 the kernels use the portable fp16/bf16 conversions instead of F16C/AVX2."""
+    env = dict(os.environ, ONNX_NORM_CPU_SIMD="0")
+    selection = (
+        "test_matches_reference and 4097 and (f16 or bf16) or test_rounding_attributes and 4097 "
+        "or test_nan_and_inf and RMSNorm or test_many_rows"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

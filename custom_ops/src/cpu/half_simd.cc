@@ -1,5 +1,8 @@
 #include "cpu/half_simd.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "common/float_convert.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -90,10 +93,16 @@ __attribute__((target("avx2"))) void RoundToBFloatAVX2(float* v, int64_t n) {
   for (; i < n; ++i) v[i] = BFloat2Float(Float2BFloat(v[i]));
 }
 
+// ONNX_NORM_CPU_SIMD=0 in the environment selects the portable conversions (to test or debug them).
+bool SimdAllowed() {
+  const char* value = std::getenv("ONNX_NORM_CPU_SIMD");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 bool HasAVX2() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
+    return SimdAllowed() && __builtin_cpu_supports("avx2");
   }();
   return has;
 }
@@ -101,7 +110,7 @@ bool HasAVX2() {
 bool HasF16C() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    return SimdAllowed() && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
   }();
   return has;
 }
