@@ -15,12 +15,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <ucontext.h>
+#include <vector_functions.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -191,6 +193,21 @@ template <typename T>
 T __ldg(const T* p) {
   return *p;
 }
+template <typename T>
+void __stwb(T* p, const T& value) {
+  *p = value;
+}
+inline unsigned int __float_as_uint(float v) {
+  unsigned int u;
+  std::memcpy(&u, &v, sizeof(u));
+  return u;
+}
+inline float __uint_as_float(unsigned int u) {
+  float v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+using std::memcpy;
 using std::min;
 
 #include "kernel_config.cuh"

@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(1024, 1) SharedRowKernel(NormArgs a) {
     for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
       float v[V];
       LoadInput<TX, V>(a, cached.base + layout.head + k * V, true, v);
-      if (kCached) StoreVector<TX, V>(cache + k * V, v);
+      if (kCached) StoreVectorShared<TX, V>(cache + k * V, v);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         sum += v[j];
