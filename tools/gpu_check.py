@@ -682,13 +682,15 @@ class HostHarnessBackend:
 # --------------------------------------------------------------------------------------------- ORT backend
 
 
-class OrtCudaBackend:
-    """Runs cases through ONNX Runtime's CUDA provider with the built onnx_norm library."""
+class OrtBackend:
+    """Runs cases through ONNX Runtime with the built onnx_norm library on one provider (CUDA on a GPU
+    machine; the CPU provider in --self-test, to check the model building and the profile reading)."""
 
-    def __init__(self) -> None:
+    def __init__(self, provider: str = "CUDAExecutionProvider") -> None:
         import onnxruntime as ort
 
         self.ort = ort
+        self.provider = provider
         self.profiles_checked = 0
 
     @staticmethod
@@ -700,6 +702,25 @@ class OrtCudaBackend:
             return "onnxruntime is not installed"
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             return "onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu is not installed)"
+        # onnxruntime-gpu lists CUDA even when its CUDA libraries are missing, then silently runs on the CPU.
+        from onnx import helper
+
+        probe = helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Add", ["a", "a"], ["b"])],
+                "probe",
+                [helper.make_tensor_value_info("a", F32, [4])],
+                [helper.make_tensor_value_info("b", F32, [4])],
+            ),
+            opset_imports=[helper.make_opsetid("", 17)],
+        )
+        probe.ir_version = 10
+        try:
+            session = ort.InferenceSession(probe.SerializeToString(), providers=["CUDAExecutionProvider"])
+        except Exception as exc:  # any failure to start the provider
+            return f"onnxruntime's CUDA provider does not start here ({exc})"
+        if session.get_providers()[0] != "CUDAExecutionProvider":
+            return "onnxruntime-gpu is installed but its CUDA provider fell back to the CPU (CUDA/cuDNN libraries?)"
         try:
             import onnx_norm
 
@@ -765,9 +786,9 @@ class OrtCudaBackend:
     def run(self, case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
         ort = self.ort
         session = ort.InferenceSession(
-            self._model(case), sess_options=self._session_options(), providers=["CUDAExecutionProvider"]
+            self._model(case), sess_options=self._session_options(), providers=[self.provider]
         )
-        if session.get_providers()[0] != "CUDAExecutionProvider":
+        if session.get_providers()[0] != self.provider:
             raise RuntimeError(f"session fell back to {session.get_providers()}")
         feeds = {"X": inputs.x}
         if inputs.skip is not None:
@@ -788,8 +809,8 @@ class OrtCudaBackend:
             for e in events
             if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == case.op
         }
-        if providers != {"CUDAExecutionProvider"}:
-            raise RuntimeError(f"profile shows {case.op} on {sorted(map(str, providers))}, not CUDA")
+        if providers != {self.provider}:
+            raise RuntimeError(f"profile shows {case.op} on {sorted(map(str, providers))}, not {self.provider}")
         self.profiles_checked += 1
         results = {}
         for name, value in zip(wanted, values, strict=True):
@@ -797,9 +818,10 @@ class OrtCudaBackend:
         return results
 
 
-def ort_cases(cases: Iterable[Case]) -> list[Case]:
-    """The subset that ONNX Runtime's numpy interface can feed (no bfloat16) with the default layout."""
-    return [
+def ort_cases(cases: Iterable[Case], limit: int = 80) -> list[Case]:
+    """The subset that ONNX Runtime's numpy interface can feed (no bfloat16) with the default layout, thinned
+    to `limit` sessions (each costs a session creation) while keeping every op."""
+    usable = [
         c
         for c in cases
         if c.layout == "contiguous"
@@ -807,6 +829,8 @@ def ort_cases(cases: Iterable[Case]) -> list[Case]:
         and c.rows > 0
         and c.cols <= 16384
     ]
+    step = max(1, math.ceil(len(usable) / limit))
+    return usable[::step]
 
 
 # --------------------------------------------------------------------------------------------- fake backend
@@ -1087,6 +1111,24 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
     print(f"self-test: {len(cases)} cases; the exact fake passes; nudged outputs missed: {missed}")
     if missed:
         return 1
+    try:
+        import onnx_norm
+
+        library = Path(onnx_norm.get_library_path())
+    except Exception as exc:  # not built or not installed
+        library = None
+        print(f"self-test: the onnx_norm library is not available ({exc}); ONNX Runtime path not checked")
+    if library is not None and library.is_file():
+        subset = ort_cases(cases, limit=16)
+        through_ort = Outcome()
+        cpu = OrtBackend("CPUExecutionProvider")
+        run_cases(cpu, subset, "ort-cpu", through_ort)
+        print(
+            f"self-test: {len(subset)} cases through ONNX Runtime (CPU provider, {library.name}): "
+            f"{len(through_ort.failures)} failures, {cpu.profiles_checked} profiles read"
+        )
+        if through_ort.failures:
+            return 1
     cuda_include = find_cuda_include(nvcc)
     if emulate and cuda_include is not None and shutil.which("g++"):
         started = time.perf_counter()
@@ -1101,7 +1143,7 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
         )
         if emulated.failures:
             return 1
-    else:
+    elif emulate:
         print("self-test: no CUDA headers or g++, the kernels were not emulated")
     if nvcc is None:
         print("self-test: nvcc not found, harness build not checked")
@@ -1165,11 +1207,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"harness: {outcome.checked} checks, {len(outcome.failures)} failures ({elapsed:.0f} s)")
 
     if not args.no_ort:
-        why_not = OrtCudaBackend.available()
+        why_not = OrtBackend.available()
         if why_not:
             print(f"ONNX Runtime CUDA provider: not run ({why_not})")
         else:
-            ort_backend = OrtCudaBackend()
+            ort_backend = OrtBackend()
             before = len(outcome.failures)
             subset = ort_cases(cases)
             run_cases(ort_backend, subset, "ort-cuda", outcome)
