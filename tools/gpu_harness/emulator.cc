@@ -310,6 +310,8 @@ cudaError_t cudaGetDevice(int* device) {
 
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
   if (attribute != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
   *value = onnx_norm::cuda::kEmulatedSharedOptin;

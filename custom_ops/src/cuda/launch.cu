@@ -170,6 +170,11 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
                         VectorAligned(p.bias, parameter_size, (vector - head) % vector, vector);
   }
 
+  // The launch reports its status through cudaGetLastError: drop an error left by an earlier call of
+  // this runtime (already returned to its caller), so that it is not reported again here. Sticky errors
+  // (a corrupted context) come back from the launch itself.
+  (void)cudaGetLastError();
+
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   // ONNX Runtime's CUDA runtime and ours (static) keep separate current devices: take the stream's.
   int device = 0;
