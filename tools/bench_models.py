@@ -21,7 +21,7 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from onnx_norm.bench import bench
+from onnx_norm.bench import BenchReport, bench, plot_speedups
 from onnx_norm.cli.bench import print_report
 from onnx_norm.zoo.export import _output_names, _to_torch, write_onnx
 from onnx_norm.zoo.models import ZooModel, build_model, example_inputs
@@ -55,7 +55,7 @@ def export_model(spec: ZooModel, dtype: str, exporter: str, path: Path, console:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[2048], help="one or more hidden sizes")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary (small: the embedding is not measured)")
@@ -71,45 +71,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="plot the speedup against the hidden size")
     parser.add_argument("--keep", type=Path, help="directory to keep the models in (default: a temporary one)")
     args = parser.parse_args(argv)
 
     from onnx_norm.rewrite import optimize
 
     console = Console()
-    spec = llama_spec(args.hidden, args.layers, args.vocab, args.heads, args.sequence)
-    rows = []
+    rows: list[tuple[str, int, str, int, BenchReport]] = []
     with tempfile.TemporaryDirectory(prefix="onnx_norm_bench_") as tmp:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        for dtype in args.dtype:
-            path = out / f"{spec.name}-{args.exporter}-{dtype}.onnx"
-            if not path.is_file():
-                export_model(spec, dtype, args.exporter, path, console)
-            optimized, report = optimize(onnx.load(str(path)))
-            console.print(f"{path.name}: {report.fused} norms fused ({dict(report.rule_counts)})")
-            # By input name: exporters name the dims differently (dynamo writes s0, s1, ...).
-            shapes = {name: [args.batch, args.sequence] for name in ("input_ids", "attention_mask")}
-            result = bench(
-                str(path),
-                optimized,
-                shapes=shapes,
-                threads=args.threads,
-                warmup=args.warmup,
-                repeat=args.repeat,
-                profile=args.profile,
-            )
-            print_report(result, console, title=path.name)
-            rows.append((path.name, report.fused, result))
+        for hidden in args.hidden:
+            spec = llama_spec(hidden, args.layers, args.vocab, args.heads, args.sequence)
+            for dtype in args.dtype:
+                path = out / f"{spec.name}-{args.exporter}-{dtype}.onnx"
+                if not path.is_file():
+                    export_model(spec, dtype, args.exporter, path, console)
+                optimized, report = optimize(onnx.load(str(path)))
+                console.print(f"{path.name}: {report.fused} norms fused ({dict(report.rule_counts)})")
+                # By input name: exporters name the dims differently (dynamo writes s0, s1, ...).
+                shapes = {name: [args.batch, args.sequence] for name in ("input_ids", "attention_mask")}
+                result = bench(
+                    str(path),
+                    optimized,
+                    shapes=shapes,
+                    threads=args.threads,
+                    warmup=args.warmup,
+                    repeat=args.repeat,
+                    profile=args.profile,
+                )
+                print_report(result, console, title=path.name)
+                rows.append((path.name, hidden, dtype, report.fused, result))
 
     table = Table(
-        title=f"LLaMA-style, hidden {args.hidden}, {args.layers} layers, batch {args.batch}, "
-        f"sequence {args.sequence}, threads {args.threads or 'default'}",
+        title=f"LLaMA-style, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, "
+        f"threads {args.threads or 'default'}, {args.exporter}",
         title_justify="left",
     )
-    for column in ("model", "norms fused", "original ms", "optimized ms", "speedup (p10-p90)", "vs ORT_DISABLE_ALL"):
+    columns = ("model", "norms fused", "original ms", "optimized ms", "speedup (p10-p90)", "vs ORT_DISABLE_ALL")
+    for column in columns:
         table.add_column(column, justify="left" if column == "model" else "right")
-    for name, fused, result in rows:
+    for name, _, _, fused, result in rows:
         point = result.points[0]
         noopt = point.speedup_vs_noopt
         table.add_row(
@@ -121,6 +124,18 @@ def main(argv: list[str] | None = None) -> int:
             "-" if noopt is None else f"{noopt.median:.3f}x",
         )
     console.print(table)
+    if args.plot:
+        for dtype in args.dtype:
+            series = [(hidden, result.points[0]) for _, hidden, d, _, result in rows if d == dtype]
+            target = args.plot if len(args.dtype) == 1 else args.plot.with_stem(f"{args.plot.stem}-{dtype}")
+            plot_speedups(
+                [h for h, _ in series],
+                [p for _, p in series],
+                target,
+                xlabel="hidden size",
+                title=f"LLaMA-style {dtype}, sequence {args.sequence} ({args.exporter})",
+            )
+            console.print(f"plot written to {target}")
     return 0
 
 
