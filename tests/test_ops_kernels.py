@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -603,3 +604,31 @@ def test_portable_conversions_match_reference() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def _simd_agreement_outputs() -> dict[str, np.ndarray]:
+    """Outputs of every op for fp16/bf16/fp32 rows (sizes with and without vector tails), bf16 as bits."""
+    results = {}
+    for op, x_type, hidden in itertools.product(sorted(OPS), FLOAT_TYPES, (7, 768, 1000)):
+        rng = np.random.default_rng(hidden + x_type)
+        arrays = make_inputs(op, (5, hidden), -1, x_type, F32, rng)
+        for i, out in enumerate(run_op(op, arrays)):
+            results[f"{op}-{x_type}-{hidden}-{i}"] = out.view(np.uint16) if out.dtype == ml_dtypes.bfloat16 else out
+    return results
+
+
+def test_simd_and_portable_paths_agree_bit_for_bit(tmp_path: Path) -> None:
+    # The fused F16C/AVX2 row kernels sum in the same lane order and round the same way as the
+    # portable code, so the two must produce identical bits, statistics included.
+    out = tmp_path / "portable.npz"
+    script = (
+        "import sys, numpy as np; sys.path.insert(0, sys.argv[2]); import test_ops_kernels as t; "
+        "np.savez(sys.argv[1], **t._simd_agreement_outputs())"
+    )
+    env = dict(os.environ, ONNX_NORM_CPU_SIMD="0")
+    subprocess.run([sys.executable, "-c", script, str(out), str(Path(__file__).parent)], env=env, check=True)
+    portable = np.load(out)
+    simd = _simd_agreement_outputs()
+    assert set(portable.files) == set(simd)
+    for name, values in simd.items():
+        np.testing.assert_array_equal(values, portable[name], err_msg=name)

@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "common/float_convert.h"
+#include "cpu/row_math.h"
+
+#include <cmath>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -64,7 +67,7 @@ __attribute__((target("avx2"))) void BFloatToFloatAVX2(const uint16_t* src, floa
   for (; i < n; ++i) dst[i] = BFloat2Float(src[i]);
 }
 
-__attribute__((target("avx2"))) __m256i RoundedBFloatBits(__m256 f) {
+inline __attribute__((target("avx2"), always_inline)) __m256i RoundedBFloatBits(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
@@ -168,3 +171,136 @@ void RoundToBFloat(float* v, int64_t n) {
 
 }  // namespace cpu
 }  // namespace onnx_norm
+
+#ifdef ONNX_NORM_X86
+namespace onnx_norm {
+namespace cpu {
+namespace {
+
+#define ONNX_NORM_AVX2 __attribute__((target("avx2,f16c"), always_inline)) inline
+
+struct HalfIO {
+  ONNX_NORM_AVX2 static __m256 Load(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  ONNX_NORM_AVX2 static void Store(uint16_t* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static float LoadOne(uint16_t h) { return Half2Float(h); }
+  static uint16_t StoreOne(float f) { return Float2Half(f); }
+};
+
+struct BFloatIO {
+  ONNX_NORM_AVX2 static __m256 Load(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  ONNX_NORM_AVX2 static void Store(uint16_t* p, __m256 v) {
+    const __m256i bits = _mm256_srli_epi32(RoundedBFloatBits(v), 16);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  static float LoadOne(uint16_t b) { return BFloat2Float(b); }
+  static uint16_t StoreOne(float f) { return Float2BFloat(f); }
+};
+
+// sum(x) or sum((x - center)^2) with the lane layout of row_math.h: lanes 0-7 in a0, 8-15 in a1.
+template <class IO, bool kSquares>
+__attribute__((target("avx2,f16c"))) float SumLanes(const uint16_t* x, int64_t n, float center) {
+  __m256 a0 = _mm256_setzero_ps();
+  __m256 a1 = _mm256_setzero_ps();
+  const __m256 c = _mm256_set1_ps(center);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m256 v0 = IO::Load(x + i);
+    __m256 v1 = IO::Load(x + i + 8);
+    if (kSquares) {
+      v0 = _mm256_sub_ps(v0, c);
+      v1 = _mm256_sub_ps(v1, c);
+      v0 = _mm256_mul_ps(v0, v0);
+      v1 = _mm256_mul_ps(v1, v1);
+    }
+    a0 = _mm256_add_ps(a0, v0);
+    a1 = _mm256_add_ps(a1, v1);
+  }
+  float acc[kLanes];
+  _mm256_storeu_ps(acc, a0);
+  _mm256_storeu_ps(acc + 8, a1);
+  for (int k = 0; i < n; ++i, ++k) {
+    if (kSquares) {
+      const float d = IO::LoadOne(x[i]) - center;
+      acc[k] += d * d;
+    } else {
+      acc[k] += IO::LoadOne(x[i]);
+    }
+  }
+  return ReduceLanes(acc);
+}
+
+template <class IO>
+__attribute__((target("avx2,f16c"))) void NormalizeRow(const uint16_t* x, uint16_t* y, int64_t n, float center,
+                                                        float r, const float* scale, const float* bias,
+                                                        int64_t period) {
+  const __m256 c = _mm256_set1_ps(center);
+  const __m256 rv = _mm256_set1_ps(r);
+  for (int64_t start = 0; start < n; start += period) {
+    const int64_t len = period < n - start ? period : n - start;
+    const uint16_t* xs = x + start;
+    uint16_t* ys = y + start;
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+      __m256 v = _mm256_mul_ps(_mm256_sub_ps(IO::Load(xs + j), c), rv);
+      if (scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(scale + j));
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
+      IO::Store(ys + j, v);
+    }
+    for (; j < len; ++j) {
+      float v = (IO::LoadOne(xs[j]) - center) * r;
+      if (scale) v *= scale[j];
+      if (bias) v += bias[j];
+      ys[j] = IO::StoreOne(v);
+    }
+  }
+}
+
+template <class IO>
+void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
+                 const float* bias, int64_t period, float* mean, float* inv_std) {
+  float center = 0.0f;
+  float var;
+  if (rms) {
+    var = SumLanes<IO, true>(x, n, 0.0f) / static_cast<float>(n);
+  } else {
+    center = SumLanes<IO, false>(x, n, 0.0f) / static_cast<float>(n);
+    var = SumLanes<IO, true>(x, n, center) / static_cast<float>(n);
+  }
+  const float r = 1.0f / std::sqrt(var + epsilon);
+  *mean = center;
+  *inv_std = r;
+  NormalizeRow<IO>(x, y, n, center, r, scale, bias, period);
+}
+
+}  // namespace
+
+bool Fused16Available() { return HasAVX2() && HasF16C(); }
+
+void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
+               const float* bias, int64_t period, float* mean, float* inv_std) {
+  if (half) {
+    NormRowWith<HalfIO>(x, y, n, rms, epsilon, scale, bias, period, mean, inv_std);
+  } else {
+    NormRowWith<BFloatIO>(x, y, n, rms, epsilon, scale, bias, period, mean, inv_std);
+  }
+}
+
+}  // namespace cpu
+}  // namespace onnx_norm
+#else
+namespace onnx_norm {
+namespace cpu {
+bool Fused16Available() { return false; }
+void NormRow16(bool, const uint16_t*, uint16_t*, int64_t, bool, float, const float*, const float*, int64_t, float*,
+               float*) {}
+}  // namespace cpu
+}  // namespace onnx_norm
+#endif

@@ -17,5 +17,15 @@ void BFloatToFloat(const uint16_t* src, float* dst, int64_t n);
 void FloatToBFloat(const float* src, uint16_t* dst, int64_t n);
 void RoundToBFloat(float* v, int64_t n);
 
+// Whether NormRow16 can run on this CPU (x86-64 with AVX2 and F16C).
+bool Fused16Available();
+
+// One row of LayerNorm (rms false) or RMSNorm, X and Y both fp16 (half true) or both bf16, no
+// rounding attributes: conversions happen in registers, no intermediate buffer. Same arithmetic and
+// summation order as the generic kernels, so the results are bit-identical to theirs.
+// scale/bias: float, `period` elements repeating along the row, or null.
+void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
+               const float* bias, int64_t period, float* mean, float* inv_std);
+
 }  // namespace cpu
 }  // namespace onnx_norm
