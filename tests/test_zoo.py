@@ -70,6 +70,7 @@ def test_export_holds_one_norm_per_module_call(zoo_export, model: str, exporter:
     """The zoo itself: every norm module call appears in the export, fused by the exporter or decomposed, so
     that the rewrite tests below count against the right number."""
     exported, proto = _export(zoo_export, model, exporter, dtype)
+    onnx.checker.check_model(proto, full_check=True)
     assert exported.norms_in_forward > 0
     in_graph = len(decomposed_norms(proto)) + sum(native_norms(proto).values())
     assert in_graph == exported.norms_in_forward, f"norm calls in forward: {exported.norm_calls}"

@@ -29,13 +29,14 @@ logger = logging.getLogger(__name__)
 Exporter = Literal["torchscript-14", "torchscript-17", "dynamo"]
 Dtype = Literal["fp32", "fp16", "fp16-converted"]
 EXPORTERS: tuple[Exporter, ...] = ("torchscript-14", "torchscript-17", "dynamo")
-# fp16: model.half() before export; fp16-converted: the fp32 export converted by onnxconverter-common.
+# fp16: model.half() before export; fp16-converted: the fp32 export converted to fp16 by ONNX Runtime's converter.
 DTYPES: tuple[Dtype, ...] = ("fp32", "fp16", "fp16-converted")
 
 CACHE_ENV = "ONNX_NORM_ZOO_CACHE"
 # Part of every cache key: bump it when a change to the export steps (not to a model's config, which has its own
 # fingerprint) must invalidate existing cache entries.
 _FORMAT_VERSION = 2
+_FP16_CONVERTER = "ort-float16-sorted"
 TRACE_SHAPE = (2, 8)  # batch, sequence used while exporting
 TEST_SHAPE = (3, 11)  # another shape, so that the tests exercise the dynamic axes
 
@@ -118,7 +119,8 @@ def export(name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     spec = ZOO[name]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    directory = root / f"{name}-{exporter}-{dtype}-{spec.fingerprint()}-{_versions()}"
+    versions = _versions() + (f"-{_FP16_CONVERTER}" if dtype == "fp16-converted" else "")
+    directory = root / f"{name}-{exporter}-{dtype}-{spec.fingerprint()}-{versions}"
     if not (directory / "meta.json").exists():
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
@@ -202,8 +204,16 @@ def _export_into(spec: ZooModel, exporter: Exporter, dtype: Dtype, directory: Pa
         meta["error"] = str(err)
     except Exception as err:  # an exporter failure of any kind is a property of this model, cached as such
         logger.debug("export of %s / %s / %s failed", spec.name, exporter, dtype, exc_info=True)
-        meta["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        meta["error"] = _describe(err)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _describe(err: BaseException) -> str:
+    """The root cause of an exporter failure in one line (torch wraps it in several layers of advice)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _torch_export(spec: ZooModel, exporter: Exporter, dtype: Dtype, directory: Path, meta: dict[str, Any]) -> None:
@@ -276,23 +286,28 @@ def write_onnx(
 
 def _convert_to_fp16(spec: ZooModel, exporter: Exporter, directory: Path, root: Path, meta: dict[str, Any]) -> None:
     import onnx
-    from onnxconverter_common import float16
+    from onnxruntime.transformers import float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
     source = export(spec.name, exporter, "fp32", root)
-    # keep_io_types=True breaks graphs where a graph output also feeds another node (BERT's pooler reads
-    # last_hidden_state): the converter's output Cast leaves that node with a mistyped input.
-    converted = float16.convert_float_to_float16(onnx.load(source.path), keep_io_types=False)
+    # ONNX Runtime's converter (the one its transformers optimizer uses), not onnxconverter-common's: version 1.16
+    # of the latter turns Cast(to=float) into Cast(to=float16) without fixing the recorded types, and leaves fp32
+    # values meeting fp16 ones, so ORT refuses 84 of the 117 zoo exports it converts. keep_io_types: users keep
+    # float32 inputs and outputs.
+    converted = float16.convert_float_to_float16(onnx.load(source.path), keep_io_types=True)
+    # The converter appends the Casts of graph inputs after their consumers; ORT sorts, onnx.checker refuses.
+    OnnxModel(converted).topological_sort()
     path = directory / "model.onnx"
     onnx.save(converted, path)
     meta["norm_calls"] = source.norm_calls
     meta["output_names"] = source.output_names
-    test = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in source.inputs().items()}
+    test = source.inputs()
     golden = _golden(spec, test, source.output_names, half_weights=True)
-    trace = example_inputs(spec, *TRACE_SHAPE, seed=0, float_dtype=np.float16)
+    trace = example_inputs(spec, *TRACE_SHAPE, seed=0)
     try:
         _finish(path, directory, test, trace, golden, meta)
     except Exception as err:
-        raise ZooExportError(f"onnxconverter-common's float16 converter made an invalid model: {err}") from err
+        raise ZooExportError(f"the float16 converter made an invalid model: {err}") from err
 
 
 def _golden(
