@@ -1,12 +1,11 @@
 #include "cpu/half_simd.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/float_convert.h"
 #include "cpu/row_math.h"
-
-#include <cmath>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -1,5 +1,6 @@
-// fp16/bf16 <-> fp32 row conversions with the F16C/AVX2 instructions where the CPU has them (chosen at run
-// time, the library itself targets baseline x86-64), else the portable conversions of float_convert.h.
+// fp16/bf16 <-> fp32 row conversions, and fused fp16/bf16 row kernels, with the F16C/AVX2 instructions
+// where the CPU has them (chosen at run time; the library itself targets baseline x86-64), else the
+// portable conversions of float_convert.h.
 #pragma once
 
 #include <cstdint>

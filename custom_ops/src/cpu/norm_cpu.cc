@@ -14,9 +14,8 @@ namespace onnx_norm {
 namespace cpu {
 namespace {
 
-
-// The hot loops are also compiled for x86-64-v3 (AVX2, FMA, F16C) and picked at load time (ifunc):
-// 8-wide instead of SSE2's 4-wide, which matters once fp16 rows halve the memory traffic.
+// The hot loops are also compiled for x86-64-v3 (AVX2) and picked at load time (ifunc): 8-wide
+// instead of SSE2's 4-wide. FMA contraction is off (CMakeLists.txt), so both clones round alike.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ONNX_NORM_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
