@@ -156,32 +156,49 @@ __device__ __forceinline__ void WriteStatistics(const NormArgs& a, int64_t row, 
 // ---------------------------------------------------------------------------------------------
 // Rows of up to group * VPT vectors (plus head and tail) held in registers.
 
-template <typename TX, int VPT>
-struct RegisterRow {
-  static constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  // group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar slots per thread suffice.
-  static constexpr int kScalarSlots = 2;
-  float v[VPT][V];
-  float s[kScalarSlots];
-};
-
-// Rounding of a whole register row: one branch per row rather than one per vector keeps the
-// unrolled code (and the compile time) small.
-template <int VPT, int V>
-__device__ __forceinline__ void RoundRow(float (&v)[VPT][V], int type) {
-  if (type == kFloat16 || type == kBFloat16) {
+// Loads one vector of the row as X's bits (4 words) and as floats. With Skip, the words are the sum
+// rounded to X's type (exact, and also what Sum receives), so keeping words instead of floats loses
+// nothing and halves the registers a 16-bit row needs.
+template <typename TX, int V, int W>
+__device__ __forceinline__ void LoadInputWords(const NormArgs& a, int64_t offset, uint32_t (&w)[W], float (&v)[V]) {
+  LoadWords<W, true>(static_cast<const TX*>(a.x) + offset, w);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) RoundTo<V>(v[i], type);
+  for (int i = 0; i < W; ++i) WordCodec<TX>::Unpack(w[i], v + i * WordCodec<TX>::kValues);
+  if (a.skip != nullptr) {
+    float s[V];
+    LoadVector<TX, V>(static_cast<const TX*>(a.skip) + offset, s);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] += s[i];
+    RoundToType<TX, V>(v);
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = WordCodec<TX>::Pack(v + i * WordCodec<TX>::kValues);
+    if (a.sum != nullptr) StoreWords<W, true>(static_cast<TX*>(a.sum) + offset, w);
   }
 }
 
-// Registers hold 2 to 32 values per thread; more would spill in 512-thread blocks, and fewer
+template <typename TX, int VPT>
+struct RegisterRow {
+  static constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  static constexpr int kWords = 4;  // 16 bytes
+  // group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar slots per thread suffice.
+  static constexpr int kScalarSlots = 2;
+  uint32_t w[VPT][kWords];  // the body vectors, as X's bits
+  float s[kScalarSlots];
+
+  __device__ __forceinline__ void Get(int i, float (&v)[V]) const {
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) WordCodec<TX>::Unpack(w[i][j], v + j * WordCodec<TX>::kValues);
+  }
+};
+
+// Registers hold up to 32 values per thread; more would spill in 512-thread blocks, and fewer
 // registers per thread (the default bound asks for two blocks per SM) are enough up to 16 values.
 template <typename TX, int VPT>
 __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) > 16 ? 1 : 2)
     RegisterRowKernel(NormArgs a) {
-  constexpr int V = RegisterRow<TX, VPT>::V;
-  constexpr int kSlots = RegisterRow<TX, VPT>::kScalarSlots;
+  using Row = RegisterRow<TX, VPT>;
+  constexpr int V = Row::V;
+  constexpr int kSlots = Row::kScalarSlots;
   __shared__ ReduceScratch scratch;
   int parity = 0;
   const int group = a.group;
@@ -192,22 +209,25 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
        row += row_step) {
     const RowLayout layout = MakeRowLayout<V>(a, row);
     const int64_t base = row * a.cols;
-    RegisterRow<TX, VPT> r;
+    Row r;
     float sum = 0.0f;
     float sum_sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int k = rank + i * group;
+      float v[V];
       if (k < layout.body) {
-        LoadInput<TX, V>(a, base + layout.head + k * V, true, r.v[i]);
+        LoadInputWords<TX, V, Row::kWords>(a, base + layout.head + k * V, r.w[i], v);
       } else {
 #pragma unroll
-        for (int j = 0; j < V; ++j) r.v[i][j] = 0.0f;
+        for (int j = 0; j < Row::kWords; ++j) r.w[i][j] = 0u;
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = 0.0f;
       }
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        sum += r.v[i][j];
-        sum_sq = fmaf(r.v[i][j], r.v[i][j], sum_sq);
+        sum += v[j];
+        sum_sq = fmaf(v[j], v[j], sum_sq);
       }
     }
 #pragma unroll
@@ -230,9 +250,11 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         if (rank + i * group < layout.body) {
+          float v[V];
+          r.Get(i, v);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            const float d = r.v[i][j] - mean;
+            const float d = v[j] - mean;
             squares = fmaf(d, d, squares);
           }
         }
@@ -248,52 +270,18 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
     }
     if (rank == 0) WriteStatistics(a, row, mean, inv);
 
-    // Epilogue of the vectors, one step at a time over the whole row.
+    // One vector at a time: each is unpacked, normalised and stored before the next, so only one
+    // vector's floats are live. (The type and rounding branches are uniform across the grid.)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) r.v[i][j] = (r.v[i][j] - mean) * inv;
-    }
-    RoundRow<VPT, V>(r.v, a.normalized_type);
-    if (a.scale != nullptr || a.bias != nullptr) {
-      WithElementType(a.scale_type, [&](auto tag) {
-        using TS = decltype(tag);
-        if (a.scale != nullptr) {
-#pragma unroll
-          for (int i = 0; i < VPT; ++i) {
-            const int k = rank + i * group;
-            if (k < layout.body) {
-              float s[V];
-              LoadParameter<TS, V>(a, a.scale, layout.head + k * V, s);
-#pragma unroll
-              for (int j = 0; j < V; ++j) r.v[i][j] *= s[j];
-            }
-          }
-          RoundRow<VPT, V>(r.v, a.multiply_type);
-        }
-        if (a.bias != nullptr) {
-#pragma unroll
-          for (int i = 0; i < VPT; ++i) {
-            const int k = rank + i * group;
-            if (k < layout.body) {
-              float b[V];
-              LoadParameter<TS, V>(a, a.bias, layout.head + k * V, b);
-#pragma unroll
-              for (int j = 0; j < V; ++j) r.v[i][j] += b[j];
-            }
-          }
-          RoundRow<VPT, V>(r.v, a.multiply_type);
-        }
-      });
-    }
-    WithElementType(a.y_type, [&](auto tag) {
-      using TY = decltype(tag);
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int k = rank + i * group;
-        if (k < layout.body) StoreVector<TY, V>(static_cast<TY*>(a.y) + base + layout.head + k * V, r.v[i]);
+      const int k = rank + i * group;
+      if (k < layout.body) {
+        float v[V];
+        r.Get(i, v);
+        const int col = layout.head + k * V;
+        NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
       }
-    });
+    }
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const int e = rank + j * group;
