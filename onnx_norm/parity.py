@@ -51,7 +51,15 @@ from onnx import TensorProto, numpy_helper
 from onnx_norm import inputs as model_inputs
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
-from onnx_norm.sessions import OptLevel, Provider, RuntimeConfig, SessionError, create_session, run_model
+from onnx_norm.sessions import (
+    OptLevel,
+    Provider,
+    RuntimeConfig,
+    RuntimeUnavailableError,
+    SessionError,
+    create_session,
+    run_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -672,8 +680,9 @@ def verify(
 ) -> ParityReport:
     """Checks that `optimized` computes what `original` computes (see the module docstring for the rules).
 
-    Raises `onnx_norm.inputs.InputError` for inputs that do not fit the models and `onnx_norm.sessions.SessionError`
-    when a model cannot be run as asked (missing library, CUDA unavailable).
+    Raises `onnx_norm.inputs.InputError` for inputs that do not fit the models, and `onnx_norm.sessions.SessionError`
+    when the original cannot be run or the machine cannot run the models as asked (library not built, CUDA
+    unavailable). An optimized model that ONNX Runtime rejects or fails to run is a failed report.
     """
     start = time.perf_counter()
     original_proto = _as_proto(original)
@@ -699,8 +708,15 @@ def verify(
 
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
     original_session = create_session(run_original, config)
-    optimized_session = create_session(run_optimized, config.replace(optimization=optimized_optimization))
     golden_eval = GoldenEvaluator(run_original, golden, threads)
+    # An optimized model that ONNX Runtime rejects or fails to run is a parity failure, not a usage error.
+    optimized_failure: str | None = None
+    try:
+        optimized_session = create_session(run_optimized, config.replace(optimization=optimized_optimization))
+    except RuntimeUnavailableError:
+        raise
+    except SessionError as err:
+        optimized_failure = str(err)
 
     opt_names = [value.name for value in optimized_proto.graph.output]
     report_warnings: list[str] = []
@@ -712,7 +728,11 @@ def verify(
     opt_fetch = list(dict.fromkeys([n for n in output_names if n in opt_names] + extra_opt))
     for sample in sample_list:
         orig_results.append(run_model(original_session, sample, orig_fetch))
-        opt_results.append(run_model(optimized_session, sample, opt_fetch))
+        if optimized_failure is None:
+            try:
+                opt_results.append(run_model(optimized_session, sample, opt_fetch))
+            except SessionError as err:
+                optimized_failure = str(err)
         if golden_results is not None:
             result = golden_eval.run(sample, orig_fetch)
             if result is None:
@@ -725,6 +745,18 @@ def verify(
     for name in output_names:
         dtype = orig_results[0][name].dtype
         tolerance = tolerances.for_output(name, dtype)
+        if optimized_failure is not None:
+            outputs.append(
+                Comparison(
+                    name,
+                    dtype.name,
+                    list(orig_results[0][name].shape),
+                    tolerance,
+                    False,
+                    f"the optimized model does not run: {optimized_failure}",
+                )
+            )
+            continue
         if name in missing:
             outputs.append(
                 Comparison(
@@ -747,7 +779,11 @@ def verify(
             )
         )
 
-    norm_results = [_compare_norm(norm, opt_results, orig_results, golden_results, tolerances) for norm in norms]
+    norm_results = (
+        [_compare_norm(norm, opt_results, orig_results, golden_results, tolerances) for norm in norms]
+        if optimized_failure is None
+        else []
+    )
     unmapped = [norm.node for norm in norm_results if norm.status == "unmapped"]
     if unmapped:
         report_warnings.append(f"no original value found for fused norm(s) {', '.join(unmapped)}")

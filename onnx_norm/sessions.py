@@ -38,7 +38,12 @@ _PROTOBUF_LIMIT = 2**31 - 1
 
 
 class SessionError(RuntimeError):
-    """A session could not be created as asked (missing library, provider fallback, invalid model)."""
+    """A session could not be created or run (ONNX Runtime rejected the model or failed running it)."""
+
+
+class RuntimeUnavailableError(SessionError):
+    """The machine cannot run the model as asked: the library is not built, or CUDA is unavailable. Not a
+    property of the model: the parity gate reports it as a usage error, never as a parity failure."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +109,7 @@ def _library_options(options: ort.SessionOptions, model: onnx.ModelProto | None)
                 DOMAIN,
             )
             return options
-        raise SessionError(
+        raise RuntimeUnavailableError(
             f"the model uses {DOMAIN} ops but the onnx-norm custom-op library is not built; "
             "reinstall with `pip install .`"
         )
@@ -170,7 +175,7 @@ def create_session(
     if config.provider == "cuda":
         _preload_cuda()
     if config.provider not in PROVIDERS:
-        raise SessionError(f"unknown provider {config.provider!r}; choose from {', '.join(PROVIDERS)}")
+        raise RuntimeUnavailableError(f"unknown provider {config.provider!r}; choose from {', '.join(PROVIDERS)}")
     try:
         if proto is None:
             session = ort.InferenceSession(str(model), options, providers=_providers(config))
@@ -188,7 +193,7 @@ def create_session(
     active = session.get_providers()
     wanted = PROVIDERS[config.provider]
     if not active or active[0] != wanted:
-        raise SessionError(
+        raise RuntimeUnavailableError(
             f"asked for {wanted} but ONNX Runtime runs the model on {active}; it falls back to the CPU when CUDA, "
             "cuDNN or the driver cannot be loaded (see the log above, or run with -v). No result is reported."
         )

@@ -226,13 +226,21 @@ def test_optimize_verify_exits_1_and_leaves_no_bad_output(tmp_path: Path, monkey
 
 
 def test_demo_runs_the_whole_flow_on_a_bundled_model(tmp_path: Path, capsys):
-    code = _cli(["demo", "--model", "bert-layernorm-opset13", "--warmup", "0", "--repeat", "1", "--out", str(tmp_path)])
+    code = _cli(["demo", "--model", "llama-rmsnorm-fp32", "--warmup", "0", "--repeat", "1", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     for step in ("onnx-norm inspect", "onnx-norm optimize", "onnx-norm verify", "onnx-norm bench"):
         assert f"$ {step}" in out
     assert "PASSED | Output: 'last_hidden_state'" in out
-    assert (tmp_path / "bert-layernorm-opset13.optimized.onnx").is_file()
+    assert (tmp_path / "llama-rmsnorm-fp32.optimized.onnx").is_file()
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.onnx")))
+def test_every_bundled_example_passes_the_gate_after_optimize(tmp_path: Path, capsys, example):
+    out = tmp_path / "opt.onnx"
+    assert _cli(["optimize", str(EXAMPLES / example), "-o", str(out)]) == 0
+    code = _cli(["verify", str(EXAMPLES / example), str(out), "--per-node", "--shape", "sequence:32"])
+    assert code == 0, capsys.readouterr().out
 
 
 def _cuda_runs() -> bool:

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_norm import inputs, parity
+from onnx_norm.sessions import SessionError
 
 HIDDEN = 32
 EPS = 1e-5
@@ -321,3 +322,18 @@ def test_models_with_different_inputs_are_refused():
     other.graph.node[0].input[0] = "hidden_states"
     with pytest.raises(inputs.InputError, match="different inputs"):
         parity.verify(original_model(), other)
+
+
+def test_an_optimized_model_that_onnx_runtime_rejects_is_a_parity_failure():
+    broken = optimized_model()
+    broken.graph.node[1].op_type = "NoSuchOp"  # the projection MatMul
+    report = _run(original_model(), broken)
+    assert not report.passed
+    assert report.outputs[0].verdict.startswith("the optimized model does not run: ONNX Runtime could not load")
+
+
+def test_an_original_that_onnx_runtime_rejects_is_an_error():
+    broken = original_model()
+    broken.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(SessionError, match="could not load"):
+        _run(broken, optimized_model())
