@@ -132,7 +132,7 @@ __device__ __forceinline__ void StoreOutput(const NormArgs& a, int64_t offset, c
 }
 
 // The whole epilogue for N elements: y = round_mul(round_mul(round_norm((v - mean) * inv) * Scale)
-// + Bias), stored as Y. Used where rows are processed a vector at a time (loops, not unrolled).
+// + Bias), stored as Y, for one vector (or one scalar) of a row.
 template <int N>
 __device__ __forceinline__ void NormalizeAndStore(const NormArgs& a, float mean, float inv, float (&v)[N], int col,
                                                   int64_t offset) {
