@@ -13,6 +13,9 @@ from onnx_norm.rewrite.rules import Session, make_rules
 
 logger = logging.getLogger(__name__)
 
+#: Recorded shapes and types of intermediate values, by name.
+Shapes = dict[str, tuple[ir.Shape | None, ir.TypeProtocol | None]]
+
 
 class FuseNormsPass(ir.passes.InPlacePass):
     """Replaces decomposed LayerNorm/RMSNorm subgraphs with fused ops, in place.
@@ -44,9 +47,9 @@ class FuseNormsPass(ir.passes.InPlacePass):
 
         session = self.session
         report = OptimizeReport(target=session.target, ops_before=op_counts(model))
-        if self.infer_shapes:
-            _infer_shapes(model)
+        stored = _infer_shapes(model) if self.infer_shapes else {}
         count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
+        _restore_shapes(model, stored)
         taken_over: list = []
         if self.take_over_native:
             from onnx_norm.rewrite import native
@@ -82,19 +85,26 @@ def _as_dict(record) -> dict:
     return dict(record) if isinstance(record, dict) else {"record": str(record)}
 
 
-def _infer_shapes(model: ir.Model) -> None:
-    """onnx shape inference on a copy without large initializers; on failure keep the shapes the model has."""
+def _infer_shapes(model: ir.Model) -> Shapes:
+    """onnx shape inference on a copy without large initializers; on failure keep the shapes the model has.
+
+    Then ONNX Runtime's symbolic inference where onnx's left norm inputs without shapes; what that one changed is
+    returned (the previous shapes) so that `_restore_shapes` can take it back out of the written model.
+    """
     try:
         common_passes.ShapeInferencePass(strict_mode=False)(model)
     except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
         logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
+    stored: Shapes = {}
     if _reductions_without_shape(model.graph):
+        stored = _stored_shapes(model)
         _infer_symbolic_shapes(model)
     for function in model.functions.values():
         try:
             _infer_function_shapes(model, function)
         except Exception as err:  # same: a function without shapes only yields near-misses
             logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
+    return stored
 
 
 #: Models with more tensor bytes than this are not serialised again for ONNX Runtime's symbolic shape inference.
@@ -113,15 +123,20 @@ def _reductions_without_shape(graph: ir.Graph) -> bool:
 
 def _infer_symbolic_shapes(model: ir.Model) -> None:
     """ONNX Runtime's symbolic shape inference, which follows the data-dependent Reshapes of attention blocks that
-    onnx's inference gives up on; it fills in shapes the model does not have yet."""
+    onnx's inference gives up on. It fills in shapes the model does not have yet (for the matchers only)."""
     from onnx_norm.model_io import tensor_bytes
 
     if tensor_bytes(model) > _SYMBOLIC_INFERENCE_MAX_BYTES:
         return
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        inferred = SymbolicShapeInference.infer_shapes(ir.serde.serialize_model(model), auto_merge=True)
+    except ImportError:
+        return
+    proto = ir.serde.serialize_model(model)
+    try:
+        # Merging lets inference go past dims it cannot prove equal (BERT's Min(max_positions, sequence) vs
+        # sequence): dims that a valid input makes equal anyway. Only the matchers see the result.
+        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True)
     except Exception as err:  # best effort, like onnx's inference
         logger.info("symbolic shape inference failed: %s", err)
         return
@@ -138,6 +153,32 @@ def _infer_symbolic_shapes(model: ir.Model) -> None:
         value.shape = ir.Shape(dims)
         if value.type is None and info.type.tensor_type.elem_type:
             value.type = ir.TensorType(ir.DataType(info.type.tensor_type.elem_type))
+
+
+def _intermediate_values(model: ir.Model):
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            for value in node.outputs:
+                if value.name and not value.is_graph_output():
+                    yield value
+
+
+def _stored_shapes(model: ir.Model) -> Shapes:
+    """The shapes and types the model itself records for its intermediate values."""
+    return {value.name: (value.shape, value.type) for value in _intermediate_values(model)}  # type: ignore[misc]
+
+
+def _restore_shapes(model: ir.Model, stored: Shapes) -> None:
+    """Puts back the shapes the model recorded before our inference (rewritten values keep their names).
+
+    The inferred shapes serve the matchers only: ONNX Runtime plans memory with stored shapes, and an inference
+    that merged dims it could not prove equal must not leak into the written model.
+    """
+    for value in _intermediate_values(model):
+        if value.name in stored:
+            # Element types are kept: inference cannot get them wrong, and the model-local functions need them.
+            value.shape = stored[value.name][0]
 
 
 def _vague(shape: ir.Shape | None) -> bool:
