@@ -166,3 +166,11 @@ def test_take_over_native_layer_normalization():
     np.testing.assert_allclose(run(optimized, feeds())[0], run(model, feeds())[0], rtol=1e-5, atol=1e-5)
     untouched, _ = optimize(model)
     assert fused_ops(untouched) == []
+
+
+def test_optimizing_twice_changes_nothing_more():
+    once, _ = optimize(rms_model())
+    twice, report = optimize(once)
+    onnx.checker.check_model(twice)
+    assert report.fused == 0 and fused_ops(twice) == ["RMSNorm"]
+    np.testing.assert_array_equal(run(twice, feeds())[0], run(once, feeds())[0])

@@ -28,6 +28,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._context import TapeBuilder
 from onnxscript.rewriter._rewrite_rule import ReplacementSubgraph
 
+from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.match import Candidate, find_norm
 from onnx_norm.rewrite.prove import prove
@@ -209,6 +210,8 @@ class NormFusionRule(pattern.RewriteRule):
     ) -> ReplacementSubgraph | None:
         if node.op_type not in _ANCHOR_OPS or node.domain not in ("", "ai.onnx"):
             return None
+        if isinstance(graph_or_function, ir.Function) and graph_or_function.domain == DOMAIN:
+            return None  # the body of one of our ops' model-local functions: fusing it would make it call itself
         candidate = self._select(node, graph_or_function)
         if candidate is None:
             return None
@@ -216,7 +219,7 @@ class NormFusionRule(pattern.RewriteRule):
         tape = TapeBuilder()
         opset = graph_or_function.opset_imports.get("", model.graph.opset_imports.get("", 17))
         try:
-            outputs = self._emit(tape, candidate, spec, opset, isinstance(graph_or_function, ir.Function))
+            outputs = self._emit(tape, candidate, spec, opset, graph_or_function)
         except ValueError as err:  # the target cannot express this norm exactly
             self.session.near_miss(node, graph_or_function, NearMiss(f"target {self.session.target}: {err}"))
             return None
@@ -235,7 +238,10 @@ class NormFusionRule(pattern.RewriteRule):
         self.session.invalidate()
         return delta
 
-    def _emit(self, tape: TapeBuilder, candidate: Candidate, spec, opset: int, in_function: bool) -> list[ir.Value]:
+    def _emit(
+        self, tape: TapeBuilder, candidate: Candidate, spec, opset: int, graph: ir.Graph | ir.Function
+    ) -> list[ir.Value]:
+        in_function = isinstance(graph, ir.Function)
         replacements = {}
         for key, array in candidate.new_constants.items():
             tensor = ir.tensor(array)
@@ -243,6 +249,8 @@ class NormFusionRule(pattern.RewriteRule):
                 replacements[key] = tape.Constant(value=tensor)
             else:
                 name = f"onnx_norm_{key}_{_unique_suffix()}"
+                while name in graph.initializers:  # a model optimised before already has this name
+                    name = f"onnx_norm_{key}_{_unique_suffix()}"
                 tensor.name = name
                 replacements[key] = tape.initializer(tensor, name=name)
         spec = dataclasses.replace(
