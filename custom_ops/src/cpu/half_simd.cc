@@ -263,6 +263,25 @@ __attribute__((target("avx2,f16c"))) void NormalizeRow(const uint16_t* x, uint16
 }
 
 template <class IO>
+__attribute__((target("avx2,f16c"))) void AddSkipWith(const uint16_t* x, const uint16_t* skip, uint16_t* sum,
+                                                       float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_add_ps(IO::Load(x + i), IO::Load(skip + i));
+    // Round to T through a store to Sum (or to a scratch vector) and reload: exact both ways.
+    alignas(16) uint16_t bits[8];
+    uint16_t* out = sum ? sum + i : bits;
+    IO::Store(out, v);
+    _mm256_storeu_ps(dst + i, IO::Load(out));
+  }
+  for (; i < n; ++i) {
+    const uint16_t t = IO::StoreOne(IO::LoadOne(x[i]) + IO::LoadOne(skip[i]));
+    if (sum) sum[i] = t;
+    dst[i] = IO::LoadOne(t);
+  }
+}
+
+template <class IO>
 void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
                  const float* bias, int64_t period, float* mean, float* inv_std) {
   float center = 0.0f;
@@ -283,6 +302,14 @@ void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsi
 
 bool Fused16Available() { return HasAVX2() && HasF16C(); }
 
+void AddSkip16(bool half, const uint16_t* x, const uint16_t* skip, uint16_t* sum, float* dst, int64_t n) {
+  if (half) {
+    AddSkipWith<HalfIO>(x, skip, sum, dst, n);
+  } else {
+    AddSkipWith<BFloatIO>(x, skip, sum, dst, n);
+  }
+}
+
 void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
                const float* bias, int64_t period, float* mean, float* inv_std) {
   if (half) {
@@ -298,6 +325,7 @@ void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, f
 namespace onnx_norm {
 namespace cpu {
 bool Fused16Available() { return false; }
+void AddSkip16(bool, const uint16_t*, const uint16_t*, uint16_t*, float*, int64_t) {}
 void NormRow16(bool, const uint16_t*, uint16_t*, int64_t, bool, float, const float*, const float*, int64_t, float*,
                float*) {}
 }  // namespace cpu

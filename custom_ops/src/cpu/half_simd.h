@@ -21,6 +21,10 @@ void RoundToBFloat(float* v, int64_t n);
 // Whether NormRow16 can run on this CPU (x86-64 with AVX2 and F16C).
 bool Fused16Available();
 
+// dst = float(round_T(x + skip)) for fp16 (half true) or bf16 rows, and Sum = the same values in T
+// (sum may be null), in one pass. Only where Fused16Available().
+void AddSkip16(bool half, const uint16_t* x, const uint16_t* skip, uint16_t* sum, float* dst, int64_t n);
+
 // One row of LayerNorm (rms false) or RMSNorm, X and Y both fp16 (half true) or both bf16, no
 // rounding attributes: conversions happen in registers, no intermediate buffer. Same arithmetic and
 // summation order as the generic kernels, so the results are bit-identical to theirs.

@@ -78,13 +78,21 @@ void AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, i
   if (type == kFloat) {
     const float* a = static_cast<const float*>(x);
     const float* b = static_cast<const float*>(skip);
-    for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
-    if (sum) std::copy_n(dst, n, static_cast<float*>(sum));
+    if (sum) {
+      float* s = static_cast<float*>(sum);
+      for (int64_t i = 0; i < n; ++i) s[i] = dst[i] = a[i] + b[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+    }
     return;
   }
   const bool half = type == kFloat16;
   const uint16_t* a = static_cast<const uint16_t*>(x);
   const uint16_t* b = static_cast<const uint16_t*>(skip);
+  if (Fused16Available()) {
+    AddSkip16(half, a, b, static_cast<uint16_t*>(sum), dst, n);
+    return;
+  }
   (half ? HalfToFloat : BFloatToFloat)(a, dst, n);
   // Skip is converted in stack-sized chunks, then added to the converted X.
   constexpr int64_t kChunk = 256;
