@@ -56,6 +56,7 @@ class Candidate:
     cast_placement: str
     anchor: ir.Node
     x_value: ir.Value  # the input of the norm before any residual Add was folded in
+    proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
     kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
     recast: list[ir.Node] = dataclasses.field(default_factory=list)  # kept Casts re-made from the fused Sum
 
@@ -277,9 +278,20 @@ def _fold_product(factors: list[tuple[ir.Value, Fraction]]) -> np.ndarray | None
 
 
 def _row_constant(
-    array: np.ndarray, x_shape: list[int], axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str
+    array: np.ndarray, x_shape: list | None, axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str
 ) -> np.ndarray:
-    """`array` as it broadcasts against one row (the normalised dims), or NearMiss when it varies across rows."""
+    """`array` as it broadcasts against one row (the normalised dims), or NearMiss when it varies across rows.
+
+    With `x_shape` None (rank unknown, `axes` counted from the end) the row is the constant's trailing dims, which
+    must then be the whole row: a constant that broadcasts inside a row of unknown size cannot be laid out."""
+    if x_shape is None:
+        k = len(axes)
+        if array.ndim > k and any(d != 1 for d in array.shape[: array.ndim - k]):
+            raise NearMiss(f"{what} varies across rows (shape {list(array.shape)}), not only along the normalised axes")
+        row = array.reshape(array.shape[max(array.ndim - k, 0) :])
+        if row.ndim < k or 1 in row.shape:
+            raise NearMiss(f"{what} of shape {list(array.shape)} broadcasts inside a row whose size is unknown")
+        return row
     rank = len(x_shape)
     if array.ndim > rank:
         raise NearMiss(f"{what} has more dims than the input")
@@ -394,22 +406,33 @@ def _build(
     if y.dtype not in FLOAT_TYPES:
         raise NearMiss(f"output type {casts.type_name(y.dtype)} is not supported by the fused ops", y)
     rank = rank_of(x)
-    if rank is None or x.shape is None:
-        raise NearMiss(f"the rank of {x.name!r} is unknown (shape inference found no shape)", x)
-    x_shape = list(x.shape)
-    axes = statistic.axes
-    if list(axes) != list(range(axes[0], axes[0] + len(axes))):
-        raise NearMiss(f"reduction axes {list(axes)} are not contiguous", stat)
+    from_end = statistic.axes
+    k = len(from_end)
+    if list(from_end) != list(range(from_end[0], from_end[0] + k)):
+        raise NearMiss(f"reduction axes {list(from_end)} are not contiguous", stat)
     perm: tuple[int, ...] | None = None
-    if axes[-1] != rank - 1:
-        if not channels_first:
-            raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
-        perm = tuple(d for d in range(rank) if d not in axes) + axes
-    dims = [x_shape[a] for a in axes]
-    if not all(isinstance(d, int) for d in dims):
-        raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
-    if y.shape is not None and x.shape is not None and len(y.shape) != rank:
-        raise NearMiss("the output does not have the input's rank", y)
+    x_shape: list | None = None
+    if rank is None:
+        # No shape (inference gave up after a computed Reshape): axes counted from the end still say which dims
+        # are normalised, and scale/bias give their sizes.
+        if from_end[-1] != -1:
+            raise NearMiss(f"reduction axes {list(from_end)} are not trailing and the rank of {x.name!r} is unknown", x)
+        axes = from_end
+    else:
+        assert x.shape is not None
+        x_shape = list(x.shape)
+        axes = tuple(a + rank for a in from_end)
+        if axes[0] < 0:
+            raise NearMiss(f"reduction axes {list(from_end)} exceed the rank {rank} of {x.name!r}", stat)
+        if axes[-1] != rank - 1:
+            if not channels_first:
+                raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
+            perm = tuple(d for d in range(rank) if d not in axes) + axes
+        dims = [x_shape[a] for a in axes]
+        if not all(isinstance(d, int) for d in dims):
+            raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
+        if y.shape is not None and len(y.shape) != rank:
+            raise NearMiss("the output does not have the input's rank", y)
 
     # The nodes the fused op replaces and what else reads them.
     strip_all = strip_casts(x_prime)
@@ -438,17 +461,18 @@ def _build(
                     continue
                 if (
                     statistic.kind == "layer"
+                    and rank is not None
                     and mean_out is None
                     and perm is None
                     and output.dtype == ir.DataType.FLOAT
                     and rank_of(output) == rank
                     and (found := row_mean(output)) is not None
                     and same_data(found.input, x_prime)
-                    and found.axes == axes
+                    and found.axes == from_end
                 ):
                     mean_out = output
                     continue
-                if perm is None and inv_out is None and not output.is_graph_output():
+                if rank is not None and perm is None and inv_out is None and not output.is_graph_output():
                     readers = [n for n in outside if len(n.outputs) == 1 and _is_inv_std(n.outputs[0], eps_sum)]
                     if len(readers) == len(outside) == 1 and rank_of(readers[0].outputs[0]) == rank:
                         inv_out = readers[0].outputs[0]
@@ -457,7 +481,8 @@ def _build(
                         changed = True
                         continue
                 if (
-                    perm is None
+                    rank is not None
+                    and perm is None
                     and inv_out is None
                     and output.is_graph_output()
                     and not outside
@@ -510,6 +535,13 @@ def _build(
             bias_value = bias_op.constant
         else:
             new_constants["bias"] = row_bias
+    proof_shape: list[int] | None = None
+    if x_shape is None:
+        row_shapes = {tuple(r.shape) for r in (row_scale, row_bias) if r is not None}
+        if len(row_shapes) > 1:
+            raise NearMiss(f"scale and bias have different shapes {sorted(row_shapes)}")
+        # Without scale or bias the row size is unknown; a mean-based norm computes the same formula at any size.
+        proof_shape = [2, 3, *(row_shapes.pop() if row_shapes else (16,) * k)]
     # Scale and Bias share one element type in the fused ops; widen when they differ (exact for fp16/bf16).
     const_type = _common_type(
         scale_dtype if row_scale is not None else None, bias_dtype if row_bias is not None else None
@@ -565,6 +597,7 @@ def _build(
         cast_placement=casts.describe(x.dtype, x_prime.dtype, rounding),
         anchor=anchor,
         x_value=x,
+        proof_shape=proof_shape,
         kept=kept_order,
     )
 

@@ -92,7 +92,8 @@ def _infer_shapes(model: ir.Model) -> Shapes:
     returned (the previous shapes) so that `_restore_shapes` can take it back out of the written model.
     """
     try:
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
+        # data_prop=False: onnx's data propagation writes inconsistent shapes on some exports (Cohere's attention).
+        common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
     except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
         logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
     stored: Shapes = {}
@@ -112,11 +113,12 @@ _SYMBOLIC_INFERENCE_MAX_BYTES = 1 << 30
 
 
 def _reductions_without_shape(graph: ir.Graph) -> bool:
+    """True when some reduction reads a value without a shape, or with dims onnx could only call `unk__N`."""
     return any(
         node.op_type in ("ReduceMean", "ReduceSum")
         and node.inputs
         and node.inputs[0] is not None
-        and node.inputs[0].shape is None
+        and _vague(node.inputs[0].shape)
         for node in graph
     )
 

@@ -86,11 +86,16 @@ class _Feeds:
 
 def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
     spec = candidate.spec
-    assert spec.x.shape is not None and spec.x.dtype is not None
-    shape = concrete_shape(spec.x.shape)
+    assert spec.x.dtype is not None
+    if spec.x.shape is None:
+        assert candidate.proof_shape is not None
+        shape = list(candidate.proof_shape)
+    else:
+        shape = concrete_shape(spec.x.shape)
+    normalised = {axis % len(shape) for axis in candidate.axes}
     if all(node.op_type in _ROW_WISE for node in candidate.nodes):
         # Rows are independent: a few of them prove as much as the model's static batch and sequence would.
-        shape = [d if axis in candidate.axes else min(d, 3) for axis, d in enumerate(shape)]
+        shape = [d if axis in normalised else min(d, 3) for axis, d in enumerate(shape)]
     if int(np.prod(shape, dtype=np.int64)) > _MAX_ELEMENTS:
         raise NearMiss(f"input of {shape} elements is too large to prove the candidate", spec.x)
     dtype = np_dtype(int(spec.x.dtype))

@@ -24,7 +24,12 @@ _FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir
 
 @dataclasses.dataclass
 class RowMean:
-    """`value` is the mean of `input` over `axes` (non-negative, sorted), with the reduced dims kept."""
+    """`value` is the mean of `input` over `axes`, with the reduced dims kept.
+
+    Axes count from the end (-1 is the last dim), so that they compare equal whether or not the rank is known:
+    shape inference often loses shapes after attention's computed Reshapes, and a norm over trailing axes does
+    not need the rank.
+    """
 
     input: ir.Value
     axes: tuple[int, ...]
@@ -42,36 +47,52 @@ def rank_of(value: ir.Value) -> int | None:
     return None if value.shape is None else len(value.shape)
 
 
-def reduction_axes(node: ir.Node, rank: int) -> tuple[int, ...] | None:
-    """Sorted non-negative axes of a Reduce* node, or None when they are not constant."""
+def _raw_axes(node: ir.Node) -> list[int] | None:
     attr = node.attributes.get("axes")
     if attr is not None:
-        axes = list(attr.value)
-    elif len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = constants.int_list(node.inputs[1])
-        if axes is None:
+        return [int(a) for a in attr.value]
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        return constants.int_list(node.inputs[1])
+    return []
+
+
+def _from_end(axes: list[int], rank: int | None) -> tuple[int, ...] | None:
+    """Axes as negative offsets from the end, sorted; None when they cannot be placed (rank unknown and an axis
+    counted from the front, or out of range)."""
+    if rank is None:
+        if any(a >= 0 for a in axes):
             return None
+        result = sorted(set(axes))
     else:
-        axes = []
+        if any(not -rank <= a < rank for a in axes):
+            return None
+        result = sorted({a % rank - rank for a in axes})
+    return tuple(result) if len(result) == len(axes) else None
+
+
+def reduction_axes(node: ir.Node, rank: int | None) -> tuple[int, ...] | None:
+    """Axes of a Reduce* node counted from the end, or None when they are not constant."""
+    axes = _raw_axes(node)
+    if axes is None:
+        return None
     if not axes:
         noop = node.attributes.get("noop_with_empty_axes")
-        if noop is not None and noop.value:
+        if (noop is not None and noop.value) or rank is None:
             return None
-        return tuple(range(rank))
-    normalized = sorted({int(a) % rank for a in axes if -rank <= int(a) < rank})
-    if len(normalized) != len(axes):
-        return None
-    return tuple(normalized)
+        return tuple(range(-rank, 0))
+    return _from_end(axes, rank)
 
 
-def _unsqueeze_axes(node: ir.Node, out_rank: int) -> tuple[int, ...] | None:
+def _unsqueeze_axes(node: ir.Node) -> tuple[int, ...] | None:
     attr = node.attributes.get("axes")
     axes = (
-        list(attr.value) if attr is not None else constants.int_list(node.inputs[1] if len(node.inputs) > 1 else None)
+        [int(a) for a in attr.value]
+        if attr is not None
+        else constants.int_list(node.inputs[1] if len(node.inputs) > 1 else None)
     )
     if axes is None:
         return None
-    return tuple(sorted(int(a) % out_rank for a in axes))
+    return _from_end(axes, rank_of(node.outputs[0]))
 
 
 def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float, float] | None:
@@ -107,10 +128,7 @@ def row_mean(value: ir.Value) -> RowMean | None:
         if is_float_cast(node) or op == "Identity":
             current = node.inputs[0]
         elif op == "Unsqueeze" and unsqueeze is None:
-            out_rank = rank_of(node.outputs[0])
-            if out_rank is None:
-                return None
-            unsqueeze = _unsqueeze_axes(node, out_rank)
+            unsqueeze = _unsqueeze_axes(node)
             if unsqueeze is None:
                 return None
             current = node.inputs[0]
@@ -133,8 +151,6 @@ def row_mean(value: ir.Value) -> RowMean | None:
     if reduced is None:
         return None
     rank = rank_of(reduced)
-    if rank is None:
-        return None
     axes = reduction_axes(node, rank)
     if axes is None:
         return None
@@ -147,8 +163,9 @@ def row_mean(value: ir.Value) -> RowMean | None:
     nodes.append(node)
     if node.op_type == "ReduceSum":
         shape = reduced.shape
-        assert shape is not None
-        dims = [shape[a] for a in axes]
+        if shape is None:
+            return None  # the divisor cannot be checked against the reduced size
+        dims = [shape[len(shape) + a] for a in axes]
         if not all(isinstance(d, int) for d in dims):
             return None
         factor *= math.prod(dims)  # type: ignore[arg-type]
