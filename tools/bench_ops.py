@@ -13,8 +13,12 @@ Variants per (shape, dtype, threads):
              ONNX `RMSNormalization` (opset 23) where this ORT has it; the torch-style decomposed graph
              (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) with ORT_ENABLE_ALL, which ORT does not fuse.
 
-Ratios are "ours / theirs" in time: below 1.0 means ours is faster. GB/s counts X read, Y written and
-Scale/Bias read once.
+  SkipLayerNorm / SkipRMSNorm (residual add fused, Sum = X + S also written): ours; ORT's contrib
+             `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`; Add followed by the
+             decomposed graph as above.
+
+Ratios are "ours / theirs" in time: below 1.0 means ours is faster. GB/s counts X (and S) read, Y (and
+Sum) written and Scale/Bias read once.
 
     python tools/bench_ops.py            # the full table (a few minutes)
     python tools/bench_ops.py --quick    # small shapes, few rounds
@@ -52,15 +56,24 @@ class Variant:
     opt_level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
 
-def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], elem: int, opset: int) -> onnx.ModelProto:
+def _model(
+    nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], elem: int, opset: int, skip: bool = False
+) -> onnx.ModelProto:
+    """X (and S, the residual, for Skip variants) in; Y (and Sum = X + S) out."""
+    names = ["X", "S"] if skip else ["X"]
+    outputs = ["Y", "Sum"] if skip else ["Y"]
     graph = helper.make_graph(
         nodes,
         "bench",
-        [helper.make_tensor_value_info("X", elem, ["rows", "cols"])],
-        [helper.make_tensor_value_info("Y", elem, ["rows", "cols"])],
+        [helper.make_tensor_value_info(n, elem, ["rows", "cols"]) for n in names],
+        [helper.make_tensor_value_info(n, elem, ["rows", "cols"]) for n in outputs],
         initializer=inits,
     )
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+    opsets = [
+        helper.make_opsetid("", opset),
+        helper.make_opsetid(DOMAIN, OPSET_VERSION),
+        helper.make_opsetid("com.microsoft", 1),
+    ]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
@@ -77,6 +90,33 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     two = _const("two", np.array(2.0, np_dtype))
     one = _const("one", np.array(1.0, np_dtype))
     mk = helper.make_node
+
+    def decomposed_ln(x: str) -> list[onnx.NodeProto]:
+        return [
+            mk("ReduceMean", [x, "axes"], ["mean"]),
+            mk("Sub", [x, "mean"], ["d"]),
+            mk("Pow", ["d", "two"], ["d2"]),
+            mk("ReduceMean", ["d2", "axes"], ["var"]),
+            mk("Add", ["var", "eps"], ["ve"]),
+            mk("Sqrt", ["ve"], ["std"]),
+            mk("Div", ["d", "std"], ["n"]),
+            mk("Mul", ["n", "scale"], ["ns"]),
+            mk("Add", ["ns", "bias"], ["Y"]),
+        ]
+
+    def decomposed_rms(x: str) -> list[onnx.NodeProto]:
+        return [
+            mk("Pow", [x, "two"], ["x2"]),
+            mk("ReduceMean", ["x2", "axes"], ["ms"]),
+            mk("Add", ["ms", "eps"], ["mse"]),
+            mk("Sqrt", ["mse"], ["rms"]),
+            mk("Reciprocal", ["rms"], ["inv"]),
+            mk("Mul", [x, "inv"], ["n"]),
+            mk("Mul", ["n", "scale"], ["Y"]),
+        ]
+
+    residual = mk("Add", ["X", "S"], ["Sum"])
+    ms = "com.microsoft"
     variants = [
         Variant(
             "LayerNorm",
@@ -95,17 +135,7 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
             "LayerNorm",
             "decomposed, ORT_DISABLE_ALL",
             _model(
-                [
-                    mk("ReduceMean", ["X", "axes"], ["mean"]),
-                    mk("Sub", ["X", "mean"], ["d"]),
-                    mk("Pow", ["d", "two"], ["d2"]),
-                    mk("ReduceMean", ["d2", "axes"], ["var"]),
-                    mk("Add", ["var", "eps"], ["ve"]),
-                    mk("Sqrt", ["ve"], ["std"]),
-                    mk("Div", ["d", "std"], ["n"]),
-                    mk("Mul", ["n", "scale"], ["ns"]),
-                    mk("Add", ["ns", "bias"], ["Y"]),
-                ],
+                decomposed_ln("X"),
                 [scale, bias, axes, eps, two],
                 elem,
                 18,
@@ -132,19 +162,84 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
             "RMSNorm",
             "decomposed rsqrt-style, ORT_ENABLE_ALL",
             _model(
-                [
-                    mk("Pow", ["X", "two"], ["x2"]),
-                    mk("ReduceMean", ["x2", "axes"], ["ms"]),
-                    mk("Add", ["ms", "eps"], ["mse"]),
-                    mk("Sqrt", ["mse"], ["rms"]),
-                    mk("Reciprocal", ["rms"], ["inv"]),
-                    mk("Mul", ["X", "inv"], ["n"]),
-                    mk("Mul", ["n", "scale"], ["Y"]),
-                ],
+                decomposed_rms("X"),
                 [scale, axes, eps, two, one],
                 elem,
                 18,
             ),
+        ),
+        Variant(
+            "SkipLayerNorm",
+            "onnx_norm.SkipLayerNorm",
+            _model(
+                [mk("SkipLayerNorm", ["X", "S", "scale", "bias"], ["Y", "Sum"], domain=DOMAIN, epsilon=EPS)],
+                [scale, bias],
+                elem,
+                17,
+                skip=True,
+            ),
+            ours=True,
+        ),
+        Variant(
+            "SkipLayerNorm",
+            "SkipLayerNormalization (ORT contrib)",
+            _model(
+                [
+                    mk(
+                        "SkipLayerNormalization",
+                        ["X", "S", "scale", "bias"],
+                        ["Y", "", "", "Sum"],
+                        domain=ms,
+                        epsilon=EPS,
+                    )
+                ],
+                [scale, bias],
+                elem,
+                17,
+                skip=True,
+            ),
+        ),
+        Variant(
+            "SkipLayerNorm",
+            "Add + decomposed, ORT_DISABLE_ALL",
+            _model([residual, *decomposed_ln("Sum")], [scale, bias, axes, eps, two], elem, 18, skip=True),
+            opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ),
+        Variant(
+            "SkipRMSNorm",
+            "onnx_norm.SkipRMSNorm",
+            _model(
+                [mk("SkipRMSNorm", ["X", "S", "scale"], ["Y", "Sum"], domain=DOMAIN, epsilon=EPS)],
+                [scale],
+                elem,
+                17,
+                skip=True,
+            ),
+            ours=True,
+        ),
+        Variant(
+            "SkipRMSNorm",
+            "SkipSimplifiedLayerNormalization (ORT contrib)",
+            _model(
+                [
+                    mk(
+                        "SkipSimplifiedLayerNormalization",
+                        ["X", "S", "scale"],
+                        ["Y", "", "", "Sum"],
+                        domain=ms,
+                        epsilon=EPS,
+                    )
+                ],
+                [scale],
+                elem,
+                17,
+                skip=True,
+            ),
+        ),
+        Variant(
+            "SkipRMSNorm",
+            "Add + decomposed rsqrt-style, ORT_ENABLE_ALL",
+            _model([residual, *decomposed_rms("Sum")], [scale, axes, eps, two], elem, 18, skip=True),
         ),
     ]
     return variants
@@ -160,17 +255,21 @@ def make_session(variant: Variant, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(variant.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def make_runner(session: ort.InferenceSession, x: np.ndarray) -> Callable[[], None]:
+def make_runner(session: ort.InferenceSession, x: np.ndarray, residual: np.ndarray) -> Callable[[], None]:
     binding = session.io_binding()
+    input_names = {i.name for i in session.get_inputs()}
     binding.bind_cpu_input("X", x)
-    y = np.empty_like(x)
-    binding.bind_output("Y", "cpu", 0, y.dtype, list(y.shape), y.ctypes.data)
+    if "S" in input_names:
+        binding.bind_cpu_input("S", residual)
+    outputs = {o.name: np.empty_like(x) for o in session.get_outputs()}
+    for name, buffer in outputs.items():
+        binding.bind_output(name, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
     run_options = ort.RunOptions()
 
     def run() -> None:
-        # `y` is referenced here so that the bound output buffer lives as long as the runner.
+        # `outputs` is referenced here so that the bound buffers live as long as the runner.
         session.run_with_iobinding(binding, run_options)
-        assert y.shape == x.shape
+        assert all(buffer.shape == x.shape for buffer in outputs.values())
 
     return run
 
@@ -179,11 +278,13 @@ def bench_case(
     rows: int, cols: int, dtype: str, threads: int, rounds: int, warmup: int
 ) -> list[tuple[Variant, float | None, str]]:
     elem, np_dtype = DTYPES[dtype]
-    x = np.random.default_rng(1).standard_normal((rows, cols)).astype(np_dtype)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((rows, cols)).astype(np_dtype)
+    residual = rng.standard_normal((rows, cols)).astype(np_dtype)
     runners: list[tuple[Variant, Callable[[], None] | None, str]] = []
     for variant in build_variants(cols, elem, np_dtype):
         try:
-            runner = make_runner(make_session(variant, threads), x)
+            runner = make_runner(make_session(variant, threads), x, residual)
             runner()
         except Exception as err:  # an ORT build without this op/type: report, keep benchmarking the rest
             runners.append((variant, None, str(err).splitlines()[0][:80]))
@@ -227,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                     if seconds is None:
                         print(f"{label} n/a | | {note} |")
                         continue
-                    params = 2 if variant.family == "LayerNorm" else 1
-                    traffic = (2 * rows * cols + params * cols) * elem_size
+                    params = 1 if "RMS" in variant.family else 2
+                    tensors = 4 if variant.family.startswith("Skip") else 2  # X (+ S) read, Y (+ Sum) written
+                    traffic = (tensors * rows * cols + params * cols) * elem_size
                     ratio = "" if variant.ours else f"{ours[variant.family] / seconds:.2f}"
                     print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")
                 sys.stdout.flush()
