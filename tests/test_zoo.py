@@ -99,3 +99,58 @@ def test_optimize_fuses_every_norm(zoo_export, model: str, exporter: str, dtype:
     optimized_outputs = _run(_session(optimized, _library_options()), inputs)
     parity = compare_outputs(original_outputs, optimized_outputs, exported.golden(), TOLERANCES[dtype])
     assert parity.passed, parity.reason
+
+
+def test_norm_calls_count_shared_modules_per_call_and_nested_modules_once() -> None:
+    import torch
+
+    class WrapperRMSNorm(torch.nn.Module):  # a norm class (by its name) whose forward calls another norm module
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.LayerNorm(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared = torch.nn.LayerNorm(4)
+            self.wrapped = WrapperRMSNorm()
+            self.unused = torch.nn.RMSNorm(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.wrapped(self.shared(self.shared(x)))
+
+    usage = zoo.count_norm_calls(Net(), {"x": torch.ones(2, 4)})
+    assert dict(usage.calls) == {"LayerNorm": 2, "WrapperRMSNorm": 1}
+    assert usage.modules == ["shared", "shared", "wrapped"]
+
+
+def _graph(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto]) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])
+    graph = helper.make_graph(nodes, "g", [x], [y], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_detector_finds_a_decomposed_rms_norm_and_ignores_a_plain_mean() -> None:
+    from onnx import helper, numpy_helper
+
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    eps = numpy_helper.from_array(np.array(1e-6, np.float32), "eps")
+    rms = [
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], name="rms_mean"),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    assert decomposed_norms(_graph(rms, [two, eps])) == ["rms_mean"]
+    plain = [  # a mean that is subtracted but never reaches a square root (pooling, centring)
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1], name="mean"),
+        helper.make_node("Sub", ["x", "m"], ["y"]),
+    ]
+    assert decomposed_norms(_graph(plain, [])) == []

@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 
 from onnx_norm.zoo import ZOO, build_model, example_inputs
-from onnx_norm.zoo.export import TRACE_SHAPE, Dtype, _output_names, _to_torch, write_onnx
+from onnx_norm.zoo.export import TRACE_SHAPE, Dtype, output_names_of, to_torch, write_onnx
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
@@ -47,7 +47,7 @@ def make(example: Example, out_dir: Path) -> Path:
     spec = ZOO[example.model]
     model = build_model(spec, seed=0)
     trace = example_inputs(spec, *TRACE_SHAPE, seed=0)
-    output_names = _output_names(model, _to_torch(trace, torch.float32))
+    output_names = output_names_of(model, to_torch(trace, torch.float32))
     path = out_dir / example.file
     write_onnx(model, spec, example.exporter, example.dtype, trace, path, output_names)
     proto = onnx.load(path)

@@ -173,7 +173,8 @@ def _call_options(model: Any) -> dict[str, Any]:
     return {"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}
 
 
-def _to_torch(inputs: dict[str, np.ndarray], float_dtype: Any = None) -> dict[str, Any]:
+def to_torch(inputs: dict[str, np.ndarray], float_dtype: Any = None) -> dict[str, Any]:
+    """numpy inputs as torch tensors, floating ones converted to `float_dtype` when given."""
     import torch
 
     tensors = {}
@@ -185,7 +186,8 @@ def _to_torch(inputs: dict[str, np.ndarray], float_dtype: Any = None) -> dict[st
     return tensors
 
 
-def _output_names(model: Any, inputs: dict[str, Any]) -> list[str]:
+def output_names_of(model: Any, inputs: dict[str, Any]) -> list[str]:
+    """The names of the tensor outputs of one forward pass, in order: the exported graph's outputs."""
     import torch
 
     with torch.no_grad():
@@ -223,9 +225,9 @@ def _torch_export(spec: ZooModel, exporter: Exporter, dtype: Dtype, directory: P
     float_dtype = np.float16 if dtype == "fp16" else np.float32
     trace = example_inputs(spec, *TRACE_SHAPE, seed=0, float_dtype=float_dtype)
     test = example_inputs(spec, *TEST_SHAPE, seed=1, float_dtype=float_dtype)
-    as_fp32 = _to_torch(test, torch.float32)
+    as_fp32 = to_torch(test, torch.float32)
     meta["norm_calls"] = dict(count_norm_calls(model, {**as_fp32, **_call_options(model)}).calls)
-    meta["output_names"] = _output_names(model, as_fp32)
+    meta["output_names"] = output_names_of(model, as_fp32)
     golden = _golden(spec, test, meta["output_names"], half_weights=dtype == "fp16")
 
     path = directory / "model.onnx"
@@ -249,7 +251,7 @@ def write_onnx(
         model = model.half()
     names = list(trace)
     wrapper = _Flatten.wrap(model, names)
-    args = tuple(_to_torch(trace).values())
+    args = tuple(to_torch(trace).values())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings, one screen per model
         if exporter == "dynamo":
@@ -322,7 +324,7 @@ def _golden(
     model = model.double()
     try:
         with torch.no_grad():
-            output = model(**_to_torch(inputs, torch.float64), **_call_options(model))
+            output = model(**to_torch(inputs, torch.float64), **_call_options(model))
     except Exception as err:  # some models hard-code float32 somewhere; the tests then compare without golden
         logger.info("no float64 golden for %s: %s", spec.name, err)
         return None
