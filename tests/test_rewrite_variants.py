@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from test_rewrite_support import DOUBLE, FLOAT, FLOAT16, assert_fused, const, make_model
+from test_rewrite_support import DOUBLE, FLOAT, FLOAT16, assert_fused, const, make_model, run
 
 D = 16
 X = [("x", FLOAT, ["b", "s", D])]
@@ -294,3 +294,31 @@ def test_bf16_llama_casts_are_proven_and_fused():
     assert [n.op_type for n in optimized.graph.node if n.domain == "onnx_norm"] == ["RMSNorm"]
     attrs = report.norms[0].attributes
     assert attrs["normalized_type"] == bf16 and attrs["multiply_type"] == bf16 and attrs["output_type"] == 0
+
+
+def test_input_without_shape_uses_axes_from_the_end_and_the_scale():
+    """Shape inference often stops after attention's computed Reshapes; a trailing-axes norm needs no rank."""
+    from onnx import TensorProto
+
+    from onnx_norm.rewrite import optimize
+
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["h"]),  # a runtime shape: inference loses the rank
+        helper.make_node("ReduceMean", ["h"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["h", "mu"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["nw"]),
+        helper.make_node("Add", ["nw", "b"], ["y"]),
+    ]
+    inits = [const("eps", 1e-5, np.float32), const("w", W), const("b", B)]
+    model = make_model(nodes, [*X, ("shape", TensorProto.INT64, ["r"])], [("y", FLOAT, ["rows", D])], inits)
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node if n.domain == "onnx_norm"] == ["LayerNorm"]
+    assert report.norms[0].axes == [-1]
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, D)).astype(np.float32)}
+    feeds["shape"] = np.array([6, D], dtype=np.int64)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-4, atol=1e-4)
