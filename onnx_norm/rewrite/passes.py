@@ -91,11 +91,22 @@ def _infer_shapes(model: ir.Model) -> Shapes:
     Then ONNX Runtime's symbolic inference where onnx's left norm inputs without shapes; what that one changed is
     returned (the previous shapes) so that `_restore_shapes` can take it back out of the written model.
     """
+    # Data propagation finds the shapes behind computed Reshapes, but on some exports (Cohere's attention) it
+    # infers dims that contradict each other; strict mode detects that, and the run without it is kept instead.
+    inference_logger = logging.getLogger(common_passes.ShapeInferencePass.__module__)
+    level = inference_logger.level
+    inference_logger.setLevel(logging.ERROR)
     try:
-        # data_prop=False: onnx's data propagation writes inconsistent shapes on some exports (Cohere's attention).
-        common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
-    except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
-        logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
+        strict = common_passes.ShapeInferencePass(strict_mode=True, data_prop=True)(model)
+    except Exception:  # the pass logs and returns unmodified on failure; this is for anything else
+        strict = ir.passes.PassResult(model, False)
+    finally:
+        inference_logger.setLevel(level)
+    if not strict.modified:
+        try:
+            common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
+        except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
+            logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
     stored: Shapes = {}
     if _reductions_without_shape(model.graph):
         stored = _stored_shapes(model)
