@@ -351,6 +351,12 @@ def _finish(
         logger.info("%s does not run at the test shape (%s); using the trace shape", path, err)
         meta["dynamic_shapes_ok"] = False
         test, golden = trace, None
+        try:
+            session.run(None, {k: test[k] for k in feed_names})
+        except Exception as trace_err:
+            raise ZooExportError(
+                f"the export does not run in ONNX Runtime, even at the trace shape: {trace_err}"
+            ) from None
     np.savez(directory / "inputs.npz", **{k: test[k] for k in feed_names})
     if golden is not None:
         np.savez(directory / "golden.npz", **golden)
