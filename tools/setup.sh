@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Sets up onnx-norm on a fresh Debian/Ubuntu machine, from the repository root: the system packages the
+# build needs, a virtual environment (.venv, or $ONNX_NORM_VENV), torch pinned to a CPU build, and the
+# project (editable, with its test extras), whose install builds the custom-op library (CUDA kernels too
+# when nvcc is on PATH; ONNX_NORM_ENABLE_CUDA=OFF skips them). Safe to run again: it reuses the venv.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+PYTHON=${PYTHON:-python3}
+VENV=${ONNX_NORM_VENV:-.venv}
+TORCH_VERSION=2.13.0
+
+step() { printf '\n=== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
+
+step "system packages"
+# A C++17 compiler and venv support are required; cmake and ninja come from PyPI through the build backend
+# when the system has none. dpkg-deb and the Debian archive keyring let the build fetch the ONNX Runtime
+# headers (Debian's libonnxruntime-dev) when ONNX_NORM_ORT_INCLUDE_DIR is not given.
+missing=()
+command -v g++ >/dev/null || missing+=(g++)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v ninja >/dev/null || missing+=(ninja-build)
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+if command -v apt-get >/dev/null; then
+  command -v dpkg-deb >/dev/null || missing+=(dpkg)
+  [[ -e /usr/share/keyrings/debian-archive-keyring.gpg ]] || missing+=(debian-archive-keyring)
+fi
+if ((${#missing[@]})); then
+  if ! command -v apt-get >/dev/null; then
+    echo "missing: ${missing[*]}; install them with the system's package manager" >&2
+    exit 1
+  fi
+  sudo=()
+  [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "all present: g++ $(g++ -dumpversion), $(cmake --version | head -n1), ninja $(ninja --version)"
+fi
+
+step "virtual environment $VENV"
+[[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+python -m pip install -q --upgrade pip
+
+step "torch $TORCH_VERSION"
+# Pinned and installed before the project: a bare torch requirement would pull a multi-GB CUDA build.
+python -m pip install -q "torch==$TORCH_VERSION"
+
+step "onnx-norm (editable, with test extras)"
+# Verbose, into a log: the CMake decisions and ptxas's per-kernel register/spill report are in it.
+mkdir -p build
+log=build/install.log
+if ! python -m pip install -v -e '.[test]' >"$log" 2>&1; then
+  tail -n 60 "$log"
+  echo "pip install failed; full log: $log" >&2
+  exit 1
+fi
+grep -E -- '-- onnx-norm:' "$log" || true
+python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
+
+if grep -q 'ptxas info' "$log"; then
+  step "CUDA kernels: register spills"
+  # ptxas prints "Compiling entry function 'NAME' for 'sm_XX'" before each kernel's spill line.
+  spills=$(awk "/Compiling entry function/ { fn = \$0 } /bytes spill stores/ && !/ 0 bytes spill stores, 0 bytes spill loads/ { print fn; print }" "$log")
+  if [[ -n $spills ]]; then
+    echo "$spills"
+    echo "CUDA kernels spill registers (see above)" >&2
+    exit 1
+  fi
+  echo "no spills in $(grep -c 'bytes spill stores' "$log") kernel compilations"
+fi
