@@ -1,7 +1,9 @@
 #include "common/norm_attributes.h"
 
+#include <atomic>
 #include <cmath>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/float_convert.h"
@@ -297,6 +299,19 @@ OrtStatusPtr ORT_API_CALL NormOp::InferShapes(const OrtCustomOp* self, OrtShapeI
   const int64_t output_type = int_attribute("output_type", 0);
   const bool output_type_ok = output_type == kFloat || output_type == kFloat16 || output_type == kBFloat16;
   const auto y_type = output_type_ok ? static_cast<ONNXTensorElementDataType>(output_type) : x_type;
+
+  // ORT writes a dim that has neither a value nor a name as dim_value -1, and its memory planner then
+  // takes any two such dims for equal and shares buffers between tensors of different sizes. Name each
+  // unknown dim instead: a fresh name per dim of this node, shared by its outputs (whose leading dims are
+  // the same as X's), claims no equality that does not hold.
+  static std::atomic<uint64_t> unknown_dims{0};
+  std::vector<std::string> fresh_names(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (dims[i] < 0 && (symbols[i] == nullptr || symbols[i][0] == '\0')) {
+      fresh_names[i] = "onnx_norm_unk__" + std::to_string(unknown_dims.fetch_add(1));
+      symbols[i] = fresh_names[i].c_str();
+    }
+  }
 
   auto set_output = [&](size_t index, ONNXTensorElementDataType type, bool reduced) {
     OrtTensorTypeAndShapeInfo* info = nullptr;
