@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
+import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
@@ -55,7 +57,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
             from onnx_norm.rewrite import native
 
             taken_over = list(native.take_over(model, session.target))
-        modified = bool(count or taken_over)
+        modified = bool(count) or any(record.get("converted") for record in taken_over)
         if modified:
             common_passes.RemoveUnusedNodesPass()(model)
             common_passes.RemoveUnusedOpsetsPass()(model)
@@ -134,6 +136,22 @@ def _reductions_without_shape(graph: ir.Graph) -> bool:
     )
 
 
+def _run_symbolic_inference(inference_class: Any, proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """`SymbolicShapeInference.infer_shapes` without its side effect: when inference stops short, that
+    function writes `sym_shape_infer_temp.onnx` and one external-data file per weight into the working
+    directory before raising. A partial result is still useful to the matchers, so keep it instead."""
+    if not any(op.domain in ("", "ai.onnx") and op.version >= 7 for op in proto.opset_import):
+        return None
+    # Merging lets inference go past dims it cannot prove equal (BERT's Min(max_positions, sequence) vs
+    # sequence): dims that a valid input makes equal anyway. Only the matchers see the result.
+    inference = inference_class(2**31 - 1, True, False, 0)
+    inference._preprocess(proto)
+    while inference.run_:
+        inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_
+
+
 def _infer_symbolic_shapes(model: ir.Model) -> None:
     """ONNX Runtime's symbolic shape inference, which follows the data-dependent Reshapes of attention blocks that
     onnx's inference gives up on. It fills in shapes the model does not have yet (for the matchers only)."""
@@ -147,9 +165,7 @@ def _infer_symbolic_shapes(model: ir.Model) -> None:
         return
     proto = ir.serde.serialize_model(model)
     try:
-        # Merging lets inference go past dims it cannot prove equal (BERT's Min(max_positions, sequence) vs
-        # sequence): dims that a valid input makes equal anyway. Only the matchers see the result.
-        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True)
+        inferred = _run_symbolic_inference(SymbolicShapeInference, proto)
     except Exception as err:  # best effort, like onnx's inference
         logger.info("symbolic shape inference failed: %s", err)
         return

@@ -33,9 +33,10 @@ from onnx_norm.rewrite.spec import TARGETS, NormSpec
 RULE_METADATA_KEY = "onnx_norm.rule"
 MS_DOMAIN = "com.microsoft"
 
-#: The custom-op library gives Y the type of X: ONNX Runtime infers a custom op's output types from its inputs, so
-#: the kernels refuse an output_type other than X's. Nodes that need one are emitted as the op and a Cast where
-#: that is exact, and refused otherwise, so that a model never fails once the library is registered.
+#: Emit Y in X's type only. The library honours output_type only where ONNX Runtime takes a custom op's output
+#: type from its shape inference, which needs X's rank known and a recent runtime (1.31 does; 1.21 may not); the
+#: kernel refuses the node elsewhere. Nodes that need another Y type are emitted as the op and a Cast where that
+#: is exact, and refused otherwise, so that a model never fails once the library is registered.
 LIBRARY_TYPES_Y_LIKE_X = True
 
 _FLOAT = int(ir.DataType.FLOAT)
