@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -55,23 +56,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def add_verify_args(parser: argparse.ArgumentParser) -> None:
-    """Hook for the parity gate: `--verify` checks OUT against IN before it is kept."""
+    """`--verify`: the parity gate checks OUT against IN before OUT is kept, with verify's flags."""
     parser.add_argument(
-        "--verify", action="store_true", help="check parity of OUT against IN; exit 1 and remove OUT when it fails"
+        "--verify", action="store_true", help="check parity of OUT against IN; exit 1 and keep no OUT when it fails"
     )
+    from onnx_norm.cli.verify import add_gate_args
+
+    add_gate_args(parser)
 
 
-def _maybe_verify(args: argparse.Namespace, output: Path) -> bool:
-    """Parity of the written model against the input; True when it passed or was not asked."""
-    if not getattr(args, "verify", False):
+def _verify(args: argparse.Namespace, staged: Path) -> bool:
+    """Parity of the staged model against the input; True when it passed or was not asked."""
+    if not args.verify:
         return True
-    try:
-        from onnx_norm.parity import verify
-    except ImportError as err:
-        raise UsageError("--verify is not available (onnx_norm.parity is missing)") from err
-    report = verify(args.input, str(output))
-    Console().print(f"parity: {'PASSED' if report.passed else 'FAILED'}")
-    return bool(report.passed)
+    from onnx_norm.cli.verify import gate
+
+    return gate(args.input, str(staged), args) == 0
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -95,10 +95,20 @@ def run(args: argparse.Namespace) -> int:
     except model_io.ModelLoadError as err:
         raise UsageError(str(err)) from err
     external = {"auto": None, "always": True, "never": False}[args.external_data]
-    try:
-        model_io.save(model, output, external_data=external)
-    except model_io.ModelSaveError as err:
-        raise UsageError(str(err)) from err
+    # Written next to OUT under a temporary directory and moved into place only once the parity gate
+    # passed, so that a failed or interrupted check never leaves a bad OUT (or replaces a good one).
+    if not output.parent.is_dir():
+        raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
+    with tempfile.TemporaryDirectory(prefix=".onnx-norm-", dir=output.parent) as staging:
+        staged = Path(staging) / output.name
+        try:
+            model_io.save(model, staged, external_data=external)
+        except model_io.ModelSaveError as err:
+            raise UsageError(str(err)) from err
+        passed = _verify(args, staged)
+        if passed:
+            for path in sorted(Path(staging).iterdir()):
+                os.replace(path, output.parent / path.name)
     console = Console()
     print_norms(console, report)
     print_summary(console, report)
@@ -108,11 +118,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{len(report.near_misses)} near-miss(es) not fused; --explain lists them with the reasons")
     if args.report:
         write_report(args.report, report)
-    console.print(f"wrote {output}")
-    if not _maybe_verify(args, output):
-        output.unlink(missing_ok=True)
-        Path(f"{output}.data").unlink(missing_ok=True)
+    if not passed:
+        console.print(f"[red]FAILED[/red] parity gate: {output} not written")
         return 1
+    console.print(f"wrote {output}")
     return 0
 
 
