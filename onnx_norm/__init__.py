@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "get_library_path": "onnx_norm.library",
     "session_options": "onnx_norm.library",
+    "load": "onnx_norm.model_io",
+    "save": "onnx_norm.model_io",
     "optimize": "onnx_norm.rewrite",
     "inspect": "onnx_norm.rewrite",
     "verify": "onnx_norm.parity",

@@ -427,7 +427,10 @@ def plot_speedups(
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise RuntimeError("--plot needs matplotlib: pip install 'onnx-norm[plot]'") from err
 
     matplotlib.use("Agg")  # files only: no display is needed or wanted
     import matplotlib.pyplot as plt

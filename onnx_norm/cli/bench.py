@@ -6,6 +6,7 @@ Exit 0 measured, 1 the speedup is below `--min-speedup`, 2 usage or input error.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from typing import Any
 
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     common.check_model_path(args.original, "original model")
     if args.optimized is not None:
         common.check_model_path(args.optimized, "optimized model")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:
         raise UsageError("--plot with --inputs measures one shape only; use generated inputs with --sweep")
     kwargs = bench_kwargs(args)
