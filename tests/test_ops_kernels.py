@@ -383,6 +383,41 @@ def test_shape_inference(
     assert [(o.type, o.shape) for o in session.get_outputs()] == expected
 
 
+@pytest.mark.parametrize(
+    "level", [ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL]
+)
+def test_unnamed_dims_stay_unknown(level: ort.GraphOptimizationLevel) -> None:
+    # X's dims are unknown to shape inference (a Reshape to a runtime shape). Had the op's inference declared
+    # them as -1, ONNX Runtime would fold Shape(Y) into the constant [-1, -1, -1] and the Reshape below would
+    # fail ("multiple -1"), or its memory planner would share buffers between tensors of different sizes.
+    nodes = [
+        helper.make_node("Reshape", ["x", "target"], ["xr"]),
+        helper.make_node("LayerNorm", ["xr", "scale"], ["y"], domain=DOMAIN, axis=-1),
+        helper.make_node("Shape", ["y"], ["y_shape"]),
+        helper.make_node("Reshape", ["y", "y_shape"], ["z"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "unnamed_dims",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("target", TensorProto.INT64, [3]),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [helper.make_tensor("scale", TensorProto.FLOAT, [4], np.linspace(0.5, 2.0, 4, dtype=np.float32))],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, OPSET_VERSION)], ir_version=10
+    )
+    options = session_options()
+    options.graph_optimization_level = level
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).standard_normal(24).astype(np.float32)
+    (z,) = session.run(None, {"x": x, "target": np.array([2, 3, 4], np.int64)})
+    expected, _, _ = reference.layer_norm(x.reshape(2, 3, 4), np.linspace(0.5, 2.0, 4, dtype=np.float32))
+    np.testing.assert_allclose(z, expected, rtol=1e-5, atol=1e-6)
+
+
 # --- special values ------------------------------------------------------------------------------------
 
 
