@@ -23,7 +23,7 @@ from rich.table import Table
 
 from onnx_norm.bench import BenchReport, bench, plot_speedups
 from onnx_norm.cli.bench import print_report
-from onnx_norm.zoo.export import _output_names, _to_torch, write_onnx
+from onnx_norm.zoo.export import output_names_of, to_torch, write_onnx
 from onnx_norm.zoo.models import ZooModel, build_model, example_inputs
 
 
@@ -47,7 +47,7 @@ def export_model(spec: ZooModel, dtype: str, exporter: str, path: Path, console:
     start = time.perf_counter()
     model = build_model(spec, seed=0)
     trace = example_inputs(spec, 1, 8, seed=0)
-    names = _output_names(model, _to_torch(trace, torch.float32))
+    names = output_names_of(model, to_torch(trace, torch.float32))
     write_onnx(model, spec, exporter, dtype, trace, path, names)
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     console.print(f"exported {path.name} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f}s")
