@@ -246,6 +246,15 @@ def test_many_rows_split_over_threads(op: str, x_type: int) -> None:
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
+def test_outputs_larger_than_the_caches(op: str) -> None:
+    # 2049 x 4097 float32 is over the 32 MB above which Y and Sum are written with non-temporal stores;
+    # the odd row length puts every row at a different 16-byte alignment.
+    rng = np.random.default_rng(41)
+    arrays = make_inputs(op, (2049, 4097), -1, F32, F32, rng)
+    check_op(op, arrays, epsilon=1e-5)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize(
     ("shape", "axis", "scale_shape"),
     [

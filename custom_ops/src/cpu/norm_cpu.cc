@@ -10,6 +10,10 @@
 #include "cpu/half_simd.h"
 #include "cpu/row_math.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace onnx_norm {
 namespace cpu {
 namespace {
@@ -171,6 +175,27 @@ ONNX_NORM_HOT void NormalizeRounded(const float* x, float* y, int64_t n, float c
   }
 }
 
+// Outputs larger than the caches are written with non-temporal stores: a plain store first reads the
+// destination line into the cache (read-for-ownership), a third memory pass the kernel does not need.
+constexpr int64_t kStreamingBytes = int64_t{32} << 20;
+
+void StreamFloats(const float* src, float* dst, int64_t n) {
+#if defined(__SSE2__)
+  int64_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i) dst[i] = src[i];
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+#else
+  std::copy_n(src, n, dst);
+#endif
+}
+
+void FinishStreaming() {
+#if defined(__SSE2__)
+  _mm_sfence();  // non-temporal stores are weakly ordered: publish them before the block is done
+#endif
+}
+
 struct Job {
   const NormProblem* p;
   const float* scale;  // float copies (or the original float buffers)
@@ -178,6 +203,7 @@ struct Job {
   int64_t rows_per_block;
   int normalized_type;  // 0 when rounding to it is a no-op (FLOAT)
   int multiply_type;
+  bool streaming;  // float32 Y / Sum written with non-temporal stores
   std::atomic<bool> failed{false};
 };
 
@@ -225,7 +251,9 @@ void RunBlock(void* data, size_t block) {
     if (p.skip) {
       const void* skip_row = static_cast<const char*>(p.skip) + offset * x_elem;
       void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * x_elem : nullptr;
-      AddSkip(x_row, skip_row, p.x_type, sum_row, xbuf.data(), n);
+      const bool stream_sum = job.streaming && sum_row != nullptr && p.x_type == kFloat;
+      AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, xbuf.data(), n);
+      if (stream_sum) StreamFloats(xbuf.data(), static_cast<float*>(sum_row), n);
       x = xbuf.data();
     } else if (p.x_type == kFloat) {
       x = static_cast<const float*>(x_row);
@@ -247,7 +275,8 @@ void RunBlock(void* data, size_t block) {
     if (p.inv_std) p.inv_std[row] = r;
 
     void* y_row = static_cast<char*>(p.y) + offset * y_elem;
-    float* y = p.y_type == kFloat ? static_cast<float*>(y_row) : ybuf.data();
+    const bool stream_y = job.streaming && p.y_type == kFloat;
+    float* y = p.y_type == kFloat && !stream_y ? static_cast<float*>(y_row) : ybuf.data();
     if (rounded) {
       NormalizeRounded(x, y, n, center, r, job.scale, job.bias, period, job.normalized_type, job.multiply_type);
     } else if (job.scale && job.bias) {
@@ -259,8 +288,13 @@ void RunBlock(void* data, size_t block) {
     } else {
       NormalizeOnly(x, y, n, center, r);
     }
-    if (p.y_type != kFloat) StoreRow(y, p.y_type, y_row, n);
+    if (stream_y) {
+      StreamFloats(y, static_cast<float*>(y_row), n);
+    } else if (p.y_type != kFloat) {
+      StoreRow(y, p.y_type, y_row, n);
+    }
   }
+  if (job.streaming) FinishStreaming();
 }
 
 // Scale/Bias as float: the original buffer if already float32, else a converted copy in `storage`.
@@ -288,6 +322,7 @@ bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
   job.bias = AsFloat(p.bias, p.scale_type, p.scale_size, bias_storage);
   job.normalized_type = p.normalized_type == kFloat ? 0 : p.normalized_type;
   job.multiply_type = p.multiply_type == kFloat ? 0 : p.multiply_type;
+  job.streaming = p.rows * p.cols * int64_t{4} >= kStreamingBytes;
   // Blocks of about 64K elements: enough work per task to amortise scheduling, enough tasks to balance.
   constexpr int64_t kBlockElements = 1 << 16;
   job.rows_per_block = std::max<int64_t>(1, kBlockElements / p.cols);
