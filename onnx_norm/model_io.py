@@ -13,6 +13,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import onnx
 import onnx_ir as ir
@@ -127,3 +128,22 @@ def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None
         raise ModelSaveError(f"{path}: cannot write: {err}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def proto_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a ModelProto: the main graph, the subgraphs of If/Loop/Scan nodes, model-local functions."""
+    yield from graph_nodes(model.graph)
+    for function in model.functions:
+        yield from function.node
+
+
+def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """All nodes of `graph` and of the subgraphs in its If/Loop/Scan nodes."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from graph_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graph_nodes(sub)

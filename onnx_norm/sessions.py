@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm.model_io import proto_nodes
 from onnx_norm.ops.schema import DOMAIN
 
 logger = logging.getLogger(__name__)
@@ -65,24 +66,8 @@ class RuntimeConfig:
 def uses_custom_ops(model: onnx.ModelProto) -> bool:
     """Whether any node (or function) of the model is in our op domain."""
     if any(opset.domain == DOMAIN for opset in model.opset_import):
-        return any(node.domain == DOMAIN for node in _all_nodes(model))
+        return any(node.domain == DOMAIN for node in proto_nodes(model))
     return False
-
-
-def _all_nodes(model: onnx.ModelProto):
-    def walk(graph: onnx.GraphProto):
-        for node in graph.node:
-            yield node
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    yield from walk(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for sub in attr.graphs:
-                        yield from walk(sub)
-
-    yield from walk(model.graph)
-    for function in model.functions:
-        yield from function.node
 
 
 def library_available() -> bool:
@@ -97,7 +82,7 @@ def library_available() -> bool:
 def has_local_functions(model: onnx.ModelProto) -> bool:
     """Whether every `onnx_norm` node has a model-local function ORT can inline when the library is absent."""
     functions = {(function.domain, function.name) for function in model.functions}
-    return all((node.domain, node.op_type) in functions for node in _all_nodes(model) if node.domain == DOMAIN)
+    return all((node.domain, node.op_type) in functions for node in proto_nodes(model) if node.domain == DOMAIN)
 
 
 def _library_options(options: ort.SessionOptions, model: onnx.ModelProto | None) -> ort.SessionOptions:

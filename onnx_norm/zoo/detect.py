@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnx_norm.model_io import graph_nodes
 from onnx_norm.ops.schema import DOMAIN, OPS
 
 # Native norm ops by (domain, op_type); "" and "ai.onnx" are the standard domain.
@@ -35,18 +36,6 @@ _SEARCH_DEPTH = 4
 
 def _domain(node: onnx.NodeProto) -> str:
     return "" if node.domain in ("", "ai.onnx") else node.domain
-
-
-def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """All nodes of `graph` and of the subgraphs in its If/Loop/Scan nodes."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from graph_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from graph_nodes(sub)
 
 
 def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
