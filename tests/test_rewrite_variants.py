@@ -296,6 +296,40 @@ def test_bf16_llama_casts_are_proven_and_fused():
     assert attrs["normalized_type"] == bf16 and attrs["multiply_type"] == bf16 and attrs["output_type"] == 0
 
 
+def test_bf16_norm_without_casts_is_fused_like_the_fp16_one():
+    """A bf16 model computing the norm in bf16 (dynamo export of a bf16 module): the formula is proven in float64,
+    so the bf16 input must be widened like every other float (ml_dtypes' bfloat16 is not numpy kind "f")."""
+    from onnx import TensorProto
+
+    from onnx_norm.ops import reference
+    from onnx_norm.rewrite import optimize
+
+    bf16 = TensorProto.BFLOAT16
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+        helper.make_node("Mul", ["x", "r"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    w = helper.make_tensor("w", bf16, [D], W.tolist())
+    initializers = [
+        helper.make_tensor("two", bf16, [], [2.0]),
+        helper.make_tensor("eps", bf16, [], [1e-6]),
+        helper.make_tensor("axes", TensorProto.INT64, [1], [-1]),
+        w,
+    ]
+    model = make_model(nodes, [("x", bf16, ["b", D])], [("y", bf16, ["b", D])], initializers, opset=18)
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node if n.domain == "onnx_norm"] == ["RMSNorm"]
+    attrs = report.norms[0].attributes
+    assert attrs["normalized_type"] == bf16 and attrs["multiply_type"] == bf16
+    # epsilon keeps its bf16 value, as the graph adds it.
+    assert attrs["epsilon"] == pytest.approx(float(np.asarray(1e-6).astype(reference.np_dtype(bf16))), rel=1e-6)
+
+
 def test_input_without_shape_uses_axes_from_the_end_and_the_scale():
     """Shape inference often stops after attention's computed Reshapes; a trailing-axes norm needs no rank."""
     from onnx import TensorProto

@@ -209,7 +209,9 @@ def evaluate(
     """
     cache: dict[ir.Value, np.ndarray] = {}
     for value, array in feeds.items():
-        cache[value] = array.astype(np.float64) if widen and array.dtype.kind == "f" else array
+        # bfloat16 (ml_dtypes) has numpy kind "V", not "f": test the ONNX element type instead.
+        is_float = value.dtype in _FLOATS or array.dtype.kind == "f"
+        cache[value] = array.astype(np.float64) if widen and is_float else array
     budget = [max_nodes]
 
     def get(value: ir.Value | None) -> np.ndarray | None:
