@@ -746,28 +746,14 @@ def verify(
         dtype = orig_results[0][name].dtype
         tolerance = tolerances.for_output(name, dtype)
         if optimized_failure is not None:
-            outputs.append(
-                Comparison(
-                    name,
-                    dtype.name,
-                    list(orig_results[0][name].shape),
-                    tolerance,
-                    False,
-                    f"the optimized model does not run: {optimized_failure}",
-                )
-            )
-            continue
-        if name in missing:
-            outputs.append(
-                Comparison(
-                    name,
-                    dtype.name,
-                    list(orig_results[0][name].shape),
-                    tolerance,
-                    False,
-                    "missing from the optimized model",
-                )
-            )
+            failure = f"the optimized model does not run: {optimized_failure}"
+        elif name in missing:
+            failure = "missing from the optimized model"
+        else:
+            failure = None
+        if failure is not None:
+            shape = list(orig_results[0][name].shape)
+            outputs.append(Comparison(name, dtype.name, shape, tolerance, False, failure))
             continue
         outputs.append(
             compare(

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from onnx_norm.cli import UsageError
 from onnx_norm.rewrite.report import OptimizeReport
+from onnx_norm.rewrite.spec import TARGETS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,9 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("model", help="ONNX model to inspect")
     parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
-    parser.add_argument(
-        "--target", choices=("onnx-norm", "onnx", "ort"), default="onnx-norm", help="target to check against"
-    )
+    parser.add_argument("--target", choices=TARGETS, default="onnx-norm", help="target to check against")
     parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
     parser.set_defaults(func=run)
     return parser

@@ -14,6 +14,7 @@ from onnx_norm.cli import UsageError
 from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
 from onnx_norm.rewrite.report import OptimizeReport
 from onnx_norm.rewrite.rules import RULE_NAMES
+from onnx_norm.rewrite.spec import TARGETS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("-o", "--output", required=True, help="where to write the optimized model")
     parser.add_argument(
         "--target",
-        choices=("onnx-norm", "onnx", "ort"),
+        choices=TARGETS,
         default="onnx-norm",
         help="onnx-norm: our custom ops (with model-local functions); onnx: LayerNormalization (opset 17+) and "
         "RMSNormalization (opset 23+); ort: ONNX Runtime's LayerNormalization, SimplifiedLayerNormalization and "
