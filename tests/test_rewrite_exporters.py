@@ -169,6 +169,36 @@ def test_dynamo_hand_written_layer_norm():
     check(model, [2, 5, 24], ["LayerNorm"], rtol=1e-4, atol=1e-4)
 
 
+class StatisticLayouts(torch.nn.Module):
+    """Hand-written norms whose statistic is reduced without its dims and restored by a layout op somewhere later."""
+
+    def __init__(self, spelling: str, hidden: int = 24) -> None:
+        super().__init__()
+        self.spelling = spelling
+        self.weight = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+        self.bias = torch.nn.Parameter(torch.rand(hidden))
+
+    def forward(self, x):
+        if self.spelling == "unsqueeze_after_sqrt":
+            return x / torch.sqrt((x * x).sum(-1) / x.shape[-1] + 1e-6).unsqueeze(-1) * self.weight
+        if self.spelling == "view":
+            inv = torch.rsqrt((x * x).mean(-1) + 1e-6)
+            return x * inv.view(x.shape[0], x.shape[1], 1) * self.weight
+        if self.spelling == "expand_as":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6).expand_as(x) * self.weight
+        mean = x.mean(-1, keepdim=True)  # "var": dynamo reduces with keepdims=0 and restores with broadcast_in_dim
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return (x - mean) * torch.rsqrt(var + 1e-5) * self.weight + self.bias
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("spelling", ["unsqueeze_after_sqrt", "view", "expand_as", "var"])
+def test_statistic_restored_by_layout_ops(spelling, dynamo):
+    module = StatisticLayouts(spelling).eval()
+    model = export(module, torch.randn(2, 5, 24), opset=18 if dynamo else 17, dynamo=dynamo)
+    check(model, [2, 5, 24], ["LayerNorm" if spelling == "var" else "RMSNorm"], rtol=1e-4, atol=1e-4)
+
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

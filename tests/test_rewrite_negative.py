@@ -147,3 +147,43 @@ def test_square_root_without_reciprocal_power():
     ]
     model = make_model(nodes, X, [("y", FLOAT, None)], [const("eps", 1e-6, np.float32)])
     assert_not_fused(model, SHAPES, reason="not input * (statistic + eps)^-1/2")
+
+
+def test_statistic_restored_to_another_layout():
+    """The mean square of each row of a [batch, seq, D] input, reshaped to [seq, batch, 1]: it broadcasts against
+    other rows than its own (the graph only runs where one of the two dims is 1)."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=0),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s0"]),
+        helper.make_node("Shape", ["x"], ["b"], start=0, end=1),
+        helper.make_node("Shape", ["x"], ["t"], start=1, end=2),
+        helper.make_node("Concat", ["t", "b", "one_i"], ["swapped"], axis=0),
+        helper.make_node("Reshape", ["s0", "swapped"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    inits = [const("axes", [-1], np.int64), const("one_i", [1], np.int64), const("eps", 1e-6, np.float32)]
+    model = make_model(nodes, X, [("y", FLOAT, ["b", "b", D])], inits, opset=18)
+    report = assert_not_fused(model, {"x": [3, 1, D]})
+    assert any("matched subgraph" in m.reason or "proof failed" in m.reason for m in report.near_misses), [
+        m.reason for m in report.near_misses
+    ]
+
+
+def test_divisor_read_from_a_symbolic_dim_is_not_a_constant():
+    """`sum(x*x, -1) / x.shape[1]`: the sequence length, which is the row size only by accident."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one_i"], ["seq"], axis=0),
+        helper.make_node("Cast", ["seq"], ["n"], to=FLOAT),
+        helper.make_node("Div", ["ss", "n"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    inits = [const("axes", [-1], np.int64), const("one_i", 1, np.int64), const("eps", 1e-6, np.float32)]
+    model = make_model(nodes, X, [("y", FLOAT, None)], inits, opset=17)
+    assert_not_fused(model, {"x": [2, D, D]})  # seq == D: the original computes an RMSNorm on these inputs

@@ -125,6 +125,76 @@ def test_variance_as_mean_square_minus_square_mean():
     assert_fused(make_model(nodes, X, Y, inits, opset=13), SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("restore_after", ["add", "sqrt", "reciprocal"])
+def test_statistic_with_dropped_dims_restored_later(restore_after):
+    """`x / sqrt(sum(x*x, -1) / D + eps).unsqueeze(-1)`: the dims come back after the epsilon or the square root."""
+    steps = {"add": ["ve", "s", "r"], "sqrt": ["s", "r"], "reciprocal": ["r"]}[restore_after]
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"], keepdims=0),
+        helper.make_node("Div", ["ss", "n"], ["ms"]),
+    ]
+    chain = [("Add", ["ms", "eps"], "ve"), ("Sqrt", ["ve"], "s"), ("Reciprocal", ["s"], "r")]
+    for op, inputs, out in chain:
+        operands = list(inputs)
+        if out == steps[0]:
+            nodes.append(helper.make_node("Unsqueeze", [inputs[0], "axes"], [inputs[0] + "_u"]))
+            operands[0] = inputs[0] + "_u"
+        nodes.append(helper.make_node(op, operands, [out]))
+    nodes += [helper.make_node("Mul", ["x", "r"], ["n0"]), helper.make_node("Mul", ["n0", "w"], ["y"])]
+    inits = [const("axes", [-1], np.int64), const("n", float(D), np.float32), const("eps", 1e-6, np.float32)]
+    inits.append(const("w", W))
+    _, report = assert_fused(make_model(nodes, X, Y, inits, opset=17), SHAPES, ["RMSNorm"])
+    assert report.norms[0].epsilon == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_variance_restored_by_shape_arithmetic_like_dynamo_broadcast_in_dim():
+    """dynamo's `x.var(-1, keepdim=True)`: ReduceMean(keepdims=0), then Reshape and Expand to shapes computed from
+    `Shape(x)`; the `Shape(x)` is also read by the rest of the graph, so it stays."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["mu"], keepdims=1),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var0"], keepdims=0),
+        helper.make_node("Shape", ["var0"], ["vs"]),
+        helper.make_node("Concat", ["vs", "one_i"], ["vs1"], axis=0),
+        helper.make_node("Reshape", ["var0", "vs1"], ["var1"]),
+        helper.make_node("Shape", ["x"], ["xs"], start=0, end=2),
+        helper.make_node("Concat", ["xs", "one_i"], ["xs1"], axis=0),
+        helper.make_node("Expand", ["var1", "xs1"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+        helper.make_node("Mul", ["d", "r"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["nw"]),
+        helper.make_node("Add", ["nw", "b"], ["y"]),
+        helper.make_node("Cast", ["xs"], ["y_batch_seq"], to=FLOAT),
+    ]
+    inits = [const("axes", [-1], np.int64), const("one_i", [1], np.int64), const("eps", 1e-5, np.float32)]
+    inits += [const("w", W), const("b", B)]
+    model = make_model(nodes, X, [*Y, ("y_batch_seq", FLOAT, [2])], inits, opset=18)
+    optimized, _ = assert_fused(model, SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
+    assert "Shape" in {n.op_type for n in optimized.graph.node}
+
+
+def test_divisor_read_from_the_static_last_dim():
+    """TorchScript's `sum(x*x, -1) / x.shape[-1]`: Cast(Gather(Shape(x), -1)), a constant since the dim is static."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "last"], ["h"], axis=0),
+        helper.make_node("Cast", ["h"], ["n"], to=FLOAT),
+        helper.make_node("Div", ["ss", "n"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    inits = [const("axes", [-1], np.int64), const("last", -1, np.int64), const("eps", 1e-6, np.float32)]
+    optimized, _ = assert_fused(make_model(nodes, X, Y, inits, opset=17), SHAPES, ["RMSNorm"])
+    assert [n.op_type for n in optimized.graph.node] == ["RMSNorm"]
+
+
 def rms_graph(*, dtype=FLOAT, eps_dtype=np.float32, gemma=False, cast=False, eps_shape=()):
     xt = dtype
     nodes = []

@@ -2,7 +2,9 @@
 
 A value is constant when it is an initializer that is not also a graph input (an input can be overridden at run
 time), the output of a `Constant` node, or computed from such values only (Gemma's `1 + w`, `Cast(w)`,
-`Flatten(scale)`), in which case it is folded with the numpy interpreter.
+`Flatten(scale)`), in which case it is folded with the numpy interpreter. A `Shape` counts as constant input to
+such a computation when the result does not depend on its symbolic dims (TorchScript's `x.shape[-1]` as the
+divisor of a mean, the last dim being static).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.rewrite.evaluate import SUPPORTED_OPS, EvaluationError, evaluate
+from onnx_norm.rewrite.evaluate import SUPPORTED_OPS, EvaluationError, evaluate, static_shape
 
 #: Constant expressions larger than this are not folded (a scale or bias is one row of the normalised dims).
 MAX_FOLD_ELEMENTS = 1 << 24
 _MAX_FOLD_NODES = 32
+_FILLS = (1_000_003, 2_000_029)  # sizes no static dim has
 
 
 def is_direct_constant(value: ir.Value) -> bool:
@@ -28,7 +31,12 @@ def is_constant(value: ir.Value | None) -> bool:
     """True when `value` depends on constants only (no graph input, no runtime value)."""
     if value is None:
         return False
-    return _constant_nodes(value) is not None
+    nodes = _constant_nodes(value)
+    if nodes is None:
+        return False
+    if any(n.op_type == "Shape" and static_shape(n) is None for n in nodes):
+        return constant_array(value) is not None
+    return True
 
 
 def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
@@ -51,7 +59,7 @@ def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
         nodes.append(node)
         if len(nodes) > _MAX_FOLD_NODES:
             return None
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" or (node.op_type == "Shape" and static_shape(node, fill=1) is not None):
             continue
         stack.extend(v for v in node.inputs if v is not None)
     return nodes
@@ -59,11 +67,20 @@ def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:
     """The value of a constant or constant expression, or None when it is not constant."""
-    if value is None or _constant_nodes(value) is None:
+    if value is None:
         return None
+    nodes = _constant_nodes(value)
+    if nodes is None:
+        return None
+    symbolic = any(n.op_type == "Shape" and static_shape(n) is None for n in nodes)
     try:
-        (array,) = evaluate([value], {})
-    except (EvaluationError, ValueError, TypeError):
+        (array,) = evaluate([value], {}, symbolic_fill=_FILLS[0] if symbolic else None)
+        if symbolic:
+            # Read symbolic dims as two different sizes: a value that depends on them is not a constant.
+            (other,) = evaluate([value], {}, symbolic_fill=_FILLS[1])
+            if other.shape != array.shape or not np.array_equal(other, array):
+                return None
+    except (EvaluationError, ValueError, TypeError, IndexError):
         return None
     return array
 

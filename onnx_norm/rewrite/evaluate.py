@@ -140,6 +140,61 @@ def _expand(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     return x * np.ones(shape, dtype=x.dtype)
 
 
+def _shape(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    start = int(_attr(node, "start", 0))
+    end = _attr(node, "end")
+    dims = x.shape[start:] if end is None else x.shape[start : int(end)]
+    return np.asarray(dims, dtype=np.int64)
+
+
+def static_shape(node: ir.Node, fill: int | None = None) -> np.ndarray | None:
+    """A `Shape` node's output from its input's inferred shape, without the input's values.
+
+    None when the rank is unknown, or when a dim it reads is symbolic and no `fill` is given; with `fill`, symbolic
+    dims read as fill, fill + 1, ... (evaluating twice with two fills tells whether a value depends on them)."""
+    source = node.inputs[0] if node.inputs else None
+    if source is None or source.shape is None:
+        return None
+    rank = len(source.shape)
+    start = int(_attr(node, "start", 0))
+    end = _attr(node, "end")
+    dims = list(source.shape)[slice(start, rank if end is None else int(end))]
+    if fill is None and not all(isinstance(d, int) for d in dims):
+        return None
+    return np.asarray([d if isinstance(d, int) else fill + i for i, d in enumerate(dims)], dtype=np.int64)
+
+
+def _concat(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    arrays = [a for a in inputs if a is not None]
+    return np.concatenate(arrays, axis=int(_attr(node, "axis", 0)))
+
+
+def _gather(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x, indices = inputs[0], inputs[1]
+    assert x is not None and indices is not None
+    return np.take(x, indices, axis=int(_attr(node, "axis", 0)))
+
+
+def _slice(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    if len(inputs) > 1:  # opset >= 10: starts, ends, axes, steps as inputs
+        starts, ends = _int_list(inputs[1]), _int_list(inputs[2])
+        axes = _int_list(inputs[3]) if len(inputs) > 3 else None
+        steps = _int_list(inputs[4]) if len(inputs) > 4 else None
+    else:
+        starts, ends, axes, steps = _attr(node, "starts"), _attr(node, "ends"), _attr(node, "axes"), None
+    assert starts is not None and ends is not None
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        index[int(axis) % x.ndim] = slice(int(start), int(end), int(step))  # numpy clamps like ONNX does
+    return x[tuple(index)]
+
+
 def _where(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     c, a, b = inputs
     return np.where(c, a, b)
@@ -172,9 +227,14 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Transpose": _transpose,
     "Expand": _expand,
     "Where": _where,
+    "Shape": _shape,
+    "Concat": _concat,
+    "Gather": _gather,
+    "Slice": _slice,
 }
 
-#: Ops whose output is computed elementwise or per row, and that may therefore sit inside a matched norm.
+#: Ops that may sit inside a matched norm or a folded constant: elementwise and per-row ops, layout ops, and the
+#: integer shape arithmetic that dynamo emits to restore a reduction's dims.
 SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
 
 
@@ -202,10 +262,12 @@ def evaluate(
     *,
     widen: bool = False,
     max_nodes: int = 256,
+    symbolic_fill: int | None = None,
 ) -> list[np.ndarray]:
     """Evaluates `outputs` from `feeds` and constants; raises EvaluationError on anything else.
 
-    With `widen`, every float tensor (constants, feeds, casts) is computed in float64.
+    With `widen`, every float tensor (constants, feeds, casts) is computed in float64. `Shape` nodes whose input has
+    a known shape are computed from it, symbolic dims as `symbolic_fill`, ... (see `static_shape`).
     """
     cache: dict[ir.Value, np.ndarray] = {}
     for value, array in feeds.items():
@@ -240,6 +302,8 @@ def evaluate(
             if attr.name != "value":
                 return np.asarray(attr.value, dtype=np.float64 if widen else None)
             return tensor_array(attr.value, widen)
+        if node.op_type == "Shape" and (static := static_shape(node, symbolic_fill)) is not None:
+            return static  # the dims are known: no need for the input's values (`x.shape[-1]` as a divisor)
         inputs = [get(v) for v in node.inputs]
         if node.op_type == "Cast":
             assert inputs[0] is not None

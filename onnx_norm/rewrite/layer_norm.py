@@ -47,7 +47,7 @@ def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
 
 def layer_statistic(stat: ir.Value) -> Statistic | None:
     """Recognises `stat` as the variance of some tensor over some axes."""
-    variance = row_mean(stat)
+    variance = row_mean(stat, dropped_ok=True)
     if variance is not None:
         base = squared(variance.input)
         if base is None:
@@ -62,12 +62,14 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
     p, q = node.inputs
     if p is None or q is None:
         return None
-    mean_of_square = row_mean(p)
+    mean_of_square = row_mean(p, dropped_ok=True)
     square_of_mean = squared(q)
     if mean_of_square is None or square_of_mean is None:
         return None
     x = squared(mean_of_square.input)
-    mean = row_mean(square_of_mean)
+    mean = row_mean(square_of_mean, dropped_ok=True)
     if x is None or mean is None or mean.axes != mean_of_square.axes or not same_data(mean.input, x):
+        return None
+    if mean.kept != mean_of_square.kept:
         return None
     return Statistic("layer", x, mean.axes, "E[x^2] - E[x]^2")

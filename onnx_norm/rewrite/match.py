@@ -30,7 +30,14 @@ from onnx_norm.rewrite.layer_norm import Statistic, is_centred, layer_statistic
 from onnx_norm.rewrite.reductions import is_float_cast, rank_of, row_mean
 from onnx_norm.rewrite.rms_norm import rms_statistic
 from onnx_norm.rewrite.spec import NormSpec
-from onnx_norm.rewrite.structure import NearMiss, flatten, same_data, strip_casts, strip_widening_casts
+from onnx_norm.rewrite.structure import (
+    LAYOUT_OPS,
+    NearMiss,
+    flatten,
+    same_data,
+    strip_casts,
+    strip_widening_casts,
+)
 
 _ANCHOR_OPS = frozenset({"Add", "Mul", "Div", "Cast"})
 _MAX_TAIL = 12
@@ -182,7 +189,10 @@ def _stat_leaves(junction: ir.Value) -> list[ir.Value]:
             found.append(value)
         if node.op_type in ("Add", "ReduceMean", "ReduceSum", "Sub"):
             continue
-        if node.op_type in ("Mul", "Div", "Sqrt", "Reciprocal", "Pow", "Identity") or is_float_cast(node):
+        if node.op_type in LAYOUT_OPS:
+            if node.inputs[0] is not None:
+                stack.append(node.inputs[0])
+        elif node.op_type in ("Mul", "Div", "Sqrt", "Reciprocal", "Pow", "Identity") or is_float_cast(node):
             operands = node.inputs[:1] if node.op_type == "Pow" else node.inputs
             stack.extend(v for v in operands if v is not None and not constants.is_direct_constant(v))
     return found
@@ -246,6 +256,24 @@ def _is_input_cast(node: ir.Node, x: ir.Value) -> bool:
         if producer is None:
             return False
         current = producer
+
+
+def _is_input_shape(node: ir.Node, x: ir.Value, depth: int = 0) -> bool:
+    """Shape arithmetic on the input alone (`Shape(x)`, then Gather/Slice/Concat/... of integers): it stays valid
+    after the rewrite, so it is kept when something else reads it too (dynamo shares `Shape(x)` widely)."""
+    if depth > 8 or node.domain not in ("", "ai.onnx"):
+        return False
+    if any(v.dtype is None or v.dtype.is_floating_point() for v in node.outputs):
+        return False
+    if node.op_type == "Shape":
+        return node.inputs[0] is x
+    for value in node.inputs:
+        if value is None or constants.is_constant(value):
+            continue
+        producer = value.producer()
+        if producer is None or not _is_input_shape(producer, x, depth + 1):
+            return False
+    return True
 
 
 def _is_inv_std(value: ir.Value, eps_sum: ir.Value) -> bool:
@@ -444,11 +472,12 @@ def _build(
     mean_out: ir.Value | None = None
     inv_out: ir.Value | None = None
     kept: set[ir.Node] = set()
+    shape_kept: set[ir.Node] = set()
     changed = True
     while changed:
         changed = False
         for node in list(nodes):
-            if node in kept:
+            if node in kept or node in shape_kept:
                 continue
             for output in node.outputs:
                 if output is y or output is mean_out or output is inv_out:
@@ -459,6 +488,11 @@ def _build(
                 if _is_input_cast(node, x):
                     kept.add(node)
                     continue
+                if _is_input_shape(node, x):
+                    shape_kept.add(node)
+                    node_set.discard(node)  # what it reads is now read from outside the match too
+                    changed = True
+                    break
                 if (
                     statistic.kind == "layer"
                     and rank is not None
@@ -499,7 +533,7 @@ def _build(
                 raise NearMiss(f"intermediate {output.name!r} is {where}", output)
     kept_order = [n for n in nodes if n in kept]
     kept_order.reverse()  # nodes were collected from the output down; the input's Casts come first this way
-    nodes = [n for n in nodes if n not in kept]
+    nodes = [n for n in nodes if n not in kept and n not in shape_kept]
 
     # Scale and bias: constants, folded when computed, varying only along the normalised axes.
     scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"] + factors.constants

@@ -62,9 +62,23 @@ _SAMPLES = ("normal", "large offset", "near-constant", "constant")
 
 
 def concrete_shape(shape: ir.Shape) -> list[int]:
-    """The shape with symbolic dims replaced by small distinct sizes (2, 3, 4, ...)."""
+    """The shape with symbolic dims replaced by small distinct sizes (2, 3, 4, ...); dims with the same name get the
+    same size (a graph may only be valid where they agree), anonymous dims a size of their own."""
     sizes = iter(range(2, 64))
-    return [d if isinstance(d, int) else next(sizes) for d in shape]
+    named: dict[str, int] = {}
+    result = []
+    for dim in shape:
+        if isinstance(dim, int):
+            result.append(dim)
+            continue
+        name = getattr(dim, "value", None)
+        if name is None:
+            result.append(next(sizes))
+        else:
+            if name not in named:
+                named[name] = next(sizes)
+            result.append(named[name])
+    return result
 
 
 def _sample(kind: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:

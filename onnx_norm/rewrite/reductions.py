@@ -1,9 +1,11 @@
 """Row means as exporters spell them.
 
 `mean(t, axes)` with the reduced dims kept, written as any of: `ReduceMean(keepdims=1)` with axes as an attribute
-(opset < 18) or an input (opset >= 18); `ReduceMean(keepdims=0)` followed by `Unsqueeze` over the same axes;
-`ReduceSum` divided by, or multiplied by the inverse of, the number of reduced elements; with float Casts anywhere
-on the way (a mean computed in fp32 and narrowed again).
+(opset < 18) or an input (opset >= 18); `ReduceMean(keepdims=0)` with the dims restored by `Unsqueeze` over the same
+axes, or by a `Reshape`/`Expand` to the kept shape (dynamo's `broadcast_in_dim`); `ReduceSum` divided by, or
+multiplied by the inverse of, the number of reduced elements; with float Casts anywhere on the way (a mean computed
+in fp32 and narrowed again). A statistic may also be taken with its dims dropped (`dropped_ok`) when the exporter
+restores them later, after the epsilon or the square root: the proof step checks the layout the graph ends up with.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class RowMean:
     input: ir.Value
     axes: tuple[int, ...]
     nodes: list[ir.Node]
+    kept: bool = True  # False: the reduced dims are dropped here and restored further down the graph
 
 
 def is_float_cast(node: ir.Node) -> bool:
@@ -112,13 +115,14 @@ def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float, float] | None:
     return None
 
 
-def row_mean(value: ir.Value) -> RowMean | None:
-    """Recognises `value` as a row mean with kept dims, or returns None."""
+def row_mean(value: ir.Value, *, dropped_ok: bool = False) -> RowMean | None:
+    """Recognises `value` as a row mean with kept dims (or with dropped dims when `dropped_ok`), or returns None."""
     nodes: list[ir.Node] = []
     factor, tolerance = 1.0, 1e-6
-    unsqueeze: tuple[int, ...] | None = None
+    unsqueezes: list[tuple[int, ...]] = []
+    reshaped = False
     current = value
-    for _ in range(8):
+    for _ in range(10):
         node = current.producer()
         if node is None or node.domain not in ("", "ai.onnx"):
             return None
@@ -127,10 +131,14 @@ def row_mean(value: ir.Value) -> RowMean | None:
             break
         if is_float_cast(node) or op == "Identity":
             current = node.inputs[0]
-        elif op == "Unsqueeze" and unsqueeze is None:
-            unsqueeze = _unsqueeze_axes(node)
-            if unsqueeze is None:
+        elif op == "Unsqueeze":
+            axes = _unsqueeze_axes(node)
+            if axes is None:
                 return None
+            unsqueezes.append(axes)
+            current = node.inputs[0]
+        elif op in ("Reshape", "Expand"):
+            reshaped = True
             current = node.inputs[0]
         elif op in ("Mul", "Div"):
             scaled = _scalar_factor(node)
@@ -156,9 +164,18 @@ def row_mean(value: ir.Value) -> RowMean | None:
         return None
     keepdims = node.attributes.get("keepdims")
     keep = True if keepdims is None else bool(keepdims.value)
-    if keep == (unsqueeze is not None):
-        return None
-    if unsqueeze is not None and unsqueeze != axes:
+    kept = True
+    if keep:
+        if unsqueezes:
+            return None
+    elif unsqueezes:
+        if len(unsqueezes) != 1 or unsqueezes[0] != axes:
+            return None
+    elif not reshaped:
+        if not dropped_ok:
+            return None
+        kept = False
+    if reshaped and not _restores(value, reduced, axes):
         return None
     nodes.append(node)
     if node.op_type == "ReduceSum":
@@ -171,4 +188,25 @@ def row_mean(value: ir.Value) -> RowMean | None:
         factor *= math.prod(dims)  # type: ignore[arg-type]
     if abs(factor - 1.0) > 4 * tolerance:
         return None
-    return RowMean(reduced, axes, nodes)
+    return RowMean(reduced, axes, nodes, kept)
+
+
+def _restores(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:
+    """Whether a Reshape/Expand on the way gives `value` the kept-dims layout of a reduction of `reduced`.
+
+    Where shape inference knows both shapes they must agree (reduced dims 1, or the full size for an Expand
+    to the input's shape); where it does not, the proof step evaluates the graph's own shape arithmetic."""
+    if value.shape is None or reduced.shape is None:
+        return True
+    if len(value.shape) != len(reduced.shape):
+        return False
+    rank = len(reduced.shape)
+    for dim, (out, full) in enumerate(zip(value.shape, reduced.shape, strict=True)):
+        if dim - rank in axes:
+            if isinstance(out, int) and out not in (1, full):
+                return False
+            continue
+        # A kept dim must be the input's: 1 where the input's is not would broadcast one row's statistic to others.
+        if (isinstance(out, int) and isinstance(full, int) and out != full) or (out == 1 and full != 1):
+            return False
+    return True

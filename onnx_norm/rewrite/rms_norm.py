@@ -3,6 +3,7 @@
 The normalised value is `x * (mean(x^2) + eps)^-1/2`, spelled `Div(x, Sqrt(..))`, `Mul(x, Reciprocal(Sqrt(..)))`
 (dynamo's rsqrt), `Mul(x, Div(1, Sqrt(..)))` (TorchScript's rsqrt) or `Pow(.., -0.5)`; `structure.flatten` covers
 them all.
+The mean square may be taken with its dims dropped and restored after the epsilon or the square root.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from onnx_norm.rewrite.structure import squared
 
 def rms_statistic(stat: ir.Value) -> Statistic | None:
     """Recognises `stat` as the mean square of a tensor that is not itself centred."""
-    mean = row_mean(stat)
+    mean = row_mean(stat, dropped_ok=True)
     if mean is None:
         return None
     base = squared(mean.input)

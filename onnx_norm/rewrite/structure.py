@@ -105,6 +105,10 @@ class Factors:
 
 
 _TRANSPARENT = ("Mul", "Div", "Sqrt", "Reciprocal", "Pow", "Identity")
+#: Ops that move a value's elements without changing them: a statistic reduced with its dims dropped is restored
+#: to the kept layout by one of these, possibly after the epsilon or the square root. The layout the graph ends up
+#: with is checked by the proof step, which evaluates the graph's own shape arithmetic.
+LAYOUT_OPS = ("Unsqueeze", "Reshape", "Expand")
 
 
 def flatten(
@@ -136,7 +140,7 @@ def flatten(
                 f"operand {current.name!r} is neither the normalised input, the statistic nor a constant", current
             )
         op = node.op_type
-        if is_float_cast(node) or op == "Identity":
+        if is_float_cast(node) or op == "Identity" or op in LAYOUT_OPS:
             factors.nodes.append(node)
             visit(node.inputs[0], exponent)  # type: ignore[arg-type]
             return
