@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 from test_rewrite_support import FLOAT, assert_fused, assert_not_fused, const, make_model
+from test_rewrite_variants import distributed_layer_norm
 
 D = 16
 X = [("x", FLOAT, ["b", "s", D])]
@@ -187,3 +188,9 @@ def test_divisor_read_from_a_symbolic_dim_is_not_a_constant():
     inits = [const("axes", [-1], np.int64), const("one_i", 1, np.int64), const("eps", 1e-6, np.float32)]
     model = make_model(nodes, X, [("y", FLOAT, None)], inits, opset=17)
     assert_not_fused(model, {"x": [2, D, D]})  # seq == D: the original computes an RMSNorm on these inputs
+
+
+def test_distributed_layer_norm_with_another_scale_for_the_mean():
+    """x * (gamma * inv) - mean * (gamma2 * inv) + beta is not a LayerNorm unless gamma2 == gamma."""
+    other = (np.random.default_rng(4).random(D) + 0.5).astype(np.float32)
+    assert_not_fused(distributed_layer_norm("tf2onnx", mean_scale=other), SHAPES, reason="different constants")

@@ -195,6 +195,51 @@ def test_divisor_read_from_the_static_last_dim():
     assert [n.op_type for n in optimized.graph.node] == ["RMSNorm"]
 
 
+def distributed_layer_norm(form: str, *, mean_scale=None):
+    """`tf.nn.batch_normalization`'s formula, as tf2onnx exports TF/Keras LayerNormalization: x * s + (beta - mean
+    * s) with s = gamma * rsqrt(var + eps); Keras 3 adds (-mean) * s + beta; without beta: x * s - mean * s."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),  # tf2onnx's SquaredDifference
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]),
+        helper.make_node("Reciprocal", ["sd"], ["inv"]),
+        helper.make_node("Mul", ["inv", "w"], ["s"]),
+        helper.make_node("Mul", ["x", "s"], ["xs"]),
+    ]
+    s_mean = "s"
+    if mean_scale is not None:
+        nodes.append(helper.make_node("Mul", ["inv", "w2"], ["s2"]))
+        s_mean = "s2"
+    if form == "tf2onnx":
+        nodes += [
+            helper.make_node("Mul", ["mu", s_mean], ["ms"]),
+            helper.make_node("Sub", ["b", "ms"], ["off"]),
+            helper.make_node("Add", ["xs", "off"], ["y"]),
+        ]
+    elif form == "keras3":
+        nodes += [
+            helper.make_node("Neg", ["mu"], ["nmu"]),
+            helper.make_node("Mul", ["nmu", s_mean], ["res0"]),
+            helper.make_node("Add", ["res0", "b"], ["res"]),
+            helper.make_node("Add", ["xs", "res"], ["y"]),
+        ]
+    else:  # no beta
+        nodes += [helper.make_node("Mul", [s_mean, "mu"], ["ms"]), helper.make_node("Sub", ["xs", "ms"], ["y"])]
+    inits = [const("eps", 1e-3, np.float32), const("w", W), const("b", B)]
+    if mean_scale is not None:
+        inits.append(const("w2", mean_scale))
+    return make_model(nodes, X, Y, inits, opset=13)
+
+
+@pytest.mark.parametrize("form", ["tf2onnx", "keras3", "no_beta"])
+def test_layer_norm_distributed_over_the_sum(form):
+    _, report = assert_fused(distributed_layer_norm(form), SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
+    assert report.norms[0].epsilon == pytest.approx(1e-3, rel=1e-6)
+
+
 def rms_graph(*, dtype=FLOAT, eps_dtype=np.float32, gemma=False, cast=False, eps_shape=()):
     xt = dtype
     nodes = []

@@ -9,6 +9,8 @@ divisor of a mean, the last dim being static).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import onnx_ir as ir
 
@@ -98,3 +100,15 @@ def int_list(value: ir.Value | None) -> list[int] | None:
     if array is None or array.dtype.kind not in "iu":
         return None
     return [int(v) for v in array.reshape(-1)]
+
+
+def fold_product(factors: list[tuple[ir.Value, Fraction]]) -> np.ndarray | None:
+    """The product of constant powers in float64, None when there is none; ValueError when one is not constant."""
+    result: np.ndarray | None = None
+    for value, exponent in factors:
+        array = constant_array(value)
+        if array is None:
+            raise ValueError(f"cannot fold constant {value.name!r}")
+        term = np.power(array.astype(np.float64), float(exponent))
+        result = term if result is None else result * term
+    return result

@@ -25,13 +25,14 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.ops.schema import FLOAT_TYPES, NormAttributes
-from onnx_norm.rewrite import casts, constants
+from onnx_norm.rewrite import casts, constants, distributed
 from onnx_norm.rewrite.layer_norm import Statistic, is_centred, layer_statistic
 from onnx_norm.rewrite.reductions import is_float_cast, rank_of, row_mean
 from onnx_norm.rewrite.rms_norm import rms_statistic
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import (
     LAYOUT_OPS,
+    Factors,
     NearMiss,
     flatten,
     same_data,
@@ -39,7 +40,8 @@ from onnx_norm.rewrite.structure import (
     strip_widening_casts,
 )
 
-_ANCHOR_OPS = frozenset({"Add", "Mul", "Div", "Cast"})
+#: Ops a norm can end with (Sub: the distributed LayerNorm without a bias, `x * s - mean * s`).
+ANCHOR_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Cast"})
 _MAX_TAIL = 12
 _MAX_MATCH_NODES = 96
 
@@ -103,17 +105,19 @@ def _walk_tail(y: ir.Value) -> tuple[ir.Value, list[_TailOp]] | None:
         if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
             return None
         a, b = node.inputs
+        if op == "Sub":
+            return (value, tail) if not (seen_bias or seen_scale) else None
         if op == "Add":
             if seen_bias or seen_scale:
                 return None
+            if not constants.is_constant(a) and not constants.is_constant(b):
+                return value, tail  # a sum of two computed values: only the distributed LayerNorm ends here
             if constants.is_constant(b):
                 tail.append(_TailOp(node, "bias", b))
                 value = a
-            elif constants.is_constant(a):
+            else:
                 tail.append(_TailOp(node, "bias", a))
                 value = b
-            else:
-                return None
             seen_bias = True
             continue
         if op == "Mul":
@@ -295,14 +299,10 @@ def _is_inv_std(value: ir.Value, eps_sum: ir.Value) -> bool:
 
 def _fold_product(factors: list[tuple[ir.Value, Fraction]]) -> np.ndarray | None:
     """The product of constant powers in float64, None when there is none."""
-    result: np.ndarray | None = None
-    for value, exponent in factors:
-        array = constants.constant_array(value)
-        if array is None:
-            raise NearMiss(f"cannot fold constant {value.name!r}", value)
-        term = np.power(array.astype(np.float64), float(exponent))
-        result = term if result is None else result * term
-    return result
+    try:
+        return constants.fold_product(factors)
+    except ValueError as err:
+        raise NearMiss(str(err)) from err
 
 
 def _row_constant(
@@ -355,7 +355,7 @@ def find_norm(
     channels_first: bool = True,
 ) -> Candidate | None:
     """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse."""
-    if anchor.op_type not in _ANCHOR_OPS or anchor.domain not in ("", "ai.onnx") or len(anchor.outputs) != 1:
+    if anchor.op_type not in ANCHOR_OPS or anchor.domain not in ("", "ai.onnx") or len(anchor.outputs) != 1:
         return None
     y = anchor.outputs[0]
     walked = _walk_tail(y)
@@ -364,6 +364,11 @@ def find_norm(
     junction, tail = walked
     if _extends(y, tail):
         return None
+    junction_node = junction.producer()
+    if junction_node is not None and junction_node.op_type in ("Add", "Sub"):
+        if "layer" not in kinds or any(op.role != "cast" for op in tail):
+            return None
+        return _find_distributed(anchor, y, junction, tail, channels_first)
     sums = _stat_leaves(junction)
     if not sums:
         return None
@@ -392,6 +397,58 @@ def find_norm(
     return None
 
 
+def _find_distributed(
+    anchor: ir.Node, y: ir.Value, junction: ir.Value, tail: list[_TailOp], channels_first: bool
+) -> Candidate | None:
+    """The LayerNorm written as `x * s + (bias - mean * s)` (distributed.py), built as `(x - mean) * s + bias`."""
+    terms = distributed.signed_terms(junction)
+    if terms is None:
+        return None
+    sums: list[ir.Value] = []
+    for term, _ in terms:
+        if not constants.is_constant(term):
+            sums += [v for v in _stat_leaves(term) if v not in sums]
+    first_miss: NearMiss | None = None
+    for eps_sum in sums:
+        producer = eps_sum.producer()
+        assert producer is not None
+        splits: list[tuple[ir.Value, ir.Value | None]] = []
+        if producer.op_type == "Add" and None not in producer.inputs:
+            a, b = producer.inputs
+            splits = [(a, b), (b, a)]  # type: ignore[list-item]
+        splits.append((eps_sum, None))
+        for stat, eps_value in splits:
+            statistic = layer_statistic(stat)
+            if statistic is None:
+                continue
+            try:
+                form = distributed.analyse(terms, statistic, eps_sum)
+                if form is None:
+                    continue
+                sum_node = junction.producer()
+                assert sum_node is not None
+                bias_tail = [] if form.bias is None else [_TailOp(sum_node, "bias", form.bias)]
+                return _build(
+                    anchor,
+                    y,
+                    form.x_term,
+                    tail + bias_tail,
+                    eps_sum,
+                    stat,
+                    eps_value,
+                    statistic,
+                    channels_first,
+                    factors=form.factors,
+                )
+            except _NotANorm:
+                continue
+            except NearMiss as miss:
+                first_miss = first_miss or miss
+    if first_miss is not None:
+        raise first_miss
+    return None
+
+
 def _build(
     anchor: ir.Node,
     y: ir.Value,
@@ -402,7 +459,9 @@ def _build(
     eps_value: ir.Value | None,
     statistic: Statistic,
     channels_first: bool,
+    factors: Factors | None = None,
 ) -> Candidate:
+    """The candidate for the normalised value `junction` (flattened here unless `factors` are given) and `tail`."""
     eps_array = np.zeros((1,)) if eps_value is None else constants.constant_array(eps_value)
     if eps_array is None:
         assert eps_value is not None
@@ -415,7 +474,8 @@ def _build(
         raise NearMiss(f"epsilon {epsilon} is not a non-negative number", eps_value)
 
     # The normalised value must be data^1 * (stat + eps)^-1/2 times constants.
-    factors = flatten(junction, _data_classifier(statistic, eps_sum))
+    if factors is None:
+        factors = flatten(junction, _data_classifier(statistic, eps_sum))
     data_exp = factors.leaves.get("data", Fraction(0))
     stat_exp = factors.leaves.get("stat", Fraction(0))
     if data_exp == 0:

@@ -66,7 +66,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
 
                 attach_functions(model)
         report.norms = list(session.records)
-        report.near_misses = list(session.near_misses.values())
+        report.near_misses = session.open_near_misses()
         counts: dict[str, int] = {}
         for record in report.norms:
             counts[record.rule] = counts.get(record.rule, 0) + 1

@@ -30,7 +30,7 @@ from onnxscript.rewriter._rewrite_rule import ReplacementSubgraph
 
 from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import targets
-from onnx_norm.rewrite.match import Candidate, find_norm
+from onnx_norm.rewrite.match import ANCHOR_OPS, Candidate, find_norm
 from onnx_norm.rewrite.prove import prove
 from onnx_norm.rewrite.report import NearMissRecord, NormRecord
 from onnx_norm.rewrite.skip import fold_residual
@@ -47,7 +47,6 @@ _RULE_KINDS = {
     "layer_norm": "layer",
     "rms_norm": "rms",
 }
-_ANCHOR_OPS = frozenset({"Add", "Mul", "Div", "Cast"})
 
 
 def _placeholder_pattern(op, x):  # the structural matcher replaces onnxscript's pattern matching
@@ -71,6 +70,8 @@ class Session:
         self.disabled = frozenset(disabled)
         self.records: list[NormRecord] = []
         self.near_misses: dict[tuple[int, str], NearMissRecord] = {}
+        self._near_miss_nodes: dict[tuple[int, str], ir.Node] = {}
+        self._replaced: set[ir.Node] = set()  # nodes a fused op replaced
         self._last: tuple[ir.Node, Candidate | None] | None = None
         self._proven: dict[int, str | None] = {}
         self._main_graph: ir.Graph | None = None
@@ -99,7 +100,16 @@ class Session:
         names += [v.producer().name for v in miss.values if isinstance(v, ir.Value) and v.producer() is not None]
         nodes = [node.name or node.op_type] + [n for n in names if n and n != node.name]
         self.near_misses[key] = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph))
+        self._near_miss_nodes[key] = node
         logger.info("not fused at %s: %s", node.name, miss.reason)
+
+    def replaced(self, nodes: Iterable[ir.Node]) -> None:
+        self._replaced.update(nodes)
+
+    def open_near_misses(self) -> list[NearMissRecord]:
+        """Near-misses at nodes that no fused op replaced: a partial product of a norm fused later from a node
+        further down (the distributed LayerNorm's `x * s`) is not worth reporting."""
+        return [r for key, r in self.near_misses.items() if self._near_miss_nodes.get(key) not in self._replaced]
 
     def proven(self, candidate: Candidate) -> str | None:
         """None when the candidate is proven (or proofs are off), else the reason it failed."""
@@ -208,7 +218,7 @@ class NormFusionRule(pattern.RewriteRule):
         verbose: int | None = None,
         tracer=None,
     ) -> ReplacementSubgraph | None:
-        if node.op_type not in _ANCHOR_OPS or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in ANCHOR_OPS or node.domain not in ("", "ai.onnx"):
             return None
         if isinstance(graph_or_function, ir.Function) and graph_or_function.domain == DOMAIN:
             return None  # the body of one of our ops' model-local functions: fusing it would make it call itself
@@ -235,6 +245,7 @@ class NormFusionRule(pattern.RewriteRule):
                 if domain not in graph.opset_imports:
                     graph.opset_imports[domain] = version if version is not None else 1
         self._record(candidate, spec, graph_or_function, tape.nodes)
+        self.session.replaced(candidate.nodes)
         self.session.invalidate()
         return delta
 

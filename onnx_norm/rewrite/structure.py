@@ -99,6 +99,7 @@ class Factors:
     leaves: dict[str, Fraction] = dataclasses.field(default_factory=dict)
     constants: list[tuple[ir.Value, Fraction]] = dataclasses.field(default_factory=list)
     nodes: list[ir.Node] = dataclasses.field(default_factory=list)
+    sign: int = 1  # -1 after an odd number of Negs (only with `negation=True`)
 
     def add_leaf(self, name: str, exponent: Fraction) -> None:
         self.leaves[name] = self.leaves.get(name, Fraction(0)) + exponent
@@ -116,11 +117,13 @@ def flatten(
     classify: Callable[[ir.Value], str | None],
     *,
     max_nodes: int = 48,
+    negation: bool = False,
 ) -> Factors:
     """Decomposes `value` into a product of powers of leaves.
 
     `classify(v)` names a leaf (returns e.g. "data" or "stat") or returns None to look through `v`'s producer.
-    Constants are leaves of their own. Raises NearMiss when a non-constant operand is not a named leaf.
+    Constants are leaves of their own. Raises NearMiss when a non-constant operand is not a named leaf. With
+    `negation`, `Neg` is looked through and counted in `sign` (the distributed LayerNorm's `-mean * inv`).
     """
     factors = Factors()
 
@@ -142,6 +145,11 @@ def flatten(
         op = node.op_type
         if is_float_cast(node) or op == "Identity" or op in LAYOUT_OPS:
             factors.nodes.append(node)
+            visit(node.inputs[0], exponent)  # type: ignore[arg-type]
+            return
+        if op == "Neg" and negation and exponent.numerator % 2 == 1 and exponent.denominator == 1:
+            factors.nodes.append(node)
+            factors.sign = -factors.sign
             visit(node.inputs[0], exponent)  # type: ignore[arg-type]
             return
         if op not in _TRANSPARENT or len(node.outputs) != 1:
