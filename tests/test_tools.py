@@ -22,3 +22,22 @@ def test_bench_models_runs_on_a_tiny_configuration(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "speedup" in done.stdout
     assert list(tmp_path.glob("*.onnx")), "the exported model was not kept"
+
+
+def test_bench_models_with_a_vocabulary_smaller_than_the_zoo_default(tmp_path: Path) -> None:
+    """The trace's token ids come from the configured vocabulary (they once came from the zoo's and overflowed)."""
+    done = _run(
+        "tools/bench_models.py",
+        *("--hidden", "32", "--layers", "1", "--heads", "2", "--sequence", "8", "--vocab", "40"),
+        *("--dtype", "fp32", "--warmup", "0", "--repeat", "1", "--keep", str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_bench_models_rejects_bad_sizes_with_a_message() -> None:
+    done = _run("tools/bench_models.py", "--vocab", "2")
+    assert done.returncode == 2
+    assert "--vocab must be at least 3" in done.stderr
+    done = _run("tools/bench_models.py", "--hidden", "100", "--heads", "16")
+    assert done.returncode == 2
+    assert "multiple of --heads" in done.stderr

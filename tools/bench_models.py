@@ -74,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, metavar="PNG", help="plot the speedup against the hidden size")
     parser.add_argument("--keep", type=Path, help="directory to keep the models in (default: a temporary one)")
     args = parser.parse_args(argv)
+    if args.vocab < 3:
+        parser.error(f"--vocab must be at least 3 (ids 0 and 1 are special), got {args.vocab}")
+    for name in ("layers", "heads", "sequence", "batch", "repeat"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if any(h < 1 or h % args.heads for h in args.hidden):
+        parser.error(f"every --hidden must be a positive multiple of --heads {args.heads}, got {args.hidden}")
 
     from onnx_norm.rewrite import optimize
 

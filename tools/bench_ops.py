@@ -22,6 +22,7 @@ Sum) written and Scale/Bias read once.
 
     python tools/bench_ops.py            # the full table (a few minutes)
     python tools/bench_ops.py --quick    # small shapes, few rounds
+    python tools/bench_ops.py --shapes 128x64 --threads 1 --rounds 200   # a bundled model's tiny rows
 """
 
 from __future__ import annotations
@@ -309,8 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant (default 15, quick 5)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument(
+        "--shapes", nargs="+", metavar="ROWSxCOLS", help="shapes to run instead of the defaults, e.g. 128x64 8192x768"
+    )
     args = parser.parse_args(argv)
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
+    if args.shapes:
+        try:
+            shapes = tuple(tuple(int(n) for n in text.lower().split("x", 1)) for text in args.shapes)
+        except ValueError:
+            parser.error(f"--shapes takes ROWSxCOLS, e.g. 128x64; got {' '.join(args.shapes)}")
+        if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+            parser.error(f"--shapes takes ROWSxCOLS with positive sizes; got {' '.join(args.shapes)}")
     rounds = args.rounds or (5 if args.quick else 15)
     warmup = 2
 

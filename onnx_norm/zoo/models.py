@@ -362,13 +362,17 @@ def example_inputs(
     """Seeded inputs for `spec`: token ids inside the vocabulary with a partly padded attention mask for text,
     normal pixels or mel features for vision and speech. `seq` is ignored where the model fixes the length."""
     rng = np.random.default_rng(seed)
+    # Ids below the config's vocabulary, which a caller may have made smaller than the zoo's (bench_models --vocab).
+    vocab = min(VOCAB, int(spec.config.get("vocab_size", VOCAB)))
+    if vocab < 3:
+        raise ValueError(f"{spec.name}: vocab_size {vocab} leaves no token ids above the 2 special ones")
     if spec.inputs in ("text", "seq2seq"):
-        ids = rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64)
+        ids = rng.integers(2, vocab, size=(batch, seq), dtype=np.int64)
         mask = np.ones((batch, seq), dtype=np.int64)
         mask[0, seq - 2 :] = 0  # right padding on one row, so masking paths are exercised
         inputs = {"input_ids": ids, "attention_mask": mask}
         if spec.inputs == "seq2seq":
-            inputs["decoder_input_ids"] = rng.integers(2, VOCAB, size=(batch, max(1, seq - 3)), dtype=np.int64)
+            inputs["decoder_input_ids"] = rng.integers(2, vocab, size=(batch, max(1, seq - 3)), dtype=np.int64)
         return inputs
     if spec.inputs == "vision":
         return {"pixel_values": rng.standard_normal((batch, 3, IMAGE, IMAGE)).astype(float_dtype)}
@@ -377,7 +381,7 @@ def example_inputs(
     # TorchScript exporter cannot export.
     return {
         "input_features": features,
-        "decoder_input_ids": rng.integers(2, VOCAB, size=(batch, seq), dtype=np.int64),
+        "decoder_input_ids": rng.integers(2, vocab, size=(batch, seq), dtype=np.int64),
         "decoder_attention_mask": np.ones((batch, seq), dtype=np.int64),
     }
 
