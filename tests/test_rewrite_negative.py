@@ -194,3 +194,20 @@ def test_distributed_layer_norm_with_another_scale_for_the_mean():
     """x * (gamma * inv) - mean * (gamma2 * inv) + beta is not a LayerNorm unless gamma2 == gamma."""
     other = (np.random.default_rng(4).random(D) + 0.5).astype(np.float32)
     assert_not_fused(distributed_layer_norm("tf2onnx", mean_scale=other), SHAPES, reason="different constants")
+
+
+def test_variance_clamped_from_below_at_a_positive_value_is_not_a_clamp_to_zero():
+    """max(var, 1e-3) + eps is another epsilon placement, not LayerNorm's var + eps: the proof rejects it."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["dd"]),
+        helper.make_node("ReduceMean", ["dd"], ["var0"], axes=[-1]),
+        helper.make_node("Max", ["var0", "floor"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
+    inits = [const("eps", 1e-6, np.float32), const("floor", 1e-3, np.float32)]
+    model = make_model(nodes, X, [("y", FLOAT, None)], inits, opset=13)
+    assert_not_fused(model, SHAPES)

@@ -240,6 +240,32 @@ def test_layer_norm_distributed_over_the_sum(form):
     assert report.norms[0].epsilon == pytest.approx(1e-3, rel=1e-6)
 
 
+@pytest.mark.parametrize("clamp", ["Max", "Relu", "Clip"])
+def test_variance_clamped_at_zero(clamp):
+    """Flax's fast variance: max(E[x^2] - E[x]^2, 0), a clamp that changes nothing in exact arithmetic."""
+    clamp_node = {
+        "Max": helper.make_node("Max", ["zero", "var0"], ["var"]),
+        "Relu": helper.make_node("Relu", ["var0"], ["var"]),
+        "Clip": helper.make_node("Clip", ["var0", "zero"], ["var"]),
+    }[clamp]
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Mul", ["x", "x"], ["xx"]),
+        helper.make_node("ReduceMean", ["xx"], ["ms"], axes=[-1]),
+        helper.make_node("Mul", ["mu", "mu"], ["mu2"]),
+        helper.make_node("Sub", ["ms", "mu2"], ["var0"]),
+        clamp_node,
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["nw"]),
+        helper.make_node("Add", ["nw", "b"], ["y"]),
+    ]
+    inits = [const("eps", 1e-6, np.float32), const("zero", 0.0, np.float32), const("w", W), const("b", B)]
+    assert_fused(make_model(nodes, X, Y, inits, opset=13), SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
+
+
 def rms_graph(*, dtype=FLOAT, eps_dtype=np.float32, gemma=False, cast=False, eps_shape=()):
     xt = dtype
     nodes = []

@@ -195,6 +195,32 @@ def _slice(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     return x[tuple(index)]
 
 
+def _max(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    arrays = [a for a in inputs if a is not None]
+    result = arrays[0]
+    for other in arrays[1:]:
+        result = np.maximum(result, other)
+    return np.asarray(result).astype(arrays[0].dtype)
+
+
+def _relu(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    return np.maximum(x, np.zeros((), dtype=x.dtype))
+
+
+def _clip(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    low = inputs[1] if len(inputs) > 1 else _attr(node, "min")
+    high = inputs[2] if len(inputs) > 2 else _attr(node, "max")
+    if low is not None:
+        x = np.maximum(x, np.asarray(low, dtype=x.dtype))
+    if high is not None:
+        x = np.minimum(x, np.asarray(high, dtype=x.dtype))
+    return x
+
+
 def _where(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     c, a, b = inputs
     return np.where(c, a, b)
@@ -227,6 +253,9 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Transpose": _transpose,
     "Expand": _expand,
     "Where": _where,
+    "Max": _errstate(_max),
+    "Relu": _errstate(_relu),
+    "Clip": _errstate(_clip),
     "Shape": _shape,
     "Concat": _concat,
     "Gather": _gather,

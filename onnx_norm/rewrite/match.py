@@ -37,6 +37,7 @@ from onnx_norm.rewrite.structure import (
     flatten,
     same_data,
     strip_casts,
+    strip_nonnegative_clamp,
     strip_widening_casts,
 )
 
@@ -166,6 +167,7 @@ def _extends(y: ir.Value, tail: list[_TailOp]) -> bool:
 
 
 def _statistic(stat: ir.Value, kinds: frozenset[str]) -> Statistic | None:
+    stat = strip_nonnegative_clamp(stat)
     if "layer" in kinds:
         found = layer_statistic(stat)
         if found is not None:
@@ -418,7 +420,7 @@ def _find_distributed(
             splits = [(a, b), (b, a)]  # type: ignore[list-item]
         splits.append((eps_sum, None))
         for stat, eps_value in splits:
-            statistic = layer_statistic(stat)
+            statistic = _statistic(stat, frozenset({"layer"}))
             if statistic is None:
                 continue
             try:

@@ -65,6 +65,39 @@ def strip_casts(value: ir.Value) -> ir.Value:
         value = node.inputs[0]
 
 
+def strip_nonnegative_clamp(value: ir.Value) -> ir.Value:
+    """`v` for `Max(v, c)`, `Relu(v)` or `Clip(v, c)` with a constant `c <= 0` and no upper bound, else `value`.
+
+    A variance computed as E[x^2] - E[x]^2 can round below zero, so some implementations (Flax's fast variance)
+    clamp it; the clamp changes nothing in exact arithmetic, which is what the fused op computes more closely."""
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return value
+    op = node.op_type
+    if op == "Relu":
+        return node.inputs[0]
+    if op == "Max" and len(node.inputs) == 2 and None not in node.inputs:
+        a, b = node.inputs
+        for data, bound in ((a, b), (b, a)):
+            limit = constants.scalar(bound)
+            if limit is not None and limit <= 0 and not constants.is_constant(data):
+                return data  # type: ignore[return-value]
+        return value
+    if op == "Clip":
+        low_value = node.inputs[1] if len(node.inputs) > 1 else None
+        high_value = node.inputs[2] if len(node.inputs) > 2 else None
+        low = constants.scalar(low_value) if low_value is not None else _float_attr(node, "min")
+        high = constants.scalar(high_value) if high_value is not None else _float_attr(node, "max")
+        if low is not None and low <= 0 and (high is None or high >= 3.0e38):
+            return node.inputs[0]
+    return value
+
+
+def _float_attr(node: ir.Node, name: str) -> float | None:
+    attr = node.attributes.get(name)
+    return None if attr is None else float(attr.value)
+
+
 def same_data(a: ir.Value, b: ir.Value) -> bool:
     """True when `a` and `b` are the same tensor up to float Casts."""
     return strip_casts(a) is strip_casts(b)
