@@ -10,7 +10,9 @@ Runs are interleaved round by round (original, optimized, original-noopt, origin
 machine's load hits every variant alike; the first `warmup` rounds are not recorded. Intra-op threads do not
 spin-wait, so that the idle threads of one variant's session do not compete with the variant timed after it.
 The speedup is the median of the per-round ratios original / optimized, with the 10th and 90th percentiles of
-those ratios as its spread.
+those ratios as its spread and a 95% confidence interval of the median (from the order statistics, no assumption
+about the distribution): the optimized model is called faster only when that interval lies above 1, slower only
+when it lies below.
 On CUDA the inputs are copied to the device once and the outputs are bound there (IO binding), so host copies are
 not timed.
 
@@ -92,18 +94,51 @@ class LatencyStats:
         )
 
 
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics x(l) and x(n-l+1) with l the
+    largest rank such that P(Binomial(n, 1/2) <= l - 1) <= (1 - level) / 2. With too few values for that level
+    it is the whole range."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        raise ValueError("no values")
+    alpha = (1.0 - level) / 2.0
+    # log P(B = i) from log-gamma, so that large n neither overflows nor underflows before the sum.
+    log_pmf = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) - n * math.log(2) for i in range(n)]
+    cdf = np.cumsum(np.exp(log_pmf))
+    rank = int(np.searchsorted(cdf, alpha, side="right"))  # the l above: P(B <= l - 1) <= alpha
+    if rank == 0:
+        return float(x[0]), float(x[-1])
+    return float(x[rank - 1]), float(x[n - rank])
+
+
 @dataclasses.dataclass
 class Speedup:
-    """Per-round ratios baseline / candidate: their median and 10th-90th percentile spread."""
+    """Per-round ratios baseline / candidate: their median, 10th-90th percentile spread and the median's 95%
+    confidence interval."""
 
     median: float
     p10: float
     p90: float
+    ci_low: float = math.nan
+    ci_high: float = math.nan
 
     @classmethod
     def of(cls, baseline: Sequence[float], candidate: Sequence[float]) -> Speedup:
         ratios = np.asarray(baseline, dtype=np.float64) / np.asarray(candidate, dtype=np.float64)
-        return cls(float(np.median(ratios)), float(np.percentile(ratios, 10)), float(np.percentile(ratios, 90)))
+        low, high = median_interval(ratios)
+        return cls(
+            float(np.median(ratios)), float(np.percentile(ratios, 10)), float(np.percentile(ratios, 90)), low, high
+        )
+
+    @property
+    def verdict(self) -> str:
+        """ "faster" / "slower" when the confidence interval excludes 1, else "no measurable difference"."""
+        if self.ci_low > 1.0:
+            return "faster"
+        if self.ci_high < 1.0:
+            return "slower"
+        return "no measurable difference"
 
 
 @dataclasses.dataclass
@@ -135,6 +170,8 @@ class ProfileSplit:
 class BenchReport:
     speedup: float  # the headline: median per-round ratio original / optimized (geometric mean over sweep points)
     speedup_spread: tuple[float, float]
+    speedup_ci95: tuple[float, float]  # the median's 95% interval (over a sweep: the widest of the points')
+    verdict: str  # "faster", "slower" or "no measurable difference" (the interval against 1)
     provider: str
     threads: int | None
     warmup: int
@@ -357,9 +394,13 @@ def bench(
     else:
         headline = float(np.exp(np.mean([np.log(p.speedup.median) for p in points])))
         spread = (min(p.speedup.p10 for p in points), max(p.speedup.p90 for p in points))
+    interval = (min(p.speedup.ci_low for p in points), max(p.speedup.ci_high for p in points))
+    verdicts = {p.speedup.verdict for p in points}
     return BenchReport(
         speedup=headline,
         speedup_spread=spread,
+        speedup_ci95=interval,
+        verdict=verdicts.pop() if len(verdicts) == 1 else "mixed across the sweep",
         provider=provider,
         threads=threads,
         warmup=warmup,

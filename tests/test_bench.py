@@ -57,6 +57,27 @@ def test_interleave_rejects_nonsense_counts():
         bench.interleave({"A": lambda: None}, warmup=0, repeat=0)
 
 
+def test_median_interval_is_the_order_statistic_interval():
+    # The textbook ranks: n = 100 -> x(40), x(61); n = 10 -> x(2), x(9) (97.9%, the narrowest at or above 95%).
+    assert bench.median_interval(np.arange(1, 101)[::-1]) == (40.0, 61.0)
+    assert bench.median_interval(np.arange(1, 11)) == (2.0, 9.0)
+    assert bench.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few rounds: the whole range
+    rng = np.random.default_rng(0)
+    covered = sum(lo <= 1.0 <= hi for lo, hi in (bench.median_interval(rng.lognormal(0, 1, 40)) for _ in range(400)))
+    assert covered >= 0.93 * 400  # the median of lognormal(0, 1) is 1
+
+
+def test_speedup_verdict_needs_the_interval_to_exclude_one():
+    ones = [1.0] * 30
+    faster = bench.Speedup.of([1.2 + 0.01 * (i % 5) for i in range(30)], ones)
+    assert faster.verdict == "faster" and faster.ci_low > 1.0
+    slower = bench.Speedup.of([0.8 + 0.01 * (i % 5) for i in range(30)], ones)
+    assert slower.verdict == "slower" and slower.ci_high < 1.0
+    noisy = bench.Speedup.of([0.9, 1.1] * 15, ones)
+    assert noisy.verdict == "no measurable difference"
+    assert noisy.ci_low <= noisy.median <= noisy.ci_high
+
+
 def test_speedup_is_the_median_of_paired_round_ratios_with_its_spread():
     baseline = [2.0, 4.0, 3.0, 10.0, 2.0]
     candidate = [1.0, 1.0, 3.0, 1.0, 2.0]  # ratios 2, 4, 1, 10, 1
@@ -134,6 +155,9 @@ def test_bench_report_fields_for_one_shape_and_a_sweep():
     assert point.shapes == {"x": [1, 8, HIDDEN]}
     assert report.speedup == point.speedup.median > 0
     assert report.speedup_spread == (point.speedup.p10, point.speedup.p90)
+    assert report.speedup_ci95 == (point.speedup.ci_low, point.speedup.ci_high)
+    assert report.speedup_ci95[0] <= report.speedup <= report.speedup_ci95[1]
+    assert report.verdict == point.speedup.verdict
     assert point.speedup_vs_noopt is not None
     assert not report.optimized_in_memory
     assert report.profile is not None
@@ -178,11 +202,12 @@ def test_bench_cli_writes_report_and_plot_and_gates_on_min_speedup(tmp_path: Pat
     assert code == 0
     data = json.loads((tmp_path / "b.json").read_text())
     assert isinstance(data["speedup"], float)
+    assert len(data["speedup_ci95"]) == 2 and data["verdict"]
     assert len(data["points"]) == 2
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "original (ORT_ENABLE_ALL)" in out
-    assert "speedup" in out
+    assert "speedup" in out and "95% CI of the median" in out
     # A ratio no run can reach: the gate must fail with exit 1.
     assert _cli(["bench", *base, "--min-speedup", "1e9"]) == 1
 

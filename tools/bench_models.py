@@ -116,7 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         f"threads {args.threads or 'default'}, {args.exporter}",
         title_justify="left",
     )
-    columns = ("model", "norms fused", "original ms", "optimized ms", "speedup (p10-p90)", "vs ORT_DISABLE_ALL")
+    columns = (
+        "model",
+        "norms fused",
+        "original ms",
+        "optimized ms",
+        "speedup (p10-p90)",
+        "95% CI of the median",
+        "vs ORT_DISABLE_ALL",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "model" else "right")
     for name, _, _, fused, result in rows:
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{point.latency['original'].median_ms:.1f}",
             f"{point.latency['optimized'].median_ms:.1f}",
             f"{point.speedup.median:.3f}x ({point.speedup.p10:.2f}-{point.speedup.p90:.2f})",
+            f"{point.speedup.ci_low:.3f}-{point.speedup.ci_high:.3f} ({point.speedup.verdict})",
             "-" if noopt is None else f"{noopt.median:.3f}x",
         )
     console.print(table)

@@ -182,8 +182,9 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
                 highlight=False,
             )
     lo, hi = report.speedup_spread
+    ci_lo, ci_hi = report.speedup_ci95
     console.print(
         f"speedup (original ORT_ENABLE_ALL / optimized, median of paired rounds): [bold]{report.speedup:.3f}x[/] "
-        f"(p10-p90 {lo:.3f}-{hi:.3f})",
+        f"(p10-p90 {lo:.3f}-{hi:.3f}; 95% CI of the median {ci_lo:.3f}-{ci_hi:.3f}: {report.verdict})",
         highlight=False,
     )
