@@ -208,6 +208,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         ("bert-layernorm-opset13", {"skip_layer_norm": 4, "layer_norm": 1}),
         ("llama-rmsnorm-fp32", {"skip_rms_norm": 4, "rms_norm": 1}),
         ("llama-rmsnorm-fp16", {"skip_rms_norm": 4, "rms_norm": 1}),
+        ("llama-rmsnorm-dynamo-fp32", {"skip_rms_norm": 4, "rms_norm": 1}),
+        ("llama-rmsnorm-dynamo-fp16", {"skip_rms_norm": 4, "rms_norm": 1}),
     ],
 )
 def test_bundled_examples(name, counts):

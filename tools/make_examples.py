@@ -1,5 +1,5 @@
 """Regenerate examples/: the small models that `onnx-norm demo` runs, built from Hugging Face configs with seeded
-random weights (nothing is downloaded) and exported with torch's TorchScript exporter.
+random weights (nothing is downloaded) and exported with torch's TorchScript and dynamo exporters.
 
     python tools/make_examples.py            # writes examples/*.onnx
     python tools/make_examples.py --check    # exits 1 if the committed files differ from a fresh export
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import filecmp
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +39,32 @@ EXAMPLES = (
     Example("llama-rmsnorm-fp32.onnx", "llama", "torchscript-17", "fp32", "LLaMA-style decoder, RMSNorm, fp32"),
     Example("llama-rmsnorm-fp16.onnx", "llama", "torchscript-17", "fp16", "LLaMA-style decoder, fp16"),
     Example("bert-layernorm-opset13.onnx", "bert", "torchscript-13", "fp32", "BERT-style encoder, LayerNorm, opset 13"),
+    Example(
+        "llama-rmsnorm-dynamo-fp32.onnx", "llama", "dynamo", "fp32", "LLaMA-style decoder, dynamo export (rsqrt), fp32"
+    ),
+    Example(
+        "llama-rmsnorm-dynamo-fp16.onnx", "llama", "dynamo", "fp16", "LLaMA-style decoder, dynamo export (rsqrt), fp16"
+    ),
 )
+#: Names for the dims of the text inputs, by position: dynamo writes s0, s1, ... (one symbol per input's batch).
+DIM_NAMES = ("batch", "sequence")
+
+
+def name_dims(proto: onnx.ModelProto) -> None:
+    """Gives the inputs' symbolic dims the names the other examples use, everywhere they appear, so that one
+    `--shape sequence:64` fits every example."""
+    renames: dict[str, str] = {}
+    for value in proto.graph.input:
+        for dim, name in zip(value.type.tensor_type.shape.dim, DIM_NAMES, strict=False):
+            if dim.dim_param:
+                renames.setdefault(dim.dim_param, name)
+    if not renames:
+        return
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(lambda m: renames[m.group(1)], dim.dim_param)
 
 
 def make(example: Example, out_dir: Path) -> Path:
@@ -51,6 +77,7 @@ def make(example: Example, out_dir: Path) -> Path:
     path = out_dir / example.file
     write_onnx(model, spec, example.exporter, example.dtype, trace, path, output_names)
     proto = onnx.load(path)
+    name_dims(proto)
     proto.doc_string = f"onnx-norm example: {example.what}; made by tools/make_examples.py"
     onnx.checker.check_model(proto, full_check=True)
     onnx.save(proto, path)

@@ -17,15 +17,21 @@ from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 
 #: The bundled examples, in the order the demo runs them (see examples/README.md).
-EXAMPLES = ("llama-rmsnorm-fp32.onnx", "llama-rmsnorm-fp16.onnx", "bert-layernorm-opset13.onnx")
+EXAMPLES = (
+    "llama-rmsnorm-fp32.onnx",
+    "llama-rmsnorm-fp16.onnx",
+    "bert-layernorm-opset13.onnx",
+    "llama-rmsnorm-dynamo-fp32.onnx",
+    "llama-rmsnorm-dynamo-fp16.onnx",
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "demo",
         help="run inspect, optimize, verify and bench on the bundled example models",
-        description="The whole flow on small LLaMA-style (RMSNorm, fp32 and fp16) and BERT-style (LayerNorm, "
-        "opset 13) models shipped with onnx-norm.",
+        description="The whole flow on small LLaMA-style (RMSNorm, fp32 and fp16, TorchScript and dynamo exports) "
+        "and BERT-style (LayerNorm, opset 13) models shipped with onnx-norm.",
     )
     parser.add_argument(
         "--model",
@@ -58,7 +64,8 @@ def examples_dir(explicit: Path | None = None) -> Path:
         candidates.append(Path(str(resources.files("onnx_norm") / "examples")))
     candidates.append(Path(__file__).resolve().parents[2] / "examples")
     for candidate in candidates:
-        if candidate is not None and (candidate / EXAMPLES[0]).is_file():
+        # All of them: an install from an older checkout may carry fewer examples than this version runs.
+        if candidate is not None and all((candidate / name).is_file() for name in EXAMPLES):
             return candidate
     raise UsageError(f"bundled example models not found (looked in {', '.join(str(c) for c in candidates if c)})")
 
@@ -82,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     names = [f"{name}.onnx" for name in args.model] if args.model else list(EXAMPLES)
     shapes = args.shape or ["sequence:64"]
     console = common.console()
-    summary: list[tuple[str, int, bool, float]] = []
+    summary: list[tuple[str, int, bool, float, str]] = []
     with tempfile.TemporaryDirectory(prefix="onnx_norm_demo_") as tmp:
         out_dir = args.out or Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             code = _subcommand(["optimize", str(original), "-o", str(optimized)])
             if code != 0 or not optimized.is_file():
                 console.print(f"[bold red]optimize failed on {name} (exit {code})")
-                summary.append((name, 0, False, float("nan")))
+                summary.append((name, 0, False, float("nan"), "-"))
                 continue
             import onnx
 
@@ -134,12 +141,14 @@ def run(args: argparse.Namespace) -> int:
                 "repeat": args.repeat,
             }
             report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)
-            summary.append((name, fused, verify_code == 0, report.speedup))
+            low, high = report.speedup_ci95
+            summary.append((name, fused, verify_code == 0, report.speedup, f"{low:.2f}-{high:.2f} ({report.verdict})"))
 
     table = Table(title="onnx-norm demo", title_justify="left")
-    for column in ("model", "norms fused", "parity", "speedup vs ORT_ENABLE_ALL"):
+    for column in ("model", "norms fused", "parity", "speedup vs ORT_ENABLE_ALL", "95% CI of the median"):
         table.add_column(column, justify="left" if column in ("model", "parity") else "right")
-    for name, fused, passed, speedup in summary:
-        table.add_row(name, str(fused), "[green]PASSED[/]" if passed else "[red]FAILED[/]", f"{speedup:.2f}x")
+    for name, fused, passed, speedup, interval in summary:
+        verdict = "[green]PASSED[/]" if passed else "[red]FAILED[/]"
+        table.add_row(name, str(fused), verdict, f"{speedup:.2f}x", interval)
     console.print(table)
-    return 0 if all(passed for _, _, passed, _ in summary) else 1
+    return 0 if all(passed for _, _, passed, _, _ in summary) else 1
