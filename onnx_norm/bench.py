@@ -6,8 +6,9 @@ Variants, all on the same inputs, provider and thread count, each with its own s
 - `optimized`: the optimized model (ORT_ENABLE_ALL, our custom-op library registered when it needs it);
 - `original-noopt`: the original with ORT_DISABLE_ALL, for reference.
 
-Runs are interleaved round by round (original, optimized, original-noopt, original, ...), so that drift in the
-machine's load hits every variant alike; the first `warmup` rounds are not recorded. Intra-op threads do not
+Runs are interleaved round by round, so that drift in the machine's load hits every variant alike, in a seeded
+random order per round, so that no variant always runs right after the same other one (a run is faster after a
+similar graph's); the first `warmup` rounds are not recorded. Intra-op threads do not
 spin-wait, so that the idle threads of one variant's session do not compete with the variant timed after it.
 The speedup is the median of the per-round ratios original / optimized, with the 10th and 90th percentiles of
 those ratios as its spread and a 95% confidence interval of the median (from the order statistics, no assumption
@@ -29,6 +30,7 @@ import logging
 import math
 import os
 import platform
+import random
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -210,15 +212,24 @@ def interleave(
     repeat: int,
     clock: Clock = time.perf_counter,
     progress: Progress | None = None,
+    seed: int = 0,
 ) -> dict[str, list[float]]:
-    """Runs every runner once per round, in the given order, for `warmup + repeat` rounds; returns the durations
-    (seconds) of the last `repeat` rounds per runner."""
+    """Runs every runner once per round for `warmup + repeat` rounds; returns the durations (seconds) of the last
+    `repeat` rounds per runner.
+
+    Each round runs the variants in a fresh random order (seeded, so reproducible): a run is faster after a run
+    of a similar graph (warm instruction caches and branch predictors), and a fixed order (original, optimized,
+    ...) made a model benched against itself about 1% "faster" on a CPU. Shuffled, every variant is equally
+    likely to follow every other one, itself included."""
     if warmup < 0 or repeat < 1:
         raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
     times: dict[str, list[float]] = {name: [] for name in runners}
     rounds = warmup + repeat
+    order = list(runners.items())
+    shuffle = random.Random(seed).shuffle
     for round_index in range(rounds):
-        for name, run in runners.items():
+        shuffle(order)
+        for name, run in order:
             start = clock()
             run()
             elapsed = clock() - start
@@ -364,7 +375,7 @@ def bench(
             if progress is not None:
                 progress(offset + done, total_rounds)
 
-        times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress)
+        times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress, seed=seed)
         done_before += warmup + repeat
         points.append(
             BenchPoint(

@@ -27,7 +27,7 @@ class FakeClock:
         return self.now
 
 
-def test_runs_are_interleaved_round_by_round_and_warmup_is_not_recorded():
+def test_runs_are_interleaved_round_by_round_in_shuffled_order_and_warmup_is_not_recorded():
     clock = FakeClock()
     calls: list[str] = []
     rounds_seen: list[tuple[int, int]] = []
@@ -47,7 +47,9 @@ def test_runs_are_interleaved_round_by_round_and_warmup_is_not_recorded():
         clock=clock,
         progress=lambda done, total: rounds_seen.append((done, total)),
     )
-    assert calls == ["A", "B"] * 5
+    rounds = [calls[i : i + 2] for i in range(0, len(calls), 2)]
+    assert all(sorted(r) == ["A", "B"] for r in rounds)  # each variant once per round
+    assert {tuple(r) for r in rounds} == {("A", "B"), ("B", "A")}  # in a shuffled order (seeded)
     assert times == {"A": [1.0, 1.0, 1.0], "B": [2.0, 2.0, 2.0]}  # the 100 s warm-up runs are dropped
     assert rounds_seen == [(i, 5) for i in range(1, 6)]
 
