@@ -17,6 +17,10 @@ when it lies below.
 On CUDA the inputs are copied to the device once and the outputs are bound there (IO binding), so host copies are
 not timed.
 
+Two sessions of one model can differ in speed by a few percent for the whole of their lives (where their buffers
+landed in memory): with `sessions_per_variant` > 1 each variant gets that many sessions, used in turn round by
+round, so that the paired ratios and their interval include that variation instead of one draw of it.
+
 With `profile=True`, profiled sessions (separate from the timed ones, since profiling costs time) split the kernel
 time into norm nodes and the rest: in the optimized model the fused norm ops, in the original the ops ORT fused
 into a norm itself plus the nodes the rewrite removed (the decomposed norms).
@@ -25,6 +29,7 @@ into a norm itself plus the nodes the rewrite removed (the decomposed norms).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -178,6 +183,7 @@ class BenchReport:
     threads: int | None
     warmup: int
     repeat: int
+    sessions_per_variant: int
     points: list[BenchPoint]
     profile: dict[str, ProfileSplit] | None
     optimized_in_memory: bool
@@ -238,6 +244,19 @@ def interleave(
         if progress is not None:
             progress(round_index + 1, rounds)
     return times
+
+
+def _rotating(runs: Sequence[Callable[[], object]]) -> Callable[[], object]:
+    """One runner cycling through a variant's sessions, one session per call: each variant is called once per
+    round, so round r uses session r mod n of every variant."""
+    if len(runs) == 1:
+        return runs[0]
+    cycle = itertools.cycle(runs)
+
+    def run() -> object:
+        return next(cycle)()
+
+    return run
 
 
 def _removed_node_names(original: onnx.ModelProto, optimized: onnx.ModelProto) -> frozenset[str]:
@@ -318,6 +337,7 @@ def bench(
     device_id: int = 0,
     warmup: int = 5,
     repeat: int = 20,
+    sessions_per_variant: int = 1,
     include_unoptimized: bool = True,
     profile: bool = False,
     progress: Progress | None = None,
@@ -328,6 +348,8 @@ def bench(
     of a symbolic dim. Raises InputError for inputs that do not fit, SessionError when a model cannot run."""
     if warmup < 0 or repeat < 1:
         raise model_inputs.InputError(f"need --warmup >= 0 and --repeat >= 1, got {warmup} and {repeat}")
+    if sessions_per_variant < 1:
+        raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
     original_proto = model_inputs.load_model(original, load_external_data=True)
     in_memory = optimized is None
     if optimized is None:
@@ -362,14 +384,18 @@ def bench(
     if include_unoptimized:
         models[UNOPTIMIZED] = (original_proto, "disabled")
     sessions = {
-        name: create_session(proto, config.replace(optimization=level)) for name, (proto, level) in models.items()
+        name: [create_session(proto, config.replace(optimization=level)) for _ in range(sessions_per_variant)]
+        for name, (proto, level) in models.items()
     }
 
     total_rounds = (warmup + repeat) * len(samples)
     done_before = 0
     points: list[BenchPoint] = []
     for (dims, _), sample in zip(points_shapes, samples, strict=True):
-        runners = {name: Runner(session, sample, config).run_bound for name, session in sessions.items()}
+        runners = {
+            name: _rotating([Runner(session, sample, config).run_bound for session in group])
+            for name, group in sessions.items()
+        }
 
         def point_progress(done: int, _total: int, offset: int = done_before) -> None:
             if progress is not None:
@@ -416,6 +442,7 @@ def bench(
         threads=threads,
         warmup=warmup,
         repeat=repeat,
+        sessions_per_variant=sessions_per_variant,
         points=points,
         profile=profiles,
         optimized_in_memory=in_memory,

@@ -54,6 +54,16 @@ def test_runs_are_interleaved_round_by_round_in_shuffled_order_and_warmup_is_not
     assert rounds_seen == [(i, 5) for i in range(1, 6)]
 
 
+def test_sessions_are_used_in_turn_one_per_round():
+    used: list[int] = []
+    run = bench._rotating([lambda i=i: used.append(i) for i in range(3)])
+    for _ in range(7):
+        run()
+    assert used == [0, 1, 2, 0, 1, 2, 0]
+    single = lambda: None  # noqa: E731
+    assert bench._rotating([single]) is single
+
+
 def test_interleave_rejects_nonsense_counts():
     with pytest.raises(ValueError, match="repeat >= 1"):
         bench.interleave({"A": lambda: None}, warmup=0, repeat=0)
@@ -169,6 +179,13 @@ def test_bench_report_fields_for_one_shape_and_a_sweep():
     assert data["speedup"] == report.speedup
     assert data["points"][0]["latency"]["optimized"]["runs"] == 3
     assert 0 <= data["profile"]["optimized"]["norm_share"] <= 1
+
+    assert report.sessions_per_variant == 1
+    pooled = bench.bench(original, optimized, warmup=0, repeat=4, sessions_per_variant=2, include_unoptimized=False)
+    assert pooled.sessions_per_variant == 2
+    assert all(stats.runs == 4 for stats in pooled.points[0].latency.values())
+    with pytest.raises(bench.model_inputs.InputError, match="--sessions"):
+        bench.bench(original, optimized, warmup=0, repeat=1, sessions_per_variant=0)
 
     swept = bench.bench(original, optimized, warmup=0, repeat=2, sweep=("sequence", [4, 8]), include_unoptimized=False)
     assert [p.dims for p in swept.points] == [{"sequence": 4}, {"sequence": 8}]

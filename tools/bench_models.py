@@ -70,13 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--sessions", type=int, default=1, help="sessions per variant, used in turn (see bench)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="plot the speedup against the hidden size")
     parser.add_argument("--keep", type=Path, help="directory to keep the models in (default: a temporary one)")
     args = parser.parse_args(argv)
     if args.vocab < 3:
         parser.error(f"--vocab must be at least 3 (ids 0 and 1 are special), got {args.vocab}")
-    for name in ("layers", "heads", "sequence", "batch", "repeat"):
+    for name in ("layers", "heads", "sequence", "batch", "repeat", "sessions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if any(h < 1 or h % args.heads for h in args.hidden):
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     threads=args.threads,
                     warmup=args.warmup,
                     repeat=args.repeat,
+                    sessions_per_variant=args.sessions,
                     profile=args.profile,
                 )
                 print_report(result, console, title=path.name)

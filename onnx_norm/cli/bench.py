@@ -38,6 +38,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="DIM:V1,V2,...",
         help="one measurement per value of a symbolic dim, e.g. sequence:64,128,256,512 (plotted by --plot)",
     )
+    group.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        metavar="N",
+        help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
+        "differ on a CPU (default: 1)",
+    )
     group.add_argument("--no-noopt", action="store_true", help="skip the original with ORT optimizations off")
     group.add_argument(
         "--profile", action="store_true", help="split kernel time into norm nodes and the rest with ORT's profiler"
@@ -67,6 +75,7 @@ def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     common.check_positive(args.warmup, "--warmup", zero_ok=True)
     common.check_positive(args.repeat, "--repeat")
     common.check_positive(args.threads, "--threads")
+    common.check_positive(args.sessions, "--sessions")
     return {
         "input_files": args.inputs,
         "shapes": common.shapes(args) or None,
@@ -77,6 +86,7 @@ def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "device_id": args.device_id,
         "warmup": args.warmup,
         "repeat": args.repeat,
+        "sessions_per_variant": args.sessions,
         "include_unoptimized": not args.no_noopt,
         "profile": args.profile,
     }
