@@ -651,13 +651,16 @@ def test_portable_conversions_match_reference() -> None:
 
 
 def _simd_agreement_outputs() -> dict[str, np.ndarray]:
-    """Outputs of every op for fp16/bf16/fp32 rows (sizes with and without vector tails), bf16 as bits."""
+    """Outputs of every op for fp16/bf16/fp32 rows (sizes with and without vector tails), without and with the
+    rounding attributes (the Cast-wrapped fp16/bf16 norms take their own vector path), bf16 as bits."""
     results = {}
-    for op, x_type, hidden in itertools.product(sorted(OPS), FLOAT_TYPES, (7, 768, 1000)):
+    roundings = ((0, 0), (F16, F16), (BF16, BF16), (BF16, F16))
+    for op, x_type, hidden, (nt, mt) in itertools.product(sorted(OPS), FLOAT_TYPES, (7, 768, 1000), roundings):
         rng = np.random.default_rng(hidden + x_type)
         arrays = make_inputs(op, (5, hidden), -1, x_type, F32, rng)
-        for i, out in enumerate(run_op(op, arrays)):
-            results[f"{op}-{x_type}-{hidden}-{i}"] = out.view(np.uint16) if out.dtype == ml_dtypes.bfloat16 else out
+        for i, out in enumerate(run_op(op, arrays, normalized_type=nt, multiply_type=mt)):
+            key = f"{op}-{x_type}-{hidden}-{nt}-{mt}-{i}"
+            results[key] = out.view(np.uint16) if out.dtype == ml_dtypes.bfloat16 else out
     return results
 
 

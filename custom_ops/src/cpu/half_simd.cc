@@ -298,9 +298,58 @@ void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsi
   NormalizeRow<IO>(x, y, n, center, r, scale, bias, period);
 }
 
+// v rounded to `type` (0: left in float) and widened again, in registers.
+ONNX_NORM_AVX2 __m256 RoundVec(__m256 v, int type) {
+  if (type == kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  if (type == kBFloat16) return _mm256_castsi256_ps(RoundedBFloatBits(v));
+  return v;
+}
+
+float RoundOne(float v, int type) {
+  if (type == kFloat16) return Half2Float(Float2Half(v));
+  if (type == kBFloat16) return BFloat2Float(Float2BFloat(v));
+  return v;
+}
+
+template <class IO>
+__attribute__((target("avx2,f16c"))) void NormalizeRoundedTo(const float* x, uint16_t* y, int64_t n, float center,
+                                                              float r, const float* scale, const float* bias,
+                                                              int64_t period, int normalized_type, int multiply_type) {
+  const __m256 c = _mm256_set1_ps(center);
+  const __m256 rv = _mm256_set1_ps(r);
+  for (int64_t start = 0; start < n; start += period) {
+    const int64_t len = period < n - start ? period : n - start;
+    const float* xs = x + start;
+    uint16_t* ys = y + start;
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+      __m256 v = RoundVec(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xs + j), c), rv), normalized_type);
+      if (scale) v = RoundVec(_mm256_mul_ps(v, _mm256_loadu_ps(scale + j)), multiply_type);
+      if (bias) v = RoundVec(_mm256_add_ps(v, _mm256_loadu_ps(bias + j)), multiply_type);
+      IO::Store(ys + j, v);
+    }
+    for (; j < len; ++j) {
+      float v = RoundOne((xs[j] - center) * r, normalized_type);
+      if (scale) v = RoundOne(v * scale[j], multiply_type);
+      if (bias) v = RoundOne(v + bias[j], multiply_type);
+      ys[j] = IO::StoreOne(v);
+    }
+  }
+}
+
 }  // namespace
 
 bool Fused16Available() { return HasAVX2() && HasF16C(); }
+
+void NormalizeRounded16(bool half_out, const float* x, uint16_t* y, int64_t n, float center, float r,
+                        const float* scale, const float* bias, int64_t period, int normalized_type,
+                        int multiply_type) {
+  if (half_out) {
+    NormalizeRoundedTo<HalfIO>(x, y, n, center, r, scale, bias, period, normalized_type, multiply_type);
+  } else {
+    NormalizeRoundedTo<BFloatIO>(x, y, n, center, r, scale, bias, period, normalized_type, multiply_type);
+  }
+}
 
 void AddSkip16(bool half, const uint16_t* x, const uint16_t* skip, uint16_t* sum, float* dst, int64_t n) {
   if (half) {
@@ -325,6 +374,8 @@ void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, f
 namespace onnx_norm {
 namespace cpu {
 bool Fused16Available() { return false; }
+void NormalizeRounded16(bool, const float*, uint16_t*, int64_t, float, float, const float*, const float*, int64_t, int,
+                        int) {}
 void AddSkip16(bool, const uint16_t*, const uint16_t*, uint16_t*, float*, int64_t) {}
 void NormRow16(bool, const uint16_t*, uint16_t*, int64_t, bool, float, const float*, const float*, int64_t, float*,
                float*) {}

@@ -234,6 +234,7 @@ void RunBlock(void* data, size_t block) {
   // fp16 -> fp16 and bf16 -> bf16 without Skip or rounding attributes: fused kernels that convert in
   // registers, where the CPU has the instructions.
   const bool fused16 = !p.skip && !rounded && p.x_type != kFloat && p.y_type == p.x_type && Fused16Available();
+  const bool fused16_out = Fused16Available();
 
   for (int64_t row = begin; row < end; ++row) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(n);
@@ -275,6 +276,12 @@ void RunBlock(void* data, size_t block) {
     if (p.inv_std) p.inv_std[row] = r;
 
     void* y_row = static_cast<char*>(p.y) + offset * y_elem;
+    if (rounded && p.y_type != kFloat && fused16_out) {
+      // The Cast-wrapped fp16/bf16 norms (LLaMA's): round in registers and store Y directly.
+      NormalizeRounded16(p.y_type == kFloat16, x, static_cast<uint16_t*>(y_row), n, center, r, job.scale, job.bias,
+                         period, job.normalized_type, job.multiply_type);
+      continue;
+    }
     const bool stream_y = job.streaming && p.y_type == kFloat;
     float* y = p.y_type == kFloat && !stream_y ? static_cast<float*>(y_row) : ybuf.data();
     if (rounded) {
