@@ -679,3 +679,49 @@ def test_simd_and_portable_paths_agree_bit_for_bit(tmp_path: Path) -> None:
     assert set(portable.files) == set(simd)
     for name, values in simd.items():
         np.testing.assert_array_equal(values, portable[name], err_msg=name)
+
+
+# --- in-place reuse -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNorm", "SkipRMSNorm"])
+@pytest.mark.parametrize("x_type", FLOAT_TYPES, ids=lambda t: TYPE_NAMES[t])
+@pytest.mark.parametrize("hidden", [7, 768])
+def test_skip_ops_over_buffers_ort_may_reuse(op: str, x_type: int, hidden: int) -> None:
+    """X and Skip computed in the graph and read by nothing else, so ORT may write Sum over X and Y over Skip
+    (the CPU Skip ops declare both); two ops chained like a residual stream, against the reference."""
+    sig = OPS[op]
+    rng = np.random.default_rng(hidden + x_type)
+    x, skip, *params = make_inputs(op, (6, hidden), -1, x_type, x_type, rng)
+    names = ["scale", "bias"][: len(params)]
+    inits = [
+        helper.make_tensor(n, x_type, a.shape, a.view(np.uint16).tobytes() if x_type == BF16 else a.tobytes(), raw=True)
+        for n, a in zip(names, params, strict=True)
+    ]
+    # X and Skip made by an exact op ORT will not remove: Neg, or for bf16 (no CPU Neg) a widening-back Cast.
+    in_type = F32 if x_type == BF16 else x_type
+    make = [helper.make_node("Cast", [f"{n}_in"], [n], to=BF16) for n in ("x", "s")]
+    if x_type != BF16:
+        make = [helper.make_node("Neg", [f"{n}_in"], [n]) for n in ("x", "s")]
+    nodes = [
+        *make,
+        helper.make_node(op, ["x", "s", *names], ["y1", "sum1"], domain=DOMAIN, epsilon=1e-5),
+        helper.make_node(op, ["sum1", "y1", *names], ["y2", "sum2"], domain=DOMAIN, epsilon=1e-5),
+    ]
+    inputs = [helper.make_tensor_value_info(n, in_type, [6, hidden]) for n in ("x_in", "s_in")]
+    outputs = [helper.make_tensor_value_info(n, x_type, [6, hidden]) for n in ("y2", "sum2")]
+    graph = helper.make_graph(nodes, "chain", inputs, outputs, inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, OPSET_VERSION)], ir_version=9
+    )
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    if x_type == BF16:
+        feeds = {"x_in": to_ort_value(x.astype(np.float32)), "s_in": to_ort_value(skip.astype(np.float32))}
+    else:
+        feeds = {"x_in": to_ort_value(-x), "s_in": to_ort_value(-skip)}
+    y2, sum2 = (from_ort_value(v) for v in session.run_with_ort_values(["y2", "sum2"], feeds))
+    assert len(sig.outputs) == 2
+    y1_ref, sum1_ref = reference_outputs(op, [x, skip, *params], epsilon=1e-5)
+    y2_ref, sum2_ref = reference_outputs(op, [sum1_ref, y1_ref, *params], epsilon=1e-5)
+    assert_close(sum2, sum2_ref, x_type, f"{op} Sum of the second op")
+    assert_close(y2, y2_ref, x_type, f"{op} Y of the second op")

@@ -2,6 +2,7 @@
 // Scale type). See register.cc for why the types are declared the way they are.
 #pragma once
 
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -42,6 +43,14 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
   NormOp(const OpSignature& op, const char* provider, ComputeFn compute, int skip_type, int scale_type)
       : op_(op), provider_(provider), compute_(compute), skip_type_(skip_type), scale_type_(scale_type) {
     OrtCustomOp::InferOutputShapeFn = &InferShapes;
+    // Sum may take X's buffer (the residual stream then stays in one buffer, as with ORT's own in-place Add:
+    // writing over lines just read costs no read-for-ownership), and Y Skip's. CPU Skip ops only: their
+    // kernel reads a row of X and Skip before writing that row of Sum or Y (norm_cpu.cc); the CUDA kernels
+    // are not written for aliasing.
+    if (op.skip && std::strcmp(provider, "CPUExecutionProvider") == 0) {
+      OrtCustomOp::GetMayInplace = &SkipMayInplace;
+      OrtCustomOp::ReleaseMayInplace = &ReleaseMayInplace;
+    }
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const noexcept {
@@ -86,6 +95,22 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
   // Output shapes for ORT's graph: Y and Sum have X's shape, the statistics X's with the normalised
   // dims set to 1. (Element types are ORT's to infer, from the inputs; see register.cc.)
   static OrtStatusPtr ORT_API_CALL InferShapes(const OrtCustomOp* self, OrtShapeInferContext* ctx) noexcept;
+
+  // (input, output) pairs ORT may alias when the input is not read afterwards and the sizes match.
+  static size_t ORT_API_CALL SkipMayInplace(int** input_index, int** output_index) noexcept {
+    *input_index = new (std::nothrow) int[2]{0, 1};   // X, Skip
+    *output_index = new (std::nothrow) int[2]{1, 0};  // Sum, Y
+    if (*input_index == nullptr || *output_index == nullptr) {
+      ReleaseMayInplace(*input_index, *output_index);
+      *input_index = *output_index = nullptr;
+      return 0;
+    }
+    return 2;
+  }
+  static void ORT_API_CALL ReleaseMayInplace(int* input_index, int* output_index) noexcept {
+    delete[] input_index;
+    delete[] output_index;
+  }
 
   OpSignature op_;
   const char* provider_;
