@@ -236,6 +236,7 @@ def test_bench_cli_writes_report_and_plot_and_gates_on_min_speedup(tmp_path: Pat
     [
         (["--shape", "nonexistent:1,2"], "neither an input nor a symbolic dim"),
         (["--repeat", "0"], "--repeat must be > 0"),
+        (["--sessions", "0"], "--sessions must be > 0"),
         (["--sweep", "sequence"], "expected DIM:V1,V2"),
         (["--threads", "-1"], "--threads must be > 0"),
     ],

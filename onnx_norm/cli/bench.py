@@ -41,10 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument(
         "--sessions",
         type=int,
-        default=1,
+        default=3,
         metavar="N",
         help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
-        "differ on a CPU (default: 1)",
+        "differ on a CPU (default: 3; 1 for models too large to hold three times)",
     )
     group.add_argument("--no-noopt", action="store_true", help="skip the original with ORT optimizations off")
     group.add_argument(
