@@ -206,8 +206,12 @@ class Runner:
             self._binding.bind_output(name, device, config.device_id)
 
     def run_bound(self) -> None:
-        """One run with bound inputs and outputs (for timing)."""
-        self.session.run_with_iobinding(self._binding)
+        """One run with bound inputs and outputs (for timing); ORT errors become SessionError."""
+        try:
+            self.session.run_with_iobinding(self._binding)
+        except Exception as err:  # ORT's pybind errors (Fail, InvalidArgument, RuntimeError...) share no base
+            shapes = ", ".join(f"{name} {list(value.shape())}" for name, value in self._inputs.items())
+            raise SessionError(f"ONNX Runtime failed to run the model on inputs {shapes}: {err}") from err
 
     def run(self) -> dict[str, np.ndarray]:
         """One run, outputs copied to host numpy arrays."""

@@ -270,3 +270,18 @@ def test_bench_with_one_model_optimizes_it_in_memory(tmp_path: Path):
     data = json.loads(report.read_text())
     assert data["optimized_in_memory"] is True
     assert data["points"][0]["shapes"] == {"input_ids": [1, 8], "attention_mask": [1, 8]}
+
+
+def test_bench_cli_model_failing_at_run_time_is_a_one_line_error(tmp_path: Path, capsys):
+    """A model that only runs at some shapes (a constant Reshape), benched at another: exit 2 and ORT's message."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "sequence", HIDDEN])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, HIDDEN])
+    shape = numpy_helper.from_array(np.array([1, 4, HIDDEN], dtype=np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g", [x], [y], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path = tmp_path / "fixed.onnx"
+    onnx.save(model, path)
+    assert _cli(["bench", str(path), str(path), "--repeat", "1", "--warmup", "0", "--shape", "sequence:8"]) == 2
+    err = capsys.readouterr().err
+    assert "failed to run the model on inputs x [1, 8, 16]" in err
+    assert "Traceback" not in err
