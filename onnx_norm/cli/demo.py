@@ -41,8 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("--out", type=Path, help="keep the optimized models in this directory (default: temporary)")
     common.add_runtime_args(parser)
-    parser.add_argument("--warmup", type=int, default=3, help="bench warm-up rounds (default: 3)")
-    parser.add_argument("--repeat", type=int, default=15, help="bench timed rounds (default: 15)")
+    # The examples run in about a millisecond: enough rounds for an interval that can tell 5% apart is cheap.
+    parser.add_argument("--warmup", type=int, default=10, help="bench warm-up rounds (default: 10)")
+    parser.add_argument("--repeat", type=int, default=300, help="bench timed rounds (default: 300)")
+    parser.add_argument("--sessions", type=int, default=3, help="bench sessions per variant (default: 3)")
     parser.add_argument(
         "--shape",
         nargs="+",
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     common.check_positive(args.warmup, "--warmup", zero_ok=True)
     common.check_positive(args.repeat, "--repeat")
+    common.check_positive(args.sessions, "--sessions")
     common.check_positive(args.threads, "--threads")
     source = examples_dir(args.examples_dir)
     names = [f"{name}.onnx" for name in args.model] if args.model else list(EXAMPLES)
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             verify_code, _ = verify_and_print(str(original), str(optimized), verify_args, console=console)
             console.print(
                 f"[bold]$ onnx-norm bench {original} {optimized} --warmup {args.warmup} --repeat {args.repeat} "
-                f"--shape {' '.join(shapes)}",
+                f"--sessions {args.sessions} --shape {' '.join(shapes)}",
                 highlight=False,
             )
             kwargs = {
@@ -139,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 "device_id": args.device_id,
                 "warmup": args.warmup,
                 "repeat": args.repeat,
+                "sessions_per_variant": args.sessions,
             }
             report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)
             low, high = report.speedup_ci95
