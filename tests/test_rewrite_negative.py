@@ -211,3 +211,20 @@ def test_variance_clamped_from_below_at_a_positive_value_is_not_a_clamp_to_zero(
     inits = [const("eps", 1e-6, np.float32), const("floor", 1e-3, np.float32)]
     model = make_model(nodes, X, [("y", FLOAT, None)], inits, opset=13)
     assert_not_fused(model, SHAPES)
+
+
+def test_reduce_sum_square_is_not_taken_for_a_mean():
+    """d = x - ReduceSumSquare(x)/N is not x centred: no LayerNorm of x, only the RMSNorm of d that it spells."""
+    nodes = [
+        helper.make_node("ReduceSumSquare", ["x"], ["ss"], axes=[-1]),
+        helper.make_node("Div", ["ss", "n"], ["m"]),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["dd"]),
+        helper.make_node("ReduceMean", ["dd"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
+    inits = [const("n", float(D), np.float32), const("eps", 1e-6, np.float32)]
+    _, report = assert_fused(make_model(nodes, X, [("y", FLOAT, None)], inits, opset=13), SHAPES, ["RMSNorm"])
+    assert report.norms[0].kind == "rms"

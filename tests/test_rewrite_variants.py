@@ -266,6 +266,31 @@ def test_variance_clamped_at_zero(clamp):
     assert_fused(make_model(nodes, X, Y, inits, opset=13), SHAPES, ["LayerNorm"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_reduce_sum_square_over_n(kind):
+    """ReduceSumSquare(t) / N as the mean square (RMSNorm, t = x) or the variance (LayerNorm, t = x - mean)."""
+    source = "x" if kind == "rms" else "d"
+    nodes = (
+        []
+        if kind == "rms"
+        else [
+            helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+            helper.make_node("Sub", ["x", "mu"], ["d"]),
+        ]
+    )
+    nodes += [
+        helper.make_node("ReduceSumSquare", [source], ["ss"], axes=[-1]),
+        helper.make_node("Div", ["ss", "n"], ["stat"]),
+        helper.make_node("Add", ["stat", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", [source, "s"], ["n0"]),
+        helper.make_node("Mul", ["n0", "w"], ["y"]),
+    ]
+    inits = [const("n", float(D), np.float32), const("eps", 1e-6, np.float32), const("w", W)]
+    expected = ["RMSNorm" if kind == "rms" else "LayerNorm"]
+    assert_fused(make_model(nodes, X, Y, inits, opset=13), SHAPES, expected, rtol=1e-4, atol=1e-4)
+
+
 def rms_graph(*, dtype=FLOAT, eps_dtype=np.float32, gemma=False, cast=False, eps_shape=()):
     xt = dtype
     nodes = []

@@ -73,7 +73,7 @@ def analyse(terms: list[tuple[ir.Value, int]], statistic: Statistic, eps_sum: ir
         if same_data(value, x):
             return "data"
         mean = row_mean(value)
-        if mean is not None and same_data(mean.input, x) and mean.axes == axes:
+        if mean is not None and not mean.squared and same_data(mean.input, x) and mean.axes == axes:
             return "mean"
         return None
 

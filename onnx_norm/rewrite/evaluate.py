@@ -246,6 +246,7 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Identity": lambda node, inputs: inputs[0],  # type: ignore[dict-item]
     "ReduceMean": _errstate(_reduce(np.mean)),
     "ReduceSum": _errstate(_reduce(np.sum)),
+    "ReduceSumSquare": _errstate(_reduce(lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims))),
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Flatten": _flatten,

@@ -35,7 +35,7 @@ def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
     if a is None or m is None:
         return None
     mean = row_mean(m)
-    if mean is None or not same_data(mean.input, a):
+    if mean is None or mean.squared or not same_data(mean.input, a):
         return None
     return a, mean.axes
 
@@ -49,7 +49,7 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
     """Recognises `stat` as the variance of some tensor over some axes."""
     variance = row_mean(stat, dropped_ok=True)
     if variance is not None:
-        base = squared(variance.input)
+        base = variance.input if variance.squared else squared(variance.input)
         if base is None:
             return None
         found = centred(base)
@@ -66,9 +66,9 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
     square_of_mean = squared(q)
     if mean_of_square is None or square_of_mean is None:
         return None
-    x = squared(mean_of_square.input)
+    x = mean_of_square.input if mean_of_square.squared else squared(mean_of_square.input)
     mean = row_mean(square_of_mean, dropped_ok=True)
-    if x is None or mean is None or mean.axes != mean_of_square.axes or not same_data(mean.input, x):
+    if x is None or mean is None or mean.squared or mean.axes != mean_of_square.axes or not same_data(mean.input, x):
         return None
     if mean.kept != mean_of_square.kept:
         return None

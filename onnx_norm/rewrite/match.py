@@ -27,7 +27,7 @@ import onnx_ir as ir
 from onnx_norm.ops.schema import FLOAT_TYPES, NormAttributes
 from onnx_norm.rewrite import casts, constants, distributed
 from onnx_norm.rewrite.layer_norm import Statistic, is_centred, layer_statistic
-from onnx_norm.rewrite.reductions import is_float_cast, rank_of, row_mean
+from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, row_mean
 from onnx_norm.rewrite.rms_norm import rms_statistic
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import (
@@ -191,9 +191,9 @@ def _stat_leaves(junction: ir.Value) -> list[ir.Value]:
         node = value.producer()
         if node is None or node.domain not in ("", "ai.onnx"):
             continue
-        if node.op_type in ("Add", "ReduceMean", "ReduceSum", "Sub") or row_mean(value) is not None:
+        if node.op_type in ("Add", "Sub", *REDUCTIONS) or row_mean(value) is not None:
             found.append(value)
-        if node.op_type in ("Add", "ReduceMean", "ReduceSum", "Sub"):
+        if node.op_type in ("Add", "Sub", *REDUCTIONS):
             continue
         if node.op_type in LAYOUT_OPS:
             if node.inputs[0] is not None:
@@ -563,6 +563,7 @@ def _build(
                     and output.dtype == ir.DataType.FLOAT
                     and rank_of(output) == rank
                     and (found := row_mean(output)) is not None
+                    and not found.squared
                     and same_data(found.input, x_prime)
                     and found.axes == from_end
                 ):

@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import Session, make_rules
 
@@ -128,10 +129,7 @@ _SYMBOLIC_INFERENCE_MAX_BYTES = 1 << 30
 def _reductions_without_shape(graph: ir.Graph) -> bool:
     """True when some reduction reads a value without a shape, or with dims onnx could only call `unk__N`."""
     return any(
-        node.op_type in ("ReduceMean", "ReduceSum")
-        and node.inputs
-        and node.inputs[0] is not None
-        and _vague(node.inputs[0].shape)
+        node.op_type in REDUCTIONS and node.inputs and node.inputs[0] is not None and _vague(node.inputs[0].shape)
         for node in graph
     )
 

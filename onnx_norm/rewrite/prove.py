@@ -54,6 +54,7 @@ _ROW_WISE = frozenset(
         "CastLike",
         "ReduceMean",
         "ReduceSum",
+        "ReduceSumSquare",
         "Unsqueeze",
         "Constant",
     }

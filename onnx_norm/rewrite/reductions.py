@@ -3,9 +3,10 @@
 `mean(t, axes)` with the reduced dims kept, written as any of: `ReduceMean(keepdims=1)` with axes as an attribute
 (opset < 18) or an input (opset >= 18); `ReduceMean(keepdims=0)` with the dims restored by `Unsqueeze` over the same
 axes, or by a `Reshape`/`Expand` to the kept shape (dynamo's `broadcast_in_dim`); `ReduceSum` divided by, or
-multiplied by the inverse of, the number of reduced elements; with float Casts anywhere on the way (a mean computed
-in fp32 and narrowed again). A statistic may also be taken with its dims dropped (`dropped_ok`) when the exporter
-restores them later, after the epsilon or the square root: the proof step checks the layout the graph ends up with.
+multiplied by the inverse of, the number of reduced elements; `ReduceSumSquare` likewise (a row mean of the
+square); with float Casts anywhere on the way (a mean computed in fp32 and narrowed again). A statistic may also
+be taken with its dims dropped (`dropped_ok`) when the exporter restores them later, after the epsilon or the
+square root: the proof step checks the layout the graph ends up with.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ _REL_TOLERANCE = {
     ir.DataType.FLOAT16: 2.0**-10,
     ir.DataType.BFLOAT16: 2.0**-7,
 }
+#: The reductions a row mean is made of.
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare")
 _FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
@@ -37,6 +40,7 @@ class RowMean:
     axes: tuple[int, ...]
     nodes: list[ir.Node]
     kept: bool = True  # False: the reduced dims are dropped here and restored further down the graph
+    squared: bool = False  # ReduceSumSquare: the mean of input^2, not of input
 
 
 def is_float_cast(node: ir.Node) -> bool:
@@ -127,7 +131,7 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False) -> RowMean | None:
         if node is None or node.domain not in ("", "ai.onnx"):
             return None
         op = node.op_type
-        if op in ("ReduceMean", "ReduceSum"):
+        if op in REDUCTIONS:
             break
         if is_float_cast(node) or op == "Identity":
             current = node.inputs[0]
@@ -178,7 +182,7 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False) -> RowMean | None:
     if reshaped and not _restores(value, reduced, axes):
         return None
     nodes.append(node)
-    if node.op_type == "ReduceSum":
+    if node.op_type in ("ReduceSum", "ReduceSumSquare"):
         shape = reduced.shape
         if shape is None:
             return None  # the divisor cannot be checked against the reduced size
@@ -188,7 +192,7 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False) -> RowMean | None:
         factor *= math.prod(dims)  # type: ignore[arg-type]
     if abs(factor - 1.0) > 4 * tolerance:
         return None
-    return RowMean(reduced, axes, nodes, kept)
+    return RowMean(reduced, axes, nodes, kept, node.op_type == "ReduceSumSquare")
 
 
 def _restores(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:

@@ -1,4 +1,5 @@
-"""RMSNorm statistics: the mean square `mean(x^2)` (`Pow(x, 2)` or `Mul(x, x)`, over ReduceMean or ReduceSum/N).
+"""RMSNorm statistics: the mean square `mean(x^2)` (`Pow(x, 2)` or `Mul(x, x)` over ReduceMean or ReduceSum/N, or
+ReduceSumSquare/N).
 
 The normalised value is `x * (mean(x^2) + eps)^-1/2`, spelled `Div(x, Sqrt(..))`, `Mul(x, Reciprocal(Sqrt(..)))`
 (dynamo's rsqrt), `Mul(x, Div(1, Sqrt(..)))` (TorchScript's rsqrt) or `Pow(.., -0.5)`; `structure.flatten` covers
@@ -20,7 +21,7 @@ def rms_statistic(stat: ir.Value) -> Statistic | None:
     mean = row_mean(stat, dropped_ok=True)
     if mean is None:
         return None
-    base = squared(mean.input)
+    base = mean.input if mean.squared else squared(mean.input)
     if base is None:
         return None
     found = centred(base)
