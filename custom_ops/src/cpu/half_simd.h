@@ -32,7 +32,8 @@ void AddSkip16(bool half, const uint16_t* x, const uint16_t* skip, uint16_t* sum
 void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
                const float* bias, int64_t period, float* mean, float* inv_std);
 
-// One row of the rounded normalisation of docs/ops.md into an fp16 (half_out true) or bf16 Y:
+// One row of the (rounded, where normalized_type/multiply_type are set) normalisation of docs/ops.md into an
+// fp16 (half_out true) or bf16 Y:
 // y = round_Y(round_M(round_M(round_N((x - center) * r) * scale) + bias)), round_T the rounding to T
 // (0: none), in registers; the same operations in the same order as the generic kernel, so bit-identical
 // to it. x is the row in float. Only where Fused16Available().

@@ -297,8 +297,9 @@ void RunBlock(void* data, size_t block) {
     if (p.inv_std) p.inv_std[row] = r;
 
     void* y_row = static_cast<char*>(p.y) + offset * y_elem;
-    if (rounded && p.y_type != kFloat && fused16_out) {
-      // The Cast-wrapped fp16/bf16 norms (LLaMA's): round in registers and store Y directly.
+    if (p.y_type != kFloat && fused16_out) {
+      // fp16/bf16 Y from a float row (Skip's sum, a converted X, the Cast-wrapped norms' rounding points): round
+      // in registers and store Y directly instead of normalising into a buffer and converting it afterwards.
       NormalizeRounded16(p.y_type == kFloat16, x, static_cast<uint16_t*>(y_row), n, center, r, job.scale, job.bias,
                          period, job.normalized_type, job.multiply_type);
       continue;
