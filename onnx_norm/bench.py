@@ -12,8 +12,8 @@ similar graph's); the first `warmup` rounds are not recorded. Intra-op threads d
 spin-wait, so that the idle threads of one variant's session do not compete with the variant timed after it.
 The speedup is the median of the per-round ratios original / optimized, with the 10th and 90th percentiles of
 those ratios as its spread and a 95% confidence interval of the median (from the order statistics, no assumption
-about the distribution): the optimized model is called faster only when that interval lies above 1, slower only
-when it lies below.
+about the distribution): the optimized model is called faster only when that interval lies above 1 and, with
+several sessions per variant, every session pair's median ratio is above 1 too; slower likewise below.
 On CUDA the inputs are copied to the device once and the outputs are bound there (IO binding), so host copies are
 not timed.
 
@@ -129,21 +129,36 @@ class Speedup:
     p90: float
     ci_low: float = math.nan
     ci_high: float = math.nan
+    per_session: list[float] = dataclasses.field(default_factory=list)  # median ratio of each session pair
 
     @classmethod
-    def of(cls, baseline: Sequence[float], candidate: Sequence[float]) -> Speedup:
+    def of(
+        cls, baseline: Sequence[float], candidate: Sequence[float], sessions: Sequence[int] | None = None
+    ) -> Speedup:
+        """`sessions[i]`: which session pair ran round i (several sessions per variant, used in turn)."""
         ratios = np.asarray(baseline, dtype=np.float64) / np.asarray(candidate, dtype=np.float64)
         low, high = median_interval(ratios)
+        per_session: list[float] = []
+        if sessions is not None and len(set(sessions)) > 1:
+            index = np.asarray(sessions)
+            per_session = [float(np.median(ratios[index == k])) for k in sorted(set(sessions))]
         return cls(
-            float(np.median(ratios)), float(np.percentile(ratios, 10)), float(np.percentile(ratios, 90)), low, high
+            float(np.median(ratios)),
+            float(np.percentile(ratios, 10)),
+            float(np.percentile(ratios, 90)),
+            low,
+            high,
+            per_session,
         )
 
     @property
     def verdict(self) -> str:
-        """ "faster" / "slower" when the confidence interval excludes 1, else "no measurable difference"."""
-        if self.ci_low > 1.0:
+        """ "Faster" or "slower" when the confidence interval excludes 1 and every session pair agrees (the interval
+        treats rounds as independent, which rounds of the same few sessions are not), else "no measurable
+        difference"."""
+        if self.ci_low > 1.0 and all(m > 1.0 for m in self.per_session):
             return "faster"
-        if self.ci_high < 1.0:
+        if self.ci_high < 1.0 and all(m < 1.0 for m in self.per_session):
             return "slower"
         return "no measurable difference"
 
@@ -402,14 +417,18 @@ def bench(
                 progress(offset + done, total_rounds)
 
         times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress, seed=seed)
+        # The runners cycle through their sessions in lockstep from the first warm-up round on.
+        session_of = [(warmup + i) % sessions_per_variant for i in range(repeat)]
         done_before += warmup + repeat
         points.append(
             BenchPoint(
                 shapes={name: list(array.shape) for name, array in sample.items()},
                 dims=dims,
                 latency={name: LatencyStats.of(values) for name, values in times.items()},
-                speedup=Speedup.of(times[ORIGINAL], times[OPTIMIZED]),
-                speedup_vs_noopt=Speedup.of(times[UNOPTIMIZED], times[OPTIMIZED]) if include_unoptimized else None,
+                speedup=Speedup.of(times[ORIGINAL], times[OPTIMIZED], session_of),
+                speedup_vs_noopt=(
+                    Speedup.of(times[UNOPTIMIZED], times[OPTIMIZED], session_of) if include_unoptimized else None
+                ),
             )
         )
 

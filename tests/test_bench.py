@@ -90,6 +90,20 @@ def test_speedup_verdict_needs_the_interval_to_exclude_one():
     assert noisy.ci_low <= noisy.median <= noisy.ci_high
 
 
+def test_verdict_needs_every_session_pair_to_agree():
+    ones = [1.0] * 30
+    baseline = [1.2 + 0.01 * (i % 5) for i in range(30)]
+    agreeing = bench.Speedup.of(baseline, ones, sessions=[i % 3 for i in range(30)])
+    assert len(agreeing.per_session) == 3 and agreeing.verdict == "faster"
+    # Session pair 3 of 4 reads slower (0.99) while the pooled interval is above 1: not called faster.
+    split = [0.99 if i % 4 == 3 else b for i, b in enumerate(baseline)]
+    disagreeing = bench.Speedup.of(split, ones, sessions=[i % 4 for i in range(30)])
+    assert disagreeing.ci_low > 1.0
+    assert disagreeing.per_session[3] == pytest.approx(0.99)
+    assert disagreeing.verdict == "no measurable difference"
+    assert bench.Speedup.of(baseline, ones, sessions=[0] * 30).per_session == []  # one session: nothing to compare
+
+
 def test_speedup_is_the_median_of_paired_round_ratios_with_its_spread():
     baseline = [2.0, 4.0, 3.0, 10.0, 2.0]
     candidate = [1.0, 1.0, 3.0, 1.0, 2.0]  # ratios 2, 4, 1, 10, 1
@@ -183,6 +197,7 @@ def test_bench_report_fields_for_one_shape_and_a_sweep():
     assert report.sessions_per_variant == 1
     pooled = bench.bench(original, optimized, warmup=0, repeat=4, sessions_per_variant=2, include_unoptimized=False)
     assert pooled.sessions_per_variant == 2
+    assert len(pooled.points[0].speedup.per_session) == 2
     assert all(stats.runs == 4 for stats in pooled.points[0].latency.values())
     with pytest.raises(bench.model_inputs.InputError, match="--sessions"):
         bench.bench(original, optimized, warmup=0, repeat=1, sessions_per_variant=0)

@@ -193,8 +193,10 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
             )
     lo, hi = report.speedup_spread
     ci_lo, ci_hi = report.speedup_ci95
+    per_session = report.points[0].speedup.per_session if len(report.points) == 1 else []
+    sessions = f"; per session pair {', '.join(f'{m:.3f}' for m in per_session)}" if per_session else ""
     console.print(
         f"speedup (original ORT_ENABLE_ALL / optimized, median of paired rounds): [bold]{report.speedup:.3f}x[/] "
-        f"(p10-p90 {lo:.3f}-{hi:.3f}; 95% CI of the median {ci_lo:.3f}-{ci_hi:.3f}: {report.verdict})",
+        f"(p10-p90 {lo:.3f}-{hi:.3f}; 95% CI of the median {ci_lo:.3f}-{ci_hi:.3f}{sessions}: {report.verdict})",
         highlight=False,
     )
