@@ -199,6 +199,34 @@ def test_statistic_restored_by_layout_ops(spelling, dynamo):
     check(model, [2, 5, 24], ["LayerNorm" if spelling == "var" else "RMSNorm"], rtol=1e-4, atol=1e-4)
 
 
+class DistributedLayerNorm(torch.nn.Module):
+    """tf.nn.batch_normalization's formula, which TF/Keras LayerNormalization uses, written in torch:
+    x * s + (beta - mean * s) with s = gamma * rsqrt(var + eps) (`keras3`: (-mean) * s + beta)."""
+
+    def __init__(self, spelling: str, hidden: int = 24) -> None:
+        super().__init__()
+        self.spelling = spelling
+        self.gamma = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+        self.beta = torch.nn.Parameter(torch.rand(hidden))
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) * (x - mean)).mean(-1, keepdim=True)
+        s = torch.rsqrt(var + 1e-3) * self.gamma
+        if self.spelling == "keras3":
+            return x * s + ((-mean) * s + self.beta)
+        return x * s + (self.beta - mean * s)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("spelling", ["tf", "keras3"])
+def test_distributed_layer_norm_as_exported(spelling, dynamo):
+    module = DistributedLayerNorm(spelling).eval()
+    model = export(module, torch.randn(2, 5, 24), opset=18 if dynamo else 17, dynamo=dynamo)
+    _, report = check(model, [2, 5, 24], ["LayerNorm"], rtol=1e-4, atol=1e-4)
+    assert report.norms[0].epsilon == pytest.approx(1e-3, rel=1e-6)
+
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
