@@ -19,6 +19,7 @@ driver visits nodes in order, so a norm is matched at its last node, not at an e
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -374,26 +375,46 @@ def find_norm(
     sums = _stat_leaves(junction)
     if not sums:
         return None
+
+    def attempt(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
+        statistic = _statistic(stat, kinds)
+        if statistic is None:
+            return None
+        return _build(anchor, y, junction, tail, eps_sum, stat, eps_value, statistic, channels_first)
+
+    return _first_candidate(sums, attempt)
+
+
+def _eps_splits(eps_sum: ir.Value) -> list[tuple[ir.Value, ir.Value | None]]:
+    """(statistic, epsilon) readings of a `stat + eps` candidate, either operand order, and the value alone (no
+    epsilon at all: an exporter folded a tiny one away)."""
+    producer = eps_sum.producer()
+    splits: list[tuple[ir.Value, ir.Value | None]] = []
+    if producer is not None and producer.op_type == "Add":
+        a, b = producer.inputs
+        if a is not None and b is not None:
+            splits = [(a, b), (b, a)]
+    splits.append((eps_sum, None))
+    return splits
+
+
+def _first_candidate(
+    sums: list[ir.Value], attempt: Callable[[ir.Value, ir.Value, ir.Value | None], Candidate | None]
+) -> Candidate | None:
+    """The first candidate `attempt` builds over every (stat + eps, stat, eps) reading; when none does, the first
+    near-miss met on the way is raised, or None returned."""
     first_miss: NearMiss | None = None
     for eps_sum in sums:
-        producer = eps_sum.producer()
-        assert producer is not None
-        splits: list[tuple[ir.Value, ir.Value | None]] = []
-        if producer.op_type == "Add":
-            a, b = producer.inputs
-            if a is not None and b is not None:
-                splits = [(a, b), (b, a)]
-        splits.append((eps_sum, None))  # no epsilon at all (an exporter folded a tiny one away)
-        for stat, eps_value in splits:
-            statistic = _statistic(stat, kinds)
-            if statistic is None:
-                continue
+        for stat, eps_value in _eps_splits(eps_sum):
             try:
-                return _build(anchor, y, junction, tail, eps_sum, stat, eps_value, statistic, channels_first)
+                found = attempt(eps_sum, stat, eps_value)
             except _NotANorm:
                 continue
             except NearMiss as miss:
                 first_miss = first_miss or miss
+                continue
+            if found is not None:
+                return found
     if first_miss is not None:
         raise first_miss
     return None
@@ -410,45 +431,31 @@ def _find_distributed(
     for term, _ in terms:
         if not constants.is_constant(term):
             sums += [v for v in _stat_leaves(term) if v not in sums]
-    first_miss: NearMiss | None = None
-    for eps_sum in sums:
-        producer = eps_sum.producer()
-        assert producer is not None
-        splits: list[tuple[ir.Value, ir.Value | None]] = []
-        if producer.op_type == "Add" and None not in producer.inputs:
-            a, b = producer.inputs
-            splits = [(a, b), (b, a)]  # type: ignore[list-item]
-        splits.append((eps_sum, None))
-        for stat, eps_value in splits:
-            statistic = _statistic(stat, frozenset({"layer"}))
-            if statistic is None:
-                continue
-            try:
-                form = distributed.analyse(terms, statistic, eps_sum)
-                if form is None:
-                    continue
-                sum_node = junction.producer()
-                assert sum_node is not None
-                bias_tail = [] if form.bias is None else [_TailOp(sum_node, "bias", form.bias)]
-                return _build(
-                    anchor,
-                    y,
-                    form.x_term,
-                    tail + bias_tail,
-                    eps_sum,
-                    stat,
-                    eps_value,
-                    statistic,
-                    channels_first,
-                    factors=form.factors,
-                )
-            except _NotANorm:
-                continue
-            except NearMiss as miss:
-                first_miss = first_miss or miss
-    if first_miss is not None:
-        raise first_miss
-    return None
+    sum_node = junction.producer()
+    assert sum_node is not None
+
+    def attempt(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
+        statistic = _statistic(stat, frozenset({"layer"}))
+        if statistic is None:
+            return None
+        form = distributed.analyse(terms, statistic, eps_sum)
+        if form is None:
+            return None
+        bias_tail = [] if form.bias is None else [_TailOp(sum_node, "bias", form.bias)]
+        return _build(
+            anchor,
+            y,
+            form.x_term,
+            tail + bias_tail,
+            eps_sum,
+            stat,
+            eps_value,
+            statistic,
+            channels_first,
+            factors=form.factors,
+        )
+
+    return _first_candidate(sums, attempt)
 
 
 def _build(
