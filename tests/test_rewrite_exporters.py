@@ -227,6 +227,33 @@ def test_distributed_layer_norm_as_exported(spelling, dynamo):
     assert report.norms[0].epsilon == pytest.approx(1e-3, rel=1e-6)
 
 
+def test_weights_exported_as_overridable_inputs_stay_inputs():
+    """keep_initializers_as_inputs=True: the weights are graph inputs with defaults, which a caller may override.
+    The norm still fuses, but an overridden weight must act on the optimized model as on the original."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            LlamaRMSNorm().eval(),
+            (torch.randn(2, 5, 24),),
+            buffer,
+            opset_version=17,
+            dynamo=False,
+            input_names=["x"],
+            dynamic_axes={"x": {0: "batch", 1: "seq"}},
+            keep_initializers_as_inputs=True,
+        )
+    model = onnx.load_from_string(buffer.getvalue())
+    (weight,) = [i.name for i in model.graph.input if i.name != "x"]
+    optimized, _ = optimize(model)
+    assert fused_ops(optimized) == ["RMSNorm"]
+    assert weight in {i.name for i in optimized.graph.input}
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((3, 7, 24)).astype(np.float32), weight: rng.random(24).astype(np.float32) * 3}
+    (before,), (after,) = run(model, feeds), run(optimized, feeds)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
