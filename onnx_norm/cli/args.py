@@ -62,6 +62,29 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device-id", type=int, default=0, help="CUDA device (default: 0)")
 
 
+def add_timing_args(group: argparse._ActionsContainer, *, warmup: int, repeat: int) -> None:
+    """The bench's rounds and sessions (`onnx-norm bench`, and the bench step of `onnx-norm demo`)."""
+    group.add_argument(
+        "--warmup", type=int, default=warmup, help=f"unrecorded rounds before timing (default: {warmup})"
+    )
+    group.add_argument("--repeat", type=int, default=repeat, help=f"timed rounds per variant (default: {repeat})")
+    group.add_argument(
+        "--sessions",
+        type=int,
+        default=3,
+        metavar="N",
+        help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
+        "differ on a CPU (default: 3; 1 for models too large to hold three times)",
+    )
+
+
+def check_timing(args: argparse.Namespace) -> None:
+    check_positive(args.warmup, "--warmup", zero_ok=True)
+    check_positive(args.repeat, "--repeat")
+    check_positive(args.sessions, "--sessions")
+    check_positive(args.threads, "--threads")
+
+
 def add_report_args(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--report", type=Path, metavar="PATH", help=f"write the {what} as JSON to PATH")
 

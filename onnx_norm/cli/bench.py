@@ -31,20 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     common.add_input_args(parser, samples=False)
     common.add_runtime_args(parser)
     group = parser.add_argument_group("measurement")
-    group.add_argument("--warmup", type=int, default=5, help="unrecorded rounds before timing (default: 5)")
-    group.add_argument("--repeat", type=int, default=20, help="timed rounds per variant (default: 20)")
+    common.add_timing_args(group, warmup=5, repeat=20)
     group.add_argument(
         "--sweep",
         metavar="DIM:V1,V2,...",
         help="one measurement per value of a symbolic dim, e.g. sequence:64,128,256,512 (plotted by --plot)",
-    )
-    group.add_argument(
-        "--sessions",
-        type=int,
-        default=3,
-        metavar="N",
-        help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
-        "differ on a CPU (default: 3; 1 for models too large to hold three times)",
     )
     group.add_argument("--no-noopt", action="store_true", help="skip the original with ORT optimizations off")
     group.add_argument(
@@ -72,10 +63,7 @@ def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
 
 
 def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    common.check_positive(args.warmup, "--warmup", zero_ok=True)
-    common.check_positive(args.repeat, "--repeat")
-    common.check_positive(args.threads, "--threads")
-    common.check_positive(args.sessions, "--sessions")
+    common.check_timing(args)
     return {
         "input_files": args.inputs,
         "shapes": common.shapes(args) or None,

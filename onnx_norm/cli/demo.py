@@ -42,9 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--out", type=Path, help="keep the optimized models in this directory (default: temporary)")
     common.add_runtime_args(parser)
     # The examples run in about a millisecond: enough rounds for an interval that can tell 5% apart is cheap.
-    parser.add_argument("--warmup", type=int, default=10, help="bench warm-up rounds (default: 10)")
-    parser.add_argument("--repeat", type=int, default=300, help="bench timed rounds (default: 300)")
-    parser.add_argument("--sessions", type=int, default=3, help="bench sessions per variant (default: 3)")
+    common.add_timing_args(parser.add_argument_group("bench"), warmup=10, repeat=300)
     parser.add_argument(
         "--shape",
         nargs="+",
@@ -84,10 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from onnx_norm.cli.verify import verify_and_print
     from onnx_norm.parity import RULE_KEY
 
-    common.check_positive(args.warmup, "--warmup", zero_ok=True)
-    common.check_positive(args.repeat, "--repeat")
-    common.check_positive(args.sessions, "--sessions")
-    common.check_positive(args.threads, "--threads")
+    common.check_timing(args)
     source = examples_dir(args.examples_dir)
     names = [f"{name}.onnx" for name in args.model] if args.model else list(EXAMPLES)
     shapes = args.shape or ["sequence:64"]

@@ -69,8 +69,7 @@ class Session:
         self.verify_rewrites = verify_rewrites
         self.disabled = frozenset(disabled)
         self.records: list[NormRecord] = []
-        self.near_misses: dict[tuple[int, str], NearMissRecord] = {}
-        self._near_miss_nodes: dict[tuple[int, str], ir.Node] = {}
+        self._near_misses: dict[tuple[int, str], tuple[NearMissRecord, ir.Node]] = {}
         self._replaced: set[ir.Node] = set()  # nodes a fused op replaced
         self._last: tuple[ir.Node, Candidate | None] | None = None
         self._proven: dict[int, str | None] = {}
@@ -94,13 +93,13 @@ class Session:
 
     def near_miss(self, node: ir.Node, graph: ir.Graph | ir.Function, miss: NearMiss) -> None:
         key = (id(graph), node.name or str(id(node)))
-        if key in self.near_misses:
+        if key in self._near_misses:
             return
         names = [v.name for v in miss.values if isinstance(v, ir.Node) and v.name]
         names += [v.producer().name for v in miss.values if isinstance(v, ir.Value) and v.producer() is not None]
         nodes = [node.name or node.op_type] + [n for n in names if n and n != node.name]
-        self.near_misses[key] = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph))
-        self._near_miss_nodes[key] = node
+        record = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph))
+        self._near_misses[key] = (record, node)
         logger.info("not fused at %s: %s", node.name, miss.reason)
 
     def replaced(self, nodes: Iterable[ir.Node]) -> None:
@@ -109,7 +108,7 @@ class Session:
     def open_near_misses(self) -> list[NearMissRecord]:
         """Near-misses at nodes that no fused op replaced: a partial product of a norm fused later from a node
         further down (the distributed LayerNorm's `x * s`) is not worth reporting."""
-        return [r for key, r in self.near_misses.items() if self._near_miss_nodes.get(key) not in self._replaced]
+        return [record for record, node in self._near_misses.values() if node not in self._replaced]
 
     def proven(self, candidate: Candidate) -> str | None:
         """None when the candidate is proven (or proofs are off), else the reason it failed."""

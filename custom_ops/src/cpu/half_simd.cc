@@ -236,28 +236,49 @@ __attribute__((target("avx2,f16c"))) float SumLanes(const uint16_t* x, int64_t n
   return ReduceLanes(acc);
 }
 
-template <class IO>
-__attribute__((target("avx2,f16c"))) void NormalizeRow(const uint16_t* x, uint16_t* y, int64_t n, float center,
-                                                        float r, const float* scale, const float* bias,
-                                                        int64_t period) {
+// v rounded to `type` (0: left in float) and widened again, in registers.
+ONNX_NORM_AVX2 __m256 RoundVec(__m256 v, int type) {
+  if (type == kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  if (type == kBFloat16) return _mm256_castsi256_ps(RoundedBFloatBits(v));
+  return v;
+}
+
+float RoundOne(float v, int type) {
+  if (type == kFloat16) return Half2Float(Float2Half(v));
+  if (type == kBFloat16) return BFloat2Float(Float2BFloat(v));
+  return v;
+}
+
+// A float32 row read like the 16-bit ones, so that one normalising loop serves both.
+struct FloatIn {
+  ONNX_NORM_AVX2 static __m256 Load(const float* p) { return _mm256_loadu_ps(p); }
+  static float LoadOne(float f) { return f; }
+};
+
+// y = Out(round_M(round_M(round_N((x - center) * r) * scale) + bias)), x read through In (FloatIn, HalfIO,
+// BFloatIO); rounding types 0 leave the value in float.
+template <class In, class Out, class T>
+__attribute__((target("avx2,f16c"))) void NormalizeTo(const T* x, uint16_t* y, int64_t n, float center, float r,
+                                                       const float* scale, const float* bias, int64_t period,
+                                                       int normalized_type, int multiply_type) {
   const __m256 c = _mm256_set1_ps(center);
   const __m256 rv = _mm256_set1_ps(r);
   for (int64_t start = 0; start < n; start += period) {
     const int64_t len = period < n - start ? period : n - start;
-    const uint16_t* xs = x + start;
+    const T* xs = x + start;
     uint16_t* ys = y + start;
     int64_t j = 0;
     for (; j + 8 <= len; j += 8) {
-      __m256 v = _mm256_mul_ps(_mm256_sub_ps(IO::Load(xs + j), c), rv);
-      if (scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(scale + j));
-      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
-      IO::Store(ys + j, v);
+      __m256 v = RoundVec(_mm256_mul_ps(_mm256_sub_ps(In::Load(xs + j), c), rv), normalized_type);
+      if (scale) v = RoundVec(_mm256_mul_ps(v, _mm256_loadu_ps(scale + j)), multiply_type);
+      if (bias) v = RoundVec(_mm256_add_ps(v, _mm256_loadu_ps(bias + j)), multiply_type);
+      Out::Store(ys + j, v);
     }
     for (; j < len; ++j) {
-      float v = (IO::LoadOne(xs[j]) - center) * r;
-      if (scale) v *= scale[j];
-      if (bias) v += bias[j];
-      ys[j] = IO::StoreOne(v);
+      float v = RoundOne((In::LoadOne(xs[j]) - center) * r, normalized_type);
+      if (scale) v = RoundOne(v * scale[j], multiply_type);
+      if (bias) v = RoundOne(v + bias[j], multiply_type);
+      ys[j] = Out::StoreOne(v);
     }
   }
 }
@@ -295,46 +316,7 @@ void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsi
   const float r = 1.0f / std::sqrt(var + epsilon);
   *mean = center;
   *inv_std = r;
-  NormalizeRow<IO>(x, y, n, center, r, scale, bias, period);
-}
-
-// v rounded to `type` (0: left in float) and widened again, in registers.
-ONNX_NORM_AVX2 __m256 RoundVec(__m256 v, int type) {
-  if (type == kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  if (type == kBFloat16) return _mm256_castsi256_ps(RoundedBFloatBits(v));
-  return v;
-}
-
-float RoundOne(float v, int type) {
-  if (type == kFloat16) return Half2Float(Float2Half(v));
-  if (type == kBFloat16) return BFloat2Float(Float2BFloat(v));
-  return v;
-}
-
-template <class IO>
-__attribute__((target("avx2,f16c"))) void NormalizeRoundedTo(const float* x, uint16_t* y, int64_t n, float center,
-                                                              float r, const float* scale, const float* bias,
-                                                              int64_t period, int normalized_type, int multiply_type) {
-  const __m256 c = _mm256_set1_ps(center);
-  const __m256 rv = _mm256_set1_ps(r);
-  for (int64_t start = 0; start < n; start += period) {
-    const int64_t len = period < n - start ? period : n - start;
-    const float* xs = x + start;
-    uint16_t* ys = y + start;
-    int64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-      __m256 v = RoundVec(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xs + j), c), rv), normalized_type);
-      if (scale) v = RoundVec(_mm256_mul_ps(v, _mm256_loadu_ps(scale + j)), multiply_type);
-      if (bias) v = RoundVec(_mm256_add_ps(v, _mm256_loadu_ps(bias + j)), multiply_type);
-      IO::Store(ys + j, v);
-    }
-    for (; j < len; ++j) {
-      float v = RoundOne((xs[j] - center) * r, normalized_type);
-      if (scale) v = RoundOne(v * scale[j], multiply_type);
-      if (bias) v = RoundOne(v + bias[j], multiply_type);
-      ys[j] = IO::StoreOne(v);
-    }
-  }
+  NormalizeTo<IO, IO>(x, y, n, center, r, scale, bias, period, 0, 0);
 }
 
 }  // namespace
@@ -345,9 +327,9 @@ void NormalizeRounded16(bool half_out, const float* x, uint16_t* y, int64_t n, f
                         const float* scale, const float* bias, int64_t period, int normalized_type,
                         int multiply_type) {
   if (half_out) {
-    NormalizeRoundedTo<HalfIO>(x, y, n, center, r, scale, bias, period, normalized_type, multiply_type);
+    NormalizeTo<FloatIn, HalfIO>(x, y, n, center, r, scale, bias, period, normalized_type, multiply_type);
   } else {
-    NormalizeRoundedTo<BFloatIO>(x, y, n, center, r, scale, bias, period, normalized_type, multiply_type);
+    NormalizeTo<FloatIn, BFloatIO>(x, y, n, center, r, scale, bias, period, normalized_type, multiply_type);
   }
 }
 

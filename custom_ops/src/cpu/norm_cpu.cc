@@ -77,7 +77,6 @@ void StoreRow(const float* src, int type, void* dst, int64_t n) {
   }
 }
 
-// s = round_TX(x + skip), written to Sum (if requested) and, as float, to dst.
 // dst = a + b for non-overlapping rows: saying so lets GCC vectorise without run-time overlap checks, which
 // it skipped before, leaving the fused Skip ops slower than a separate Add.
 ONNX_NORM_HOT void AddFloatRows(const float* __restrict a, const float* __restrict b, float* __restrict dst,
@@ -90,18 +89,28 @@ ONNX_NORM_HOT void AddFloatRowsInPlace(float* __restrict acc, const float* __res
   for (int64_t i = 0; i < n; ++i) acc[i] += b[i];
 }
 
-void AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, int64_t n) {
+// s = round_TX(x + skip), written to Sum (if requested) and, as float, to the row returned for normalising: a
+// float32 Sum itself (the add goes straight into it and the row is read back from cache), else `dst`.
+const float* AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, int64_t n) {
   if (type == kFloat) {
-    AddFloatRows(static_cast<const float*>(x), static_cast<const float*>(skip), dst, n);
-    if (sum) std::copy_n(dst, n, static_cast<float*>(sum));
-    return;
+    const float* a = static_cast<const float*>(x);
+    const float* b = static_cast<const float*>(skip);
+    float* s = sum != nullptr ? static_cast<float*>(sum) : dst;
+    if (s == a) {
+      AddFloatRowsInPlace(s, b, n);
+    } else if (s == b) {
+      AddFloatRowsInPlace(s, a, n);
+    } else {
+      AddFloatRows(a, b, s, n);
+    }
+    return s;
   }
   const bool half = type == kFloat16;
   const uint16_t* a = static_cast<const uint16_t*>(x);
   const uint16_t* b = static_cast<const uint16_t*>(skip);
   if (Fused16Available()) {
     AddSkip16(half, a, b, static_cast<uint16_t*>(sum), dst, n);
-    return;
+    return dst;
   }
   (half ? HalfToFloat : BFloatToFloat)(a, dst, n);
   // Skip is converted in stack-sized chunks, then added to the converted X.
@@ -115,6 +124,7 @@ void AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, i
   (half ? RoundToHalf : RoundToBFloat)(dst, n);
   // Exact: dst holds values of X's type.
   if (sum) (half ? FloatToHalf : FloatToBFloat)(dst, static_cast<uint16_t*>(sum), n);
+  return dst;
 }
 
 void RoundInPlace(float* v, int64_t n, int type) {
@@ -259,24 +269,8 @@ void RunBlock(void* data, size_t block) {
       const void* skip_row = static_cast<const char*>(p.skip) + offset * x_elem;
       void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * x_elem : nullptr;
       const bool stream_sum = job.streaming && sum_row != nullptr && p.x_type == kFloat;
-      if (p.x_type == kFloat && sum_row != nullptr && !stream_sum) {
-        // Sum is float32 and stays in cache: add straight into it and normalise from there.
-        float* s = static_cast<float*>(sum_row);
-        const float* a = static_cast<const float*>(x_row);
-        const float* b = static_cast<const float*>(skip_row);
-        if (s == a) {
-          AddFloatRowsInPlace(s, b, n);
-        } else if (s == b) {
-          AddFloatRowsInPlace(s, a, n);
-        } else {
-          AddFloatRows(a, b, s, n);
-        }
-        x = s;
-      } else {
-        AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, xbuf.data(), n);
-        if (stream_sum) StreamFloats(xbuf.data(), static_cast<float*>(sum_row), n);
-        x = xbuf.data();
-      }
+      x = AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, xbuf.data(), n);
+      if (stream_sum) StreamFloats(x, static_cast<float*>(sum_row), n);
     } else if (p.x_type == kFloat) {
       x = static_cast<const float*>(x_row);
     } else {
