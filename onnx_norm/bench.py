@@ -47,7 +47,16 @@ import onnx
 import onnxruntime as ort
 
 from onnx_norm import inputs as model_inputs
-from onnx_norm.sessions import OptLevel, Provider, Runner, RuntimeConfig, create_session
+from onnx_norm.paths import write_text_atomic
+from onnx_norm.sessions import (
+    OptLevel,
+    Provider,
+    Runner,
+    RuntimeConfig,
+    SessionError,
+    create_session,
+    model_label,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +222,7 @@ class BenchReport:
         return _json_safe(data)
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def _json_safe(value: Any) -> Any:
@@ -365,13 +374,17 @@ def bench(
         raise model_inputs.InputError(f"need --warmup >= 0 and --repeat >= 1, got {warmup} and {repeat}")
     if sessions_per_variant < 1:
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
+    shapes = model_inputs.normalize_shapes(shapes)
     original_proto = model_inputs.load_model(original, load_external_data=True)
     in_memory = optimized is None
+    labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
+    labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
     if optimized is None:
         from onnx_norm.rewrite import optimize
 
         optimized, _ = optimize(original_proto)
     optimized_proto = model_inputs.load_model(optimized, load_external_data=True)
+    model_inputs.check_same_inputs(original_proto, optimized_proto)
 
     points_shapes: list[tuple[dict[str, int], Mapping[str, Sequence[int]] | None]] = []
     if sweep is not None:
@@ -399,16 +412,19 @@ def bench(
     if include_unoptimized:
         models[UNOPTIMIZED] = (original_proto, "disabled")
     sessions = {
-        name: [create_session(proto, config.replace(optimization=level)) for _ in range(sessions_per_variant)]
+        name: [
+            create_session(proto, config.replace(optimization=level), label=labels[name])
+            for _ in range(sessions_per_variant)
+        ]
         for name, (proto, level) in models.items()
     }
 
     total_rounds = (warmup + repeat) * len(samples)
     done_before = 0
     points: list[BenchPoint] = []
-    for (dims, _), sample in zip(points_shapes, samples, strict=True):
+    for (dims, point_shapes), sample in zip(points_shapes, samples, strict=True):
         runners = {
-            name: _rotating([Runner(session, sample, config).run_bound for session in group])
+            name: _rotating([Runner(session, sample, config, label=labels[name]).run_bound for session in group])
             for name, group in sessions.items()
         }
 
@@ -416,7 +432,11 @@ def bench(
             if progress is not None:
                 progress(offset + done, total_rounds)
 
-        times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress, seed=seed)
+        try:
+            times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress, seed=seed)
+        except SessionError as err:
+            hint = "" if inputs is not None or input_files else model_inputs.shape_hint(original_proto, point_shapes)
+            raise SessionError(f"{err}{hint}") from err
         # The runners cycle through their sessions in lockstep from the first warm-up round on.
         session_of = [(warmup + i) % sessions_per_variant for i in range(repeat)]
         done_before += warmup + repeat

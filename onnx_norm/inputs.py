@@ -18,6 +18,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import logging
+import math
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -70,24 +72,33 @@ class InputSpec:
         return f"{self.name}: {onnx.helper.tensor_dtype_to_string(self.elem_type)}[{dims}]"
 
 
-def load_model(model: object, *, load_external_data: bool = False) -> onnx.ModelProto:
-    """A ModelProto from a path, a ModelProto or an onnx_ir.Model; raises InputError for a missing or unreadable
-    file."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if not isinstance(model, (str, Path)):
-        import onnx_ir as ir
+def load_model(model: object, *, load_external_data: bool = False, checked: bool = True) -> onnx.ModelProto:
+    """A ModelProto from a path, a ModelProto or an onnx_ir.Model; raises InputError for a file that is missing,
+    unreadable, not ONNX, or (when `checked`) refused by ONNX's checker (`model_io.check`), and for missing
+    external data."""
+    from onnx_norm import model_io
 
-        if isinstance(model, ir.Model):
-            return ir.serde.serialize_model(model)
-        raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
-    path = Path(model)
-    if not path.is_file():
-        raise InputError(f"model file not found: {path}")
     try:
-        return onnx.load(str(path), load_external_data=load_external_data)
-    except Exception as err:  # onnx raises DecodeError, OSError, ...: all mean "not a model we can read"
-        raise InputError(f"cannot read ONNX model {path}: {err}") from err
+        if isinstance(model, onnx.ModelProto):
+            if checked:
+                model_io.check(model, "the ModelProto")
+            return model
+        if not isinstance(model, (str, Path)):
+            import onnx_ir as ir
+
+            if isinstance(model, ir.Model):
+                return ir.serde.serialize_model(model)
+            raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
+        path = Path(model)
+        proto = model_io.read_proto(path, checked=checked)
+    except model_io.ModelLoadError as err:
+        raise InputError(str(err)) from None
+    if load_external_data:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+        except Exception as err:  # a missing or short data file: OSError, ValueError, ...
+            raise InputError(f"{path}: cannot read its external data: {' '.join(str(err).split())}") from err
+    return proto
 
 
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
@@ -109,6 +120,16 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     return specs
 
 
+def check_same_inputs(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+    """InputError unless both models take inputs of the same names and element types (they are fed alike)."""
+    orig, opt = input_specs(original), input_specs(optimized)
+    if {s.name: s.elem_type for s in orig} != {s.name: s.elem_type for s in opt}:
+        raise InputError(
+            f"the two models take different inputs: original {', '.join(s.describe() for s in orig) or 'none'}; "
+            f"optimized {', '.join(s.describe() for s in opt) or 'none'}"
+        )
+
+
 def parse_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
     """Parses `name:1,128` items (`--shape`) into {name: dims}; raises InputError with the item that is wrong."""
     shapes: dict[str, tuple[int, ...]] = {}
@@ -124,6 +145,31 @@ def parse_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
             raise InputError(f"--shape {item!r}: dims must not be negative")
         shapes[name] = values
     return shapes
+
+
+def normalize_shapes(shapes: Mapping[str, object] | None) -> dict[str, tuple[int, ...]] | None:
+    """`shapes` as {name: dims}: a dim value alone (`{"sequence": 8}`) or a sequence of them (`{"x": [1, 8]}`);
+    InputError for anything else or a negative dim."""
+    if shapes is None:
+        return None
+    if not isinstance(shapes, Mapping):
+        raise InputError(f"shapes must map an input or dim name to its dims, got {type(shapes).__name__}")
+    normalized: dict[str, tuple[int, ...]] = {}
+    for name, dims in shapes.items():
+        values = [dims] if _is_int(dims) else dims
+        if not isinstance(name, str) or isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise InputError(f"shapes[{name!r}]: expected an int or a sequence of ints, got {dims!r}")
+        values = list(values)
+        if not all(_is_int(v) for v in values):
+            raise InputError(f"shapes[{name!r}]: dims must be integers, got {dims!r}")
+        if any(int(v) < 0 for v in values):
+            raise InputError(f"shapes[{name!r}]: dims must not be negative, got {dims!r}")
+        normalized[name] = tuple(int(v) for v in values)
+    return normalized
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _default_dim(symbol: str | None, position: int, limit: int | None = None) -> int:
@@ -246,6 +292,40 @@ def resolve_shapes(
     return shapes
 
 
+def guessed_dims(model: onnx.ModelProto, shapes: Mapping[str, object] | None = None) -> dict[str, int]:
+    """The dims of generated inputs that took a default because `shapes` did not give them: {symbolic dim, or
+    `input[axis]` for an unnamed one: value}."""
+    specs = input_specs(model)
+    given = normalize_shapes(shapes) or {}
+    concrete = resolve_shapes(specs, given, limit=position_limit(model))
+    named = set(given)
+    for spec in specs:
+        if spec.name in given:
+            named.update(d for d in spec.shape or () if isinstance(d, str))
+    guessed: dict[str, int] = {}
+    for spec in specs:
+        if spec.name in given:
+            continue
+        for axis, dim in enumerate(spec.shape or ()):
+            if dim is None:
+                guessed[f"{spec.name}[{axis}]"] = concrete[spec.name][axis]
+            elif isinstance(dim, str) and dim.isidentifier() and dim not in named:
+                guessed[dim] = concrete[spec.name][axis]
+    return guessed
+
+
+def shape_hint(model: onnx.ModelProto, shapes: Mapping[str, object] | None = None) -> str:
+    """A hint for a run that failed on generated inputs: which dims were guessed, and how to give them."""
+    try:
+        guessed = guessed_dims(model, shapes)
+    except InputError:
+        return ""
+    if not guessed:
+        return ""
+    values = ", ".join(f"{name}={value}" for name, value in guessed.items())
+    return f" (guessed dims: {values}; give the model's real sizes with --shape NAME:VALUE)"
+
+
 def _defaults_for(specs: Sequence[InputSpec], limit: int | None) -> dict[str, int]:
     symbols: dict[str, int] = {}
     for spec in specs:
@@ -347,6 +427,27 @@ def _mask(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return mask
 
 
+def memory_limit() -> int:
+    """Bytes one sample's inputs may take: half of this machine's memory (16 GiB where that is unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
+def _check_size(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """InputError when the generated inputs would not fit in memory (a typo such as --shape sequence:1280000)."""
+    sizes = {spec.name: math.prod(shapes[spec.name]) * spec.dtype.itemsize for spec in specs}
+    total, limit = sum(sizes.values()), memory_limit()
+    if total > limit:
+        largest = max(sizes, key=sizes.__getitem__)
+        raise InputError(
+            f"the inputs would take {total / 2**30:.3g} GiB per sample ({largest!r} is "
+            f"{'x'.join(map(str, shapes[largest]))}), more than half of this machine's memory "
+            f"({limit / 2**30:.3g} GiB); give smaller dims with --shape"
+        )
+
+
 def generate(
     model: onnx.ModelProto,
     *,
@@ -358,7 +459,8 @@ def generate(
     if samples < 1:
         raise InputError(f"samples must be at least 1, got {samples}")
     specs = input_specs(model)
-    concrete = resolve_shapes(specs, shapes, limit=position_limit(model))
+    concrete = resolve_shapes(specs, normalize_shapes(shapes), limit=position_limit(model))
+    _check_size(specs, concrete)
     bounds = gather_bounds(model)
     rng = np.random.default_rng(seed)
     return [

@@ -8,6 +8,7 @@ protobuf limit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
@@ -18,12 +19,18 @@ from collections.abc import Iterator
 import onnx
 import onnx_ir as ir
 
+from onnx_norm import paths
+
 logger = logging.getLogger(__name__)
 
 ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model
 
 #: Above this many bytes of tensors a model is saved with external data (protobuf's hard limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+#: Protobuf refuses to serialize a message of 2 GiB or more: a model saved without external data must fit.
+PROTOBUF_LIMIT = 2**31 - 1
+#: With external data (auto), tensors of at most this many bytes (scalars, shapes) stay in the model file.
+INLINE_BYTES = 256
 
 
 class ModelLoadError(Exception):
@@ -35,31 +42,139 @@ class ModelSaveError(Exception):
 
 
 def load(model: ModelLike) -> ir.Model:
-    """An `ir.Model` for any accepted kind of input (an `ir.Model` is returned as is)."""
+    """An `ir.Model` for any accepted kind of input (an `ir.Model` is returned as is). A path or a ModelProto must
+    pass `check` (ONNX's checker), so that a broken model is refused here and not "optimized" into another."""
     if isinstance(model, ir.Model):
         return model
     if isinstance(model, onnx.ModelProto):
+        check(model, "the ModelProto")
         try:
             return ir.serde.deserialize_model(model)
         except Exception as err:
             raise ModelLoadError(f"cannot convert the ModelProto: {err}") from err
     if isinstance(model, (str, os.PathLike)):
         path = pathlib.Path(model)
-        if not path.exists():
-            raise ModelLoadError(f"{path}: no such file")
-        if path.is_dir():
-            raise ModelLoadError(f"{path}: is a directory, not an ONNX model")
-        if not os.access(path, os.R_OK):
-            raise ModelLoadError(f"{path}: permission denied")
+        proto = read_proto(path)
         try:
-            loaded = ir.load(path)
+            loaded = ir.serde.deserialize_model(proto)
         except Exception as err:
             raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from err
-        if not loaded.graph.opset_imports and len(loaded.graph) == 0:
-            raise ModelLoadError(f"{path}: not an ONNX model (no graph, no opset imports)")
+        # As ir.load does: external tensors are memory-mapped from files relative to the model.
+        ir.external_data.set_base_dir(loaded.graph, path.parent)
         _check_external_data(loaded, path)
         return loaded
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
+
+
+def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelProto:
+    """The ModelProto in a file, without its external data, checked with `check` (unless `checked` is False);
+    ModelLoadError with one line naming the file when it is missing, not a file, empty, truncated, not ONNX, or
+    not a valid model."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX model")
+    if not os.access(path, os.R_OK):
+        raise ModelLoadError(f"{path}: permission denied")
+    if path.stat().st_size == 0:
+        raise ModelLoadError(f"{path}: empty file, not an ONNX model")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # protobuf's DecodeError, OSError, ...: all mean "not a model we can read"
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {_one_line(err)})") from err
+    if not proto.ir_version or not proto.HasField("graph"):
+        raise ModelLoadError(f"{path}: not an ONNX model (no ir_version or no graph)")
+    if checked:
+        check(proto, str(path))
+    return proto
+
+
+#: Ops ONNX Runtime registers in the ONNX domain although ONNX does not define them there (or not at the model's
+#: opset): models that use them run, so the checker is not asked about them.
+ORT_ONNX_DOMAIN_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
+_UNCHECKED_DOMAIN = "onnx_norm.unchecked"
+
+
+def check(model: onnx.ModelProto, name: str) -> None:
+    """ONNX's checker on `model` (without shape inference); ModelLoadError with its message on one line.
+
+    Relaxed where ONNX Runtime runs what the checker refuses: ONNX Runtime's own ops in the ONNX domain
+    (ORT_ONNX_DOMAIN_OPS) are checked as custom ops, inputs and outputs may lack a shape. External data is
+    not read: the checker would look for it relative to the working directory, so a copy with a one-element
+    stand-in for each external tensor is checked (the files themselves are checked when the model is loaded).
+    A model too large for one protobuf is not checked (the checker cannot serialize it)."""
+    if not model.ir_version or not model.HasField("graph"):
+        raise ModelLoadError(f"{name}: not an ONNX model (no ir_version or no graph)")
+    if model.ByteSize() > PROTOBUF_LIMIT:
+        logger.debug("%s: too large for onnx.checker in memory; not checked", name)
+        return
+    target = model
+    if paths.external_tensors(model):
+        target = onnx.ModelProto()
+        target.CopyFrom(model)
+        for tensor in paths.external_tensors(target):
+            _stand_in(tensor)
+    moved = _hide_ort_ops(target)
+    # A graph input or output of unknown rank (no shape field) is valid ONNX and runs, but the checker wants the
+    # field: it gets an empty one for the check.
+    shapeless = [
+        value.type.tensor_type
+        for value in [*target.graph.input, *target.graph.output]
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape")
+    ]
+    for tensor_type in shapeless:
+        tensor_type.shape.SetInParent()
+    try:
+        onnx.checker.check_model(target)
+    except (onnx.checker.ValidationError, ValueError) as err:
+        raise ModelLoadError(f"{name}: not a valid ONNX model: {_one_line(err)}") from err
+    finally:
+        for tensor_type in shapeless:
+            tensor_type.ClearField("shape")
+        for node, domain in moved:
+            node.domain = domain
+        if moved:
+            _drop_opset(target, _UNCHECKED_DOMAIN)
+
+
+def _stand_in(tensor: onnx.TensorProto) -> None:
+    """Turns an external tensor into an inline scalar of its type, for the checker only."""
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    del tensor.external_data[:]
+    del tensor.dims[:]
+    tensor.raw_data = bytes(max(itemsize, 1))
+
+
+def _hide_ort_ops(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
+    """Moves ONNX Runtime's ONNX-domain ops that ONNX lacks at the model's opset into a custom domain (the checker
+    skips those); returns what to move back."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    moved = []
+    for node in proto_nodes(model):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ORT_ONNX_DOMAIN_OPS:
+            continue
+        try:
+            onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            moved.append((node, node.domain))
+            node.domain = _UNCHECKED_DOMAIN
+    if moved:
+        model.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+        for function in model.functions:
+            function.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+    return moved
+
+
+def _drop_opset(model: onnx.ModelProto, domain: str) -> None:
+    for imports in [model.opset_import, *(f.opset_import for f in model.functions)]:
+        for opset in [o for o in imports if o.domain == domain]:
+            imports.remove(opset)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
 
 
 def _check_external_data(model: ir.Model, path: pathlib.Path) -> None:
@@ -96,36 +211,104 @@ def tensor_bytes(model: ir.Model) -> int:
 
 
 def _uses_external_data(model: ir.Model) -> bool:
-    return any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+    return any(isinstance(value.const_value, ir.ExternalTensor) for value in _initializers(model))
 
 
-def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
-    """Writes `model` to `path` atomically; external data (`<name>.data`, relative) when needed or asked."""
+def _initializers(model: ir.Model) -> Iterator[ir.Value]:
+    for graph in model.graphs():
+        yield from graph.initializers.values()
+
+
+def data_file(path: str | os.PathLike) -> pathlib.Path:
+    """The external data file `save` writes next to `path` (`<name>.data`) when it writes one."""
+    path = pathlib.Path(path)
+    return path.parent / f"{path.name}.data"
+
+
+def _in_memory(tensor: ir.ExternalTensor) -> ir.Tensor:
+    """A copy of an external tensor in memory. The file stays mapped: arrays taken from it may still be alive
+    (closing the map under them is onnx-ir's `BufferError: cannot close exported pointers exist`)."""
+    try:
+        array = tensor.numpy().copy()
+    except (OSError, ValueError) as err:
+        raise ModelSaveError(f"cannot read the external data of {tensor.name!r} ({tensor.location}): {err}") from err
+    return ir.Tensor(array, name=tensor.name, dtype=tensor.dtype)
+
+
+@contextlib.contextmanager
+def _inlined(model: ir.Model, max_bytes: int | None) -> Iterator[None]:
+    """Within the block, external tensors of at most `max_bytes` (all for None) are in-memory copies, and so are
+    external tensors in attributes (onnx-ir's save moves only initializers); the model is restored afterwards."""
+    restore: list[tuple[ir.Value | tuple[ir.Node, str], object]] = []
+    try:
+        for value in _initializers(model):
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and (max_bytes is None or tensor.nbytes <= max_bytes):
+                restore.append((value, tensor))
+                value.const_value = _in_memory(tensor)
+        graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+        for graph in graphs:
+            for node in ir.traversal.RecursiveGraphIterator(graph):
+                for name, attr in list(node.attributes.items()):
+                    if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                        restore.append(((node, name), attr))
+                        node.attributes[name] = ir.AttrTensor(name, _in_memory(attr.value))
+        yield
+    finally:
+        for owner, original in reversed(restore):
+            if isinstance(owner, ir.Value):
+                owner.const_value = original  # type: ignore[assignment]
+            else:
+                node, name = owner
+                node.attributes[name] = original  # type: ignore[assignment]
+
+
+def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
+    """Writes `model` (an `ir.Model`, a ModelProto, or a path to copy) to `path` atomically.
+
+    `external_data`: None (auto) writes the tensors above INLINE_BYTES to `<name>.data` (relative to the model)
+    when the model already used external data or its tensors exceed EXTERNAL_DATA_THRESHOLD; True writes every
+    non-empty tensor there; False writes every tensor inline, and refuses a model whose tensors cannot fit in
+    one protobuf. The model passed in is not modified, and its external data is never written over in place.
+    """
+    ir_model = model if isinstance(model, ir.Model) else load(model)
     path = pathlib.Path(path)
     directory = path.parent if str(path.parent) else pathlib.Path(".")
     if not directory.is_dir():
         raise ModelSaveError(f"{path}: directory {directory} does not exist")
+    if path.is_dir():
+        raise ModelSaveError(f"{path}: is a directory")
+    total = tensor_bytes(ir_model)
+    threshold = 0 if external_data else INLINE_BYTES
     if external_data is None:
-        external_data = _uses_external_data(model) or tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
-    data_name = f"{path.name}.data"
+        external_data = _uses_external_data(ir_model) or total > EXTERNAL_DATA_THRESHOLD
+    if not external_data and total > PROTOBUF_LIMIT:
+        raise ModelSaveError(
+            f"{path}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
+            "save them as external data"
+        )
+    data_name = data_file(path).name
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
     except OSError as err:
-        raise ModelSaveError(f"{path}: cannot write in {directory}: {err}") from err
+        raise ModelSaveError(f"{path}: cannot write in {directory}: {err.strerror or err}") from err
     try:
         staged = staging / path.name
-        if external_data:
-            if tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD:
-                logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", path, data_name)
-            ir.save(model, staged, external_data=data_name)
-        else:
-            ir.save(model, staged)
+        with _inlined(ir_model, threshold if external_data else None):
+            if external_data:
+                if total > EXTERNAL_DATA_THRESHOLD:
+                    logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", path, data_name)
+                ir.save(ir_model, staged, external_data=data_name, size_threshold_bytes=threshold)
+            else:
+                ir.save(ir_model, staged)
         staged_data = staging / data_name
+        if staged_data.exists() and staged_data.stat().st_size == 0:
+            staged_data.unlink()  # nothing went external: no empty data file beside the model
         if staged_data.exists():
             os.replace(staged_data, directory / data_name)
         os.replace(staged, path)
     except OSError as err:
-        raise ModelSaveError(f"{path}: cannot write: {err}") from err
+        raise ModelSaveError(f"{path}: cannot write: {err.strerror or err}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -51,6 +51,7 @@ from onnx import TensorProto, numpy_helper
 from onnx_norm import inputs as model_inputs
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
+from onnx_norm.paths import write_text_atomic
 from onnx_norm.sessions import (
     OptLevel,
     Provider,
@@ -58,6 +59,7 @@ from onnx_norm.sessions import (
     RuntimeUnavailableError,
     SessionError,
     create_session,
+    model_label,
     run_model,
 )
 
@@ -91,6 +93,8 @@ class Tolerance:
     rtol: float
     stat: Stat = "elementwise"
     quantile: float = 0.99
+    #: Pass an output whose every element is NaN/Inf in both models (at the same places); else that fails.
+    allow_nonfinite: bool = False
 
 
 def default_tolerance(dtype: np.dtype) -> tuple[float, float]:
@@ -112,18 +116,55 @@ class ToleranceSpec:
     rtol: PerOutput = None
     stat: Stat | Mapping[str, Stat] | None = None
     quantile: float = 0.99
+    allow_nonfinite: bool = False
+
+    def __post_init__(self) -> None:
+        for flag in ("atol", "rtol"):
+            for key, value in _entries(getattr(self, flag)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise model_inputs.InputError(f"{flag} {_named(key)}{value!r} is not a number")
+                if not math.isfinite(value) or value < 0:
+                    raise model_inputs.InputError(f"{flag} {_named(key)}{value!r} must be a finite value >= 0")
+        for key, stat in _entries(self.stat):
+            if stat not in STATS:
+                raise model_inputs.InputError(
+                    f"check_error_stat {_named(key)}{stat!r} is not a statistic; choose from {', '.join(STATS)}"
+                )
+        if isinstance(self.quantile, bool) or not 0.0 <= self.quantile <= 1.0:
+            raise model_inputs.InputError(f"error_quantile must be in [0, 1], got {self.quantile!r}")
+
+    def check_names(self, outputs: Sequence[str]) -> None:
+        """Raises InputError when a per-output value names no output of the model (a typo would be ignored)."""
+        for flag in ("atol", "rtol", "check_error_stat"):
+            value = self.stat if flag == "check_error_stat" else getattr(self, flag)
+            for key, _ in _entries(value):
+                if key != "*" and key not in outputs:
+                    raise model_inputs.InputError(
+                        f"{flag} names {key!r}, which is not an output of the model (outputs: {', '.join(outputs)})"
+                    )
 
     def for_output(self, name: str, dtype: np.dtype) -> Tolerance:
         atol, rtol = default_tolerance(dtype)
-        stat = _pick(self.stat, name, "elementwise")
-        if stat not in STATS:
-            raise model_inputs.InputError(f"unknown error statistic {stat!r}; choose from {', '.join(STATS)}")
         return Tolerance(
             atol=float(_pick(self.atol, name, atol)),
             rtol=float(_pick(self.rtol, name, rtol)),
-            stat=stat,
+            stat=_pick(self.stat, name, "elementwise"),
             quantile=self.quantile,
+            allow_nonfinite=self.allow_nonfinite,
         )
+
+
+def _entries(value: Any) -> list[tuple[str, Any]]:
+    """(output name or "*", value) pairs of a per-output setting."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return list(value.items())
+    return [("*", value)]
+
+
+def _named(key: str) -> str:
+    return "" if key == "*" else f"{key}:"
 
 
 def _pick(value: Any, name: str, default: Any) -> Any:
@@ -132,6 +173,57 @@ def _pick(value: Any, name: str, default: Any) -> Any:
     if isinstance(value, Mapping):
         return value.get(name, value.get("*", default))
     return value
+
+
+_GOLDEN_METHODS: tuple[GoldenMethod, ...] = ("auto", "ort", "reference", "none")
+_OPT_LEVELS: tuple[OptLevel, ...] = ("all", "extended", "basic", "disabled")
+_PROVIDERS: tuple[Provider, ...] = ("cpu", "cuda")
+
+
+def check_options(
+    *,
+    input_files: Sequence[str | Path] = (),
+    samples: int = 1,
+    seed: int = 0,
+    per_node: bool = False,
+    threads: int | None = None,
+    device_id: int = 0,
+    provider: str = "cpu",
+    golden: str = "auto",
+    original_optimization: str = "all",
+    optimized_optimization: str = "all",
+    shapes: Mapping[str, int | Sequence[int]] | None = None,
+    atol: PerOutput = None,
+    rtol: PerOutput = None,
+    check_error_stat: Stat | Mapping[str, Stat] | None = None,
+    error_quantile: float = 0.99,
+    allow_nonfinite: bool = False,
+) -> tuple[ToleranceSpec, dict[str, tuple[int, ...]] | None]:
+    """Validates verify()'s options, for the API and the CLI alike (the CLI calls it before any work); returns
+    the tolerances and the shapes normalised (`{"sequence": 8}` and `{"sequence": [8]}` mean the same).
+    Raises InputError naming the option."""
+    if isinstance(input_files, (str, Path)):
+        raise model_inputs.InputError("input_files must be a list of paths, not one path")
+    _check_count(samples, "samples", minimum=1)
+    _check_count(seed, "seed", minimum=0)
+    if threads is not None:
+        _check_count(threads, "threads", minimum=1)
+    _check_count(device_id, "device_id", minimum=0)
+    for name, value, choices in (
+        ("provider", provider, _PROVIDERS),
+        ("golden", golden, _GOLDEN_METHODS),
+        ("original_optimization", original_optimization, _OPT_LEVELS),
+        ("optimized_optimization", optimized_optimization, _OPT_LEVELS),
+    ):
+        if value not in choices:
+            raise model_inputs.InputError(f"{name} {value!r} is not one of {', '.join(choices)}")
+    tolerances = ToleranceSpec(atol, rtol, check_error_stat, error_quantile, bool(allow_nonfinite))
+    return tolerances, model_inputs.normalize_shapes(shapes)
+
+
+def _check_count(value: Any, name: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise model_inputs.InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -150,6 +242,7 @@ class Metrics:
     total: int
     nonfinite_mismatched: int  # NaN/Inf on one side only (or Inf of the other sign)
     first_mismatches: list[dict[str, Any]]  # {"sample": i, "index": [...], "actual": v, "expected": v}
+    nonfinite_matched: int = 0  # NaN, or Inf of one sign, in both models at the same place: not in the stats
 
 
 @dataclasses.dataclass
@@ -185,9 +278,10 @@ class Comparison:
         if self.metrics is None:
             return self.verdict
         m = self.metrics
+        both = f", {m.nonfinite_matched}/{m.total} NaN/Inf in both at the same places" if m.nonfinite_matched else ""
         text = (
             f"{self.verdict} (max abs {m.max_abs:.3g}, max rel {m.max_rel:.3g}, "
-            f"{m.mismatched}/{m.total} out of atol={self.tolerance.atol:g} rtol={self.tolerance.rtol:g})"
+            f"{m.mismatched}/{m.total} out of atol={self.tolerance.atol:g} rtol={self.tolerance.rtol:g}{both})"
         )
         if self.golden is not None and not self.passed:
             g = self.golden
@@ -240,7 +334,7 @@ class ParityReport:
         return _json_safe(data)
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def _json_safe(value: Any) -> Any:
@@ -277,6 +371,13 @@ def compare(
         if np.asarray(a).dtype != np.asarray(b).dtype:
             return Comparison(name, dtype.name, shape, tolerance, False, f"dtype {np.asarray(a).dtype} != {dtype}")
     metrics, absdiff, rel = _metrics(actual, expected, tolerance)
+    if metrics.total and metrics.nonfinite_matched == metrics.total:
+        # Nothing finite to compare: agreeing on NaN everywhere says nothing about the computation.
+        passed = tolerance.allow_nonfinite
+        verdict = f"every element is NaN/Inf in both models ({metrics.total}/{metrics.total})" + (
+            ", allowed" if passed else ": nothing to compare (allow non-finite outputs to accept this)"
+        )
+        return Comparison(name, dtype.name, shape, tolerance, passed, verdict, metrics)
     passed = metrics.nonfinite_mismatched == 0 and _stat_passes(absdiff, rel, metrics, tolerance)
     golden_cmp = None
     if golden is not None and np.issubdtype(np.asarray(golden[0]).dtype, np.floating):
@@ -300,56 +401,64 @@ def compare(
 def _metrics(
     actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], tolerance: Tolerance
 ) -> tuple[Metrics, np.ndarray, np.ndarray]:
-    """Metrics, and the absolute and relative differences of all samples (flattened; 0 where both sides hold
-    the same NaN/Inf, inf where only one does)."""
-    abs_parts, rel_parts, a_parts, b_parts, ok_masks = [], [], [], [], []
-    nonfinite = 0
+    """Metrics, and the absolute and relative differences of the compared elements of all samples (flattened;
+    inf where only one side is NaN/Inf). Elements that are the same NaN/Inf in both are counted, not compared."""
+    abs_parts, rel_parts, a_parts, b_parts = [], [], [], []
+    nonfinite = matched = mismatched = 0
     first: list[dict[str, Any]] = []
-    for sample, (a_raw, b_raw) in enumerate(zip(actual, expected, strict=True)):
-        a, b = _as_float64(a_raw), _as_float64(b_raw)
-        finite = np.isfinite(a) & np.isfinite(b)
-        same_special = ~finite & ((np.isnan(a) & np.isnan(b)) | (a == b))
-        bad_special = ~finite & ~same_special
-        nonfinite += int(bad_special.sum())
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    with np.errstate(all="ignore"):  # NaN/Inf and huge values are expected here, and handled
+        for sample, (a_raw, b_raw) in enumerate(zip(actual, expected, strict=True)):
+            a, b = _as_float64(a_raw), _as_float64(b_raw)
+            finite = np.isfinite(a) & np.isfinite(b)
+            same_special = ~finite & ((np.isnan(a) & np.isnan(b)) | (a == b))
+            bad_special = ~finite & ~same_special
+            nonfinite += int(bad_special.sum())
+            matched += int(same_special.sum())
             absdiff = np.where(finite, np.abs(a - b), np.where(same_special, 0.0, np.inf))
             magnitude = np.abs(np.where(finite, b, 0.0))
             rel = np.where(absdiff == 0, 0.0, absdiff / magnitude)
-        ok = absdiff <= tolerance.atol + tolerance.rtol * magnitude
-        ok_masks.append(ok)
-        if len(first) < _MAX_FIRST_MISMATCHES and not ok.all():
-            for index in np.argwhere(~ok)[: _MAX_FIRST_MISMATCHES - len(first)]:
-                position = tuple(int(i) for i in index)
-                first.append(
-                    {
-                        "sample": sample,
-                        "index": list(position),
-                        "actual": float(a[position]),
-                        "expected": float(b[position]),
-                    }
-                )
-        abs_parts.append(absdiff.ravel())
-        rel_parts.append(rel.ravel())
-        a_parts.append(np.where(finite, a, 0.0).ravel())
-        b_parts.append(np.where(finite, b, 0.0).ravel())
-    absdiff_all = np.concatenate(abs_parts)
-    rel_all = np.concatenate(rel_parts)
-    a_all, b_all = np.concatenate(a_parts), np.concatenate(b_parts)
-    total = int(absdiff_all.size)
-    finite_abs = absdiff_all[np.isfinite(absdiff_all)]
-    norm = float(np.linalg.norm(a_all) * np.linalg.norm(b_all))
-    cosine = float(np.dot(a_all, b_all) / norm) if norm > 0 else (1.0 if not a_all.any() and not b_all.any() else 0.0)
-    metrics = Metrics(
-        max_abs=float(absdiff_all.max()) if total else 0.0,
-        max_rel=float(rel_all.max()) if total else 0.0,
-        mean_abs=float(finite_abs.mean()) if finite_abs.size else 0.0,
-        p99_abs=float(np.quantile(finite_abs, 0.99)) if finite_abs.size else 0.0,
-        cosine=cosine,
-        mismatched=int(sum(int((~ok).sum()) for ok in ok_masks)),
-        total=total,
-        nonfinite_mismatched=nonfinite,
-        first_mismatches=first,
-    )
+            ok = absdiff <= tolerance.atol + tolerance.rtol * magnitude
+            mismatched += int((~ok).sum())
+            if len(first) < _MAX_FIRST_MISMATCHES and not ok.all():
+                for index in np.argwhere(~ok)[: _MAX_FIRST_MISMATCHES - len(first)]:
+                    position = tuple(int(i) for i in index)
+                    first.append(
+                        {
+                            "sample": sample,
+                            "index": list(position),
+                            "actual": float(a[position]),
+                            "expected": float(b[position]),
+                        }
+                    )
+            compared = ~same_special
+            abs_parts.append(absdiff[compared].ravel())
+            rel_parts.append(rel[compared].ravel())
+            a_parts.append(a[finite].ravel())
+            b_parts.append(b[finite].ravel())
+        absdiff_all = np.concatenate(abs_parts)
+        rel_all = np.concatenate(rel_parts)
+        a_all, b_all = np.concatenate(a_parts), np.concatenate(b_parts)
+        finite_abs = absdiff_all[np.isfinite(absdiff_all)]
+        norm = float(np.linalg.norm(a_all) * np.linalg.norm(b_all))
+        if not a_all.size:
+            cosine = math.nan  # no element finite in both: nothing to measure
+        elif norm > 0 and math.isfinite(norm):
+            cosine = float(np.dot(a_all, b_all) / norm)
+        else:
+            cosine = 1.0 if not a_all.any() and not b_all.any() else 0.0
+        compared_count = int(absdiff_all.size)
+        metrics = Metrics(
+            max_abs=float(absdiff_all.max()) if compared_count else math.nan,
+            max_rel=float(rel_all.max()) if compared_count else math.nan,
+            mean_abs=float(finite_abs.mean()) if finite_abs.size else math.nan,
+            p99_abs=float(np.quantile(finite_abs, 0.99)) if finite_abs.size else math.nan,
+            cosine=cosine,
+            mismatched=mismatched,
+            total=compared_count + matched,
+            nonfinite_mismatched=nonfinite,
+            first_mismatches=first,
+            nonfinite_matched=matched,
+        )
     return metrics, absdiff_all, rel_all
 
 
@@ -375,15 +484,16 @@ def _golden(
     for a_raw, b_raw, g_raw in zip(actual, expected, golden, strict=True):
         a, b, g = _as_float64(a_raw), _as_float64(b_raw), _as_float64(g_raw)
         g_finite = np.isfinite(g)
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(all="ignore"):
             ea = np.where(g_finite, np.abs(a - g), 0.0)
             eb = np.where(g_finite, np.abs(b - g), 0.0)
-        ea = np.where(np.isnan(ea), np.inf, ea)
-        eb = np.where(np.isnan(eb), np.inf, eb)
-        # Element by element, the optimized value may be as far from exact as the original's value is, plus the
-        # tolerance; where the original is non-finite against a finite exact value, any finite value is closer.
-        allowed = tolerance.atol + tolerance.rtol * np.abs(np.where(g_finite, g, 0.0)) + eb
-        inside = (ea <= allowed) | (~np.isfinite(eb) & np.isfinite(ea))
+            ea = np.where(np.isnan(ea), np.inf, ea)
+            eb = np.where(np.isnan(eb), np.inf, eb)
+            # Element by element, the optimized value may be as far from exact as the original's value is, plus
+            # the tolerance; where the original is non-finite against a finite exact value, any finite value is
+            # closer.
+            allowed = tolerance.atol + tolerance.rtol * np.abs(np.where(g_finite, g, 0.0)) + eb
+            inside = (ea <= allowed) | (~np.isfinite(eb) & np.isfinite(ea))
         envelope_ok = envelope_ok and bool(inside.all())
         opt_err.append(ea.ravel())
         orig_err.append(eb.ravel())
@@ -644,17 +754,29 @@ def _with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelPro
 # ---------------------------------------------------------------------------------------------- verify
 
 
-def _as_proto(model: Any) -> onnx.ModelProto:
-    return model_inputs.load_model(model, load_external_data=True)
+def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
+    """The optimized model, and why it is not a valid model if it is not: the gate exists to catch a broken
+    rewrite, so that is a failed report. A file that is not an ONNX model at all is an InputError."""
+    from onnx_norm import model_io
+
+    proto = model_inputs.load_model(optimized, load_external_data=True, checked=False)
+    try:
+        model_io.check(proto, "the optimized model")
+    except model_io.ModelLoadError as err:
+        return proto, str(err)
+    return proto, None
 
 
-def _check_same_inputs(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
-    orig = {spec.name: spec.elem_type for spec in model_inputs.input_specs(original)}
-    opt = {spec.name: spec.elem_type for spec in model_inputs.input_specs(optimized)}
-    if orig != opt:
-        raise model_inputs.InputError(
-            f"the two models take different inputs: original {sorted(orig.items())}, optimized {sorted(opt.items())}"
-        )
+def _nonfinite_inputs(samples: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
+    warnings = []
+    for index, sample in enumerate(samples):
+        for name, array in sample.items():
+            values = np.asarray(array)
+            if values.dtype.kind == "f" or values.dtype == np_dtype(TensorProto.BFLOAT16):
+                count = int(values.size - np.isfinite(values.astype(np.float32)).sum())
+                if count:
+                    warnings.append(f"sample {index}: input {name!r} holds {count} NaN/Inf value(s)")
+    return warnings
 
 
 def verify(
@@ -663,7 +785,7 @@ def verify(
     *,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
     input_files: Sequence[str | Path] = (),
-    shapes: Mapping[str, Sequence[int]] | None = None,
+    shapes: Mapping[str, int | Sequence[int]] | None = None,
     samples: int = 1,
     seed: int = 0,
     provider: Provider = "cpu",
@@ -677,18 +799,45 @@ def verify(
     error_quantile: float = 0.99,
     golden: GoldenMethod = "auto",
     per_node: bool = False,
+    allow_nonfinite: bool = False,
 ) -> ParityReport:
     """Checks that `optimized` computes what `original` computes (see the module docstring for the rules).
 
-    Raises `onnx_norm.inputs.InputError` for inputs that do not fit the models, and `onnx_norm.sessions.SessionError`
-    when the original cannot be run or the machine cannot run the models as asked (library not built, CUDA
-    unavailable). An optimized model that ONNX Runtime rejects or fails to run is a failed report.
+    `shapes` maps an input to its dims or a symbolic dim to its value (`{"sequence": 8}`); `atol`/`rtol` are one
+    value or {output: value} ("*" for the rest). `allow_nonfinite` passes an output that is NaN/Inf everywhere in
+    both models (it fails otherwise). Options are validated by `check_options`, as the CLI's are.
+
+    Raises `onnx_norm.inputs.InputError` for bad options, an original that is not a valid model and inputs that do
+    not fit the models, and `onnx_norm.sessions.SessionError` when the original cannot be run or the machine
+    cannot run the models as asked (library not built, CUDA unavailable). An optimized model that is not valid,
+    or that ONNX Runtime rejects or fails to run, is a failed report.
     """
     start = time.perf_counter()
-    original_proto = _as_proto(original)
-    optimized_proto = _as_proto(optimized)
-    _check_same_inputs(original_proto, optimized_proto)
-    tolerances = ToleranceSpec(atol, rtol, check_error_stat, error_quantile)
+    tolerances, shapes = check_options(
+        input_files=input_files,
+        samples=samples,
+        seed=seed,
+        per_node=per_node,
+        threads=threads,
+        device_id=device_id,
+        provider=provider,
+        golden=golden,
+        original_optimization=original_optimization,
+        optimized_optimization=optimized_optimization,
+        shapes=shapes,
+        atol=atol,
+        rtol=rtol,
+        check_error_stat=check_error_stat,
+        error_quantile=error_quantile,
+        allow_nonfinite=allow_nonfinite,
+    )
+    original_label = model_label("original", original)
+    original_proto = model_inputs.load_model(original, load_external_data=True)
+    optimized_proto, optimized_failure = _load_optimized(optimized)
+    model_inputs.check_same_inputs(original_proto, optimized_proto)
+    output_names = [value.name for value in original_proto.graph.output]
+    tolerances.check_names(output_names)
+    hint = ""
     if inputs is not None:
         specs = model_inputs.input_specs(original_proto)
         sample_list = [dict(sample) for sample in inputs]
@@ -696,30 +845,32 @@ def verify(
             model_inputs.validate(specs, sample, where=f"sample {index}")
     else:
         sample_list = model_inputs.prepare(original_proto, files=input_files, shapes=shapes, samples=samples, seed=seed)
+        hint = "" if input_files else model_inputs.shape_hint(original_proto, shapes)
     if not sample_list:
         raise model_inputs.InputError("no input samples")
+    report_warnings = _nonfinite_inputs(sample_list)
 
-    output_names = [value.name for value in original_proto.graph.output]
-    norms = find_fused_norms(original_proto, optimized_proto) if per_node else []
+    norms = find_fused_norms(original_proto, optimized_proto) if per_node and optimized_failure is None else []
     extra_orig = [name for norm in norms for name in [norm.original_y, *(o for _, o in norm.inputs)] if name]
     extra_opt = [name for norm in norms for name in [norm.y, *(o for o, _ in norm.inputs)]]
     run_original = _with_outputs(original_proto, extra_orig) if norms else original_proto
     run_optimized = _with_outputs(optimized_proto, extra_opt) if norms else optimized_proto
 
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
-    original_session = create_session(run_original, config)
+    original_session = create_session(run_original, config, label=original_label)
     golden_eval = GoldenEvaluator(run_original, golden, threads)
     # An optimized model that ONNX Runtime rejects or fails to run is a parity failure, not a usage error.
-    optimized_failure: str | None = None
-    try:
-        optimized_session = create_session(run_optimized, config.replace(optimization=optimized_optimization))
-    except RuntimeUnavailableError:
-        raise
-    except SessionError as err:
-        optimized_failure = str(err)
+    if optimized_failure is None:
+        try:
+            optimized_session = create_session(
+                run_optimized, config.replace(optimization=optimized_optimization), label="it"
+            )
+        except RuntimeUnavailableError:
+            raise
+        except SessionError as err:
+            optimized_failure = f"the optimized model does not run: {err}"
 
     opt_names = [value.name for value in optimized_proto.graph.output]
-    report_warnings: list[str] = []
     missing = [name for name in output_names if name not in opt_names]
     orig_results: list[dict[str, np.ndarray]] = []
     opt_results: list[dict[str, np.ndarray]] = []
@@ -727,12 +878,15 @@ def verify(
     orig_fetch = list(dict.fromkeys(output_names + extra_orig))
     opt_fetch = list(dict.fromkeys([n for n in output_names if n in opt_names] + extra_opt))
     for sample in sample_list:
-        orig_results.append(run_model(original_session, sample, orig_fetch))
+        try:
+            orig_results.append(run_model(original_session, sample, orig_fetch, label=original_label))
+        except SessionError as err:
+            raise SessionError(f"{err}{hint}") from err
         if optimized_failure is None:
             try:
-                opt_results.append(run_model(optimized_session, sample, opt_fetch))
+                opt_results.append(run_model(optimized_session, sample, opt_fetch, label="it"))
             except SessionError as err:
-                optimized_failure = str(err)
+                optimized_failure = f"the optimized model does not run: {err}"
         if golden_results is not None:
             result = golden_eval.run(sample, orig_fetch)
             if result is None:
@@ -746,7 +900,7 @@ def verify(
         dtype = orig_results[0][name].dtype
         tolerance = tolerances.for_output(name, dtype)
         if optimized_failure is not None:
-            failure = f"the optimized model does not run: {optimized_failure}"
+            failure = optimized_failure
         elif name in missing:
             failure = "missing from the optimized model"
         else:

@@ -7,9 +7,12 @@ no CUDA result is ever reported from a CPU run.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
+import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from onnx_norm.model_io import proto_nodes
+from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
 
 logger = logging.getLogger(__name__)
@@ -63,6 +67,11 @@ class RuntimeConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+def model_label(role: str, model: object) -> str:
+    """How errors name a model: `the original model (path)`, or just the role for an in-memory model."""
+    return f"the {role} model ({model})" if isinstance(model, (str, Path)) else f"the {role} model"
+
+
 def uses_custom_ops(model: onnx.ModelProto) -> bool:
     """Whether any node (or function) of the model is in our op domain."""
     if any(opset.domain == DOMAIN for opset in model.opset_import):
@@ -103,6 +112,17 @@ def _library_options(options: ort.SessionOptions, model: onnx.ModelProto | None)
     return library.session_options(options)
 
 
+def ort_log_level() -> int:
+    """ONNX Runtime's log severity for our sessions, following this module's logger: ORT's errors are raised as
+    exceptions and reported once (with the model named), so by default it logs nothing below fatal, which would
+    otherwise print coloured lines around our one-line message; -v shows its errors, -vv its warnings too."""
+    if logger.isEnabledFor(logging.DEBUG):
+        return 2
+    if logger.isEnabledFor(logging.INFO):
+        return 3
+    return 4
+
+
 def session_options(
     config: RuntimeConfig,
     *,
@@ -115,7 +135,7 @@ def session_options(
     if config.threads:
         options.intra_op_num_threads = config.threads
         options.inter_op_num_threads = 1
-    options.log_severity_level = 3
+    options.log_severity_level = ort_log_level()
     if not config.spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -149,9 +169,10 @@ def create_session(
     *,
     custom_ops: bool | None = None,
     profile_prefix: str | None = None,
+    label: str = "the model",
 ) -> ort.InferenceSession:
     """An InferenceSession for `model` (a path keeps external data working); `custom_ops=None` registers the
-    library only if the model needs it."""
+    library only if the model needs it. Errors are SessionError naming `label`."""
     proto = model if isinstance(model, onnx.ModelProto) else None
     signature = proto if proto is not None else onnx.load(str(model), load_external_data=False)
     if custom_ops is None:
@@ -174,7 +195,7 @@ def create_session(
     except SessionError:
         raise
     except Exception as err:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
-        raise SessionError(f"ONNX Runtime could not load the model: {err}") from err
+        raise SessionError(f"ONNX Runtime could not load {label}: {ort_message(err)}") from err
     active = session.get_providers()
     wanted = PROVIDERS[config.provider]
     if not active or active[0] != wanted:
@@ -185,21 +206,34 @@ def create_session(
     return session
 
 
+_ORT_SOURCE = re.compile(r"\S*onnxruntime_src/\S+:\d+ ")
+
+
+def ort_message(err: BaseException) -> str:
+    """ONNX Runtime's error message on one line, without the paths of its source files."""
+    return _ORT_SOURCE.sub("", " ".join(str(err).split()))
+
+
 class Runner:
     """Runs one session on fixed inputs. On CUDA the inputs stay on the device and the outputs are bound there,
     so that timed runs measure the model and not host copies."""
 
-    def __init__(self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], config: RuntimeConfig) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        feeds: Mapping[str, np.ndarray],
+        config: RuntimeConfig,
+        *,
+        label: str = "the model",
+    ) -> None:
         self.session = session
+        self.label = label
         self.config = config
         self.output_names = [out.name for out in session.get_outputs()]
         self._feeds = dict(feeds)
         device = "cuda" if config.provider == "cuda" else "cpu"
         self._binding = session.io_binding()
-        self._inputs = {
-            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, config.device_id)
-            for name, array in feeds.items()
-        }
+        self._inputs = {name: to_ortvalue(array, device, config.device_id) for name, array in feeds.items()}
         for name, value in self._inputs.items():
             self._binding.bind_ortvalue_input(name, value)
         for name in self.output_names:
@@ -211,20 +245,75 @@ class Runner:
             self.session.run_with_iobinding(self._binding)
         except Exception as err:  # ORT's pybind errors (Fail, InvalidArgument, RuntimeError...) share no base
             shapes = ", ".join(f"{name} {list(value.shape())}" for name, value in self._inputs.items())
-            raise SessionError(f"ONNX Runtime failed to run the model on inputs {shapes}: {err}") from err
+            message = ort_message(err)
+            raise SessionError(f"ONNX Runtime failed to run {self.label} on inputs {shapes}: {message}") from err
 
     def run(self) -> dict[str, np.ndarray]:
         """One run, outputs copied to host numpy arrays."""
-        return dict(zip(self.output_names, self.session.run(self.output_names, self._feeds), strict=True))
+        return run_model(self.session, self._feeds, self.output_names, label=self.label)
 
 
 def run_model(
-    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], output_names: list[str] | None = None
+    session: ort.InferenceSession,
+    feeds: Mapping[str, np.ndarray],
+    output_names: list[str] | None = None,
+    *,
+    label: str = "the model",
 ) -> dict[str, np.ndarray]:
-    """Outputs by name for one input set; ORT errors become SessionError with the message."""
+    """Outputs by name for one input set; ORT errors become SessionError naming `label` and the input shapes.
+    bfloat16 tensors, which ONNX Runtime cannot take from or give to numpy, go through OrtValues."""
     names = output_names or [out.name for out in session.get_outputs()]
     try:
+        if _needs_ortvalues(session, feeds, names):
+            return _run_with_ortvalues(session, feeds, names)
         values = session.run(names, dict(feeds))
     except Exception as err:  # ORT raises Fail/InvalidArgument/RuntimeException
-        raise SessionError(f"ONNX Runtime failed to run the model: {err}") from err
+        shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in feeds.items())
+        raise SessionError(f"ONNX Runtime failed to run {label} on inputs {shapes}: {ort_message(err)}") from err
     return dict(zip(names, values, strict=True))
+
+
+_BFLOAT16 = np.dtype(np_dtype(onnx.TensorProto.BFLOAT16))
+_BFLOAT16_TYPE = "tensor(bfloat16)"
+
+
+def _needs_ortvalues(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], names: list[str]) -> bool:
+    if any(np.asarray(value).dtype == _BFLOAT16 for value in feeds.values()):
+        return True
+    wanted = set(names)
+    return any(out.type == _BFLOAT16_TYPE for out in session.get_outputs() if out.name in wanted)
+
+
+def to_ortvalue(array: np.ndarray, device: str = "cpu", device_id: int = 0) -> ort.OrtValue:
+    """An OrtValue holding a copy of `array` (bfloat16 included) on `device`."""
+    array = np.ascontiguousarray(array)
+    if array.dtype != _BFLOAT16:
+        return ort.OrtValue.ortvalue_from_numpy(array, device, device_id)
+    value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, device, device_id)
+    value.update_inplace(array.view(np.uint16))
+    return value
+
+
+def from_ortvalue(value: ort.OrtValue) -> np.ndarray:
+    """A numpy array from a CPU OrtValue; bfloat16 is read from its buffer (OrtValue.numpy() refuses it)."""
+    if value.data_type() != _BFLOAT16_TYPE:
+        return value.numpy()
+    shape = value.shape()
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, _BFLOAT16)
+    buffer = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    return np.frombuffer(buffer, np.uint16).copy().view(_BFLOAT16).reshape(shape)
+
+
+def _run_with_ortvalues(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], names: list[str]
+) -> dict[str, np.ndarray]:
+    binding = session.io_binding()
+    inputs = {name: to_ortvalue(np.asarray(array)) for name, array in feeds.items()}
+    for name, value in inputs.items():
+        binding.bind_ortvalue_input(name, value)
+    for name in names:
+        binding.bind_output(name, "cpu")  # copied back to the host whatever the provider
+    session.run_with_iobinding(binding)
+    return {name: from_ortvalue(value) for name, value in zip(names, binding.get_outputs(), strict=True)}

@@ -298,5 +298,6 @@ def test_bench_cli_model_failing_at_run_time_is_a_one_line_error(tmp_path: Path,
     onnx.save(model, path)
     assert _cli(["bench", str(path), str(path), "--repeat", "1", "--warmup", "0", "--shape", "sequence:8"]) == 2
     err = capsys.readouterr().err
-    assert "failed to run the model on inputs x [1, 8, 16]" in err
+    assert f"failed to run the original model ({path}) on inputs x [1, 8, 16]" in err
     assert "Traceback" not in err
+    assert len(err.splitlines()) == 1

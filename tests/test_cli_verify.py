@@ -151,7 +151,7 @@ EXPECTED_MESSAGES = {
     "unknown-dim": "'tokens', which is neither an input nor a symbolic dim",
     "missing-file": "input file not found",
     "atol": "is not a valid value",
-    "samples": "--samples must be > 0",
+    "samples": "samples must be an integer >= 1, got 0",
 }
 
 

@@ -31,16 +31,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Library errors that mean bad input, a bad output path or a machine that cannot do what was asked: one line
+#: and exit 2. (module, class) pairs, looked up only in modules already imported: an error of a module that was
+#: never imported cannot have been raised.
+_EXPECTED_ERRORS = (
+    ("onnx_norm.inputs", "InputError"),
+    ("onnx_norm.model_io", "ModelLoadError"),
+    ("onnx_norm.model_io", "ModelSaveError"),
+    ("onnx_norm.paths", "OutputError"),
+    ("onnx_norm.sessions", "SessionError"),
+)
+
+
+def expected_error(err: BaseException) -> str | None:
+    """The one-line message for an expected failure, None for a bug (which keeps its traceback)."""
+    for module_name, class_name in _EXPECTED_ERRORS:
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(err, getattr(module, class_name)):
+            return " ".join(str(err).split())
+    if isinstance(err, MemoryError):
+        return "out of memory; give smaller inputs with --shape"
+    if isinstance(err, OSError):  # the disk filled up, a file vanished or became unreadable while we ran
+        where = f"{err.filename}: " if err.filename else ""
+        return f"{where}{err.strerror or err}"
+    return None
+
+
+def _configure_output(verbose: int) -> None:
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # numpy's RuntimeWarnings (overflow in an fp16 model, NaN in a comparison) are expected and handled: they go
+    # to the log, shown with -v, instead of interleaving with the tables.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    _configure_output(args.verbose)
     try:
         return int(args.func(args))
     except UsageError as err:
-        print(f"onnx-norm {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        message: str | None = str(err)
+    except Exception as err:
+        message = expected_error(err)
+        if message is None:
+            raise
+    print(f"onnx-norm {args.command}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

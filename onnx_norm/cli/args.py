@@ -99,10 +99,35 @@ def shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
 
 
 def check_model_path(path: Path | str, what: str = "model") -> Path:
+    """An input model must be a file (its content is checked when it is loaded)."""
     path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory, not an ONNX model")
     if not path.is_file():
         raise UsageError(f"{what} not found: {path}")
     return path
+
+
+def check_outputs(
+    outputs: Sequence[tuple[str, Path | str | None]],
+    inputs: Sequence[Path | str],
+    *,
+    force: bool = False,
+    force_flag: str = "",
+    files: Sequence[tuple[str, Path]] = (),
+) -> None:
+    """Before any work: every output file (`(flag, path)`, None when not asked) can be written, no two are one
+    file, and none is a file an input model reads (the model or its external data) unless `force`. `files` are
+    further files written beside an output (its external data), checked for clashes only."""
+    from onnx_norm.paths import OutputError, check_outputs, check_writable_file
+
+    given = [(flag, Path(path)) for flag, path in outputs if path is not None]
+    try:
+        for flag, path in given:
+            check_writable_file(path, flag)
+        check_outputs([*given, *files], [Path(p) for p in inputs], force=force, force_flag=force_flag)
+    except OutputError as err:
+        raise UsageError(str(err)) from None
 
 
 def check_positive(value: int | None, flag: str, *, zero_ok: bool = False) -> None:
@@ -138,9 +163,11 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 def input_errors() -> Iterator[None]:
     """Turns input and session errors of the library into UsageError (exit 2, one line, no traceback)."""
     from onnx_norm.inputs import InputError
+    from onnx_norm.model_io import ModelLoadError, ModelSaveError
+    from onnx_norm.paths import OutputError
     from onnx_norm.sessions import SessionError
 
     try:
         yield
-    except (InputError, SessionError) as err:
+    except (InputError, SessionError, ModelLoadError, ModelSaveError, OutputError) as err:
         raise UsageError(str(err)) from None

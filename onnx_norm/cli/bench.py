@@ -82,8 +82,11 @@ def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     common.check_model_path(args.original, "original model")
+    models = [args.original]
     if args.optimized is not None:
         common.check_model_path(args.optimized, "optimized model")
+        models.append(args.optimized)
+    common.check_outputs([("--report", args.report), ("--plot", args.plot)], models)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:

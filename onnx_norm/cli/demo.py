@@ -77,12 +77,34 @@ def _subcommand(argv: list[str]) -> int:
     return int(parsed.func(parsed))
 
 
+def _runtime_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--provider", args.provider]
+    if args.threads is not None:
+        flags += ["--threads", str(args.threads)]
+    if args.provider == "cuda":
+        flags += ["--device-id", str(args.device_id)]
+    return flags
+
+
+def _check_before_work(args: argparse.Namespace) -> None:
+    from onnx_norm.paths import OutputError, check_writable_dir
+
+    common.check_timing(args)
+    common.shapes(argparse.Namespace(shape=args.shape))
+    if args.out is not None:
+        try:
+            check_writable_dir(args.out, "--out")
+        except OutputError as err:
+            raise UsageError(str(err)) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from onnx_norm.cli.bench import bench_and_print
+    from onnx_norm.cli import build_parser
+    from onnx_norm.cli.bench import bench_and_print, bench_kwargs
     from onnx_norm.cli.verify import verify_and_print
     from onnx_norm.parity import RULE_KEY
 
-    common.check_timing(args)
+    _check_before_work(args)
     source = examples_dir(args.examples_dir)
     names = [f"{name}.onnx" for name in args.model] if args.model else list(EXAMPLES)
     shapes = args.shape or ["sequence:64"]
@@ -110,35 +132,17 @@ def run(args: argparse.Namespace) -> int:
                 for node in onnx.load(str(optimized), load_external_data=False).graph.node
                 if any(prop.key == RULE_KEY for prop in node.metadata_props)
             )
-            verify_args = argparse.Namespace(
-                shape=shapes,
-                samples=2,
-                seed=0,
-                provider=args.provider,
-                threads=args.threads,
-                device_id=args.device_id,
-                per_node=True,
-                report=None,
-            )
-            console.print(
-                f"[bold]$ onnx-norm verify {original} {optimized} --per-node --shape {' '.join(shapes)}",
-                highlight=False,
-            )
+            # The verify and bench steps run exactly the command lines they echo: parsed by the CLI's parser.
+            verify_argv = ["verify", str(original), str(optimized), "--per-node", "--shape", *shapes]
+            verify_argv += _runtime_flags(args)
+            console.print(f"[bold]$ {common.command_line(verify_argv)}", highlight=False)
+            verify_args = build_parser().parse_args(verify_argv)
             verify_code, _ = verify_and_print(str(original), str(optimized), verify_args, console=console)
-            console.print(
-                f"[bold]$ onnx-norm bench {original} {optimized} --warmup {args.warmup} --repeat {args.repeat} "
-                f"--sessions {args.sessions} --shape {' '.join(shapes)}",
-                highlight=False,
-            )
-            kwargs = {
-                "shapes": common.shapes(argparse.Namespace(shape=shapes)),
-                "provider": args.provider,
-                "threads": args.threads,
-                "device_id": args.device_id,
-                "warmup": args.warmup,
-                "repeat": args.repeat,
-                "sessions_per_variant": args.sessions,
-            }
+            bench_argv = ["bench", str(original), str(optimized), "--warmup", str(args.warmup)]
+            bench_argv += ["--repeat", str(args.repeat), "--sessions", str(args.sessions), "--shape", *shapes]
+            bench_argv += _runtime_flags(args)
+            console.print(f"[bold]$ {common.command_line(bench_argv)}", highlight=False)
+            kwargs = bench_kwargs(build_parser().parse_args(bench_argv))
             report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)
             low, high = report.speedup_ci95
             summary.append((name, fused, verify_code == 0, report.speedup, f"{low:.2f}-{high:.2f} ({report.verdict})"))

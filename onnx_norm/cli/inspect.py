@@ -29,18 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def load_error(err: Exception) -> UsageError:
-    return UsageError(str(err))
-
-
 def run(args: argparse.Namespace) -> int:
-    from onnx_norm.model_io import ModelLoadError
+    from onnx_norm.cli import args as common
     from onnx_norm.rewrite import inspect
 
-    try:
+    common.check_outputs([("--report", args.report)], [args.model])
+    with common.input_errors():
         report = inspect(args.model, explain=args.explain, target=args.target)
-    except ModelLoadError as err:
-        raise load_error(err) from err
     console = Console()
     print_norms(console, report)
     if args.explain:
@@ -88,7 +83,9 @@ def print_near_misses(console: Console, report: OptimizeReport) -> None:
 
 
 def write_report(path: Path, report: OptimizeReport) -> None:
+    from onnx_norm.paths import write_text_atomic
+
     try:
-        path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
     except OSError as err:
-        raise UsageError(f"cannot write the report {path}: {err}") from err
+        raise UsageError(f"cannot write the report {path}: {err.strerror or err}") from err

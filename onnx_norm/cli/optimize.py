@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
+from onnx_norm.cli import args as common
 from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
 from onnx_norm.rewrite.report import OptimizeReport
 from onnx_norm.rewrite.rules import RULE_NAMES
@@ -75,11 +76,32 @@ def _verify(args: argparse.Namespace, staged: Path) -> bool:
     return gate(args.input, str(staged), args) == 0
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
+def _check_before_work(args: argparse.Namespace, source: Path, output: Path, external: bool | None) -> None:
+    """Every output path and option, before the model is even loaded: a bad one costs nothing and writes nothing."""
+    from onnx_norm import model_io
+
+    if args.verify_report is not None and not args.verify:
+        raise UsageError("--verify-report needs --verify")
+    # OUT's data file is written whenever external data may be used: it must not be a file the input reads.
+    data = [] if external is False else [(f"the external data file of {output}", model_io.data_file(output))]
+    common.check_outputs(
+        [("-o", output), ("--report", args.report), ("--verify-report", args.verify_report)],
+        [source],
+        force=args.force,
+        force_flag="--force",
+        files=data,
+    )
+    if args.verify:
+        from onnx_norm.cli.verify import parity_kwargs
+
+        parity_kwargs(args)
+
+
+def _move_into_place(staging: Path, output: Path) -> None:
+    """The data files first, the model last: OUT never points at data that is not there yet."""
+    staged = sorted(staging.iterdir(), key=lambda path: path.name == output.name)
+    for path in staged:
+        os.replace(path, output.parent / path.name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,32 +109,26 @@ def run(args: argparse.Namespace) -> int:
     from onnx_norm.rewrite import optimize
 
     source, output = Path(args.input), Path(args.output)
-    if _same_file(source, output) and not args.force:
-        raise UsageError(f"output {output} is the input model; pass --force to overwrite it")
-    try:
+    external = {"auto": None, "always": True, "never": False}[args.external_data]
+    _check_before_work(args, source, output, external)
+    with common.input_errors():
         model, report = optimize(
             str(source), target=args.target, disable=args.disable, take_over_native=args.take_over_native
         )
-    except model_io.ModelLoadError as err:
-        raise UsageError(str(err)) from err
-    external = {"auto": None, "always": True, "never": False}[args.external_data]
     # Written next to OUT under a temporary directory and moved into place only once the parity gate
     # passed, so that a failed or interrupted check never leaves a bad OUT (or replaces a good one).
-    if not output.parent.is_dir():
-        raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
     with tempfile.TemporaryDirectory(prefix=".onnx-norm-", dir=output.parent) as staging:
         staged = Path(staging) / output.name
-        try:
+        with common.input_errors():
             model_io.save(model, staged, external_data=external)
-        except model_io.ModelSaveError as err:
-            raise UsageError(str(err)) from err
         passed = _verify(args, staged)
         if passed:
-            for path in sorted(Path(staging).iterdir()):
-                os.replace(path, output.parent / path.name)
+            _move_into_place(Path(staging), output)
     console = Console()
     print_norms(console, report)
     print_summary(console, report)
+    if args.take_over_native:
+        print_take_over(console, report)
     if args.explain:
         print_near_misses(console, report)
     elif report.near_misses:
@@ -124,6 +140,28 @@ def run(args: argparse.Namespace) -> int:
         return 1
     console.print(f"wrote {output}")
     return 0
+
+
+def print_take_over(console: Console, report: OptimizeReport) -> None:
+    """`--take-over-native`: each native norm node, what it became, or why it was left as it was."""
+    records = report.native_taken_over
+    if not records:
+        console.print("--take-over-native: the model has no native norm ops")
+        return
+    converted = sum(1 for record in records if record["converted"])
+    table = Table(
+        title=f"--take-over-native: {converted} of {len(records)} native norm(s) converted", title_justify="left"
+    )
+    for column in ("node", "op", "now", "why left"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(
+            record["name"] or "-",
+            record["from"],
+            (record["to"] or "-") if record["converted"] else "(kept)",
+            record["reason"] or "-",
+        )
+    console.print(table)
 
 
 def print_summary(console: Console, report: OptimizeReport) -> None:

@@ -62,6 +62,11 @@ def add_parity_args(parser: argparse.ArgumentParser) -> None:
         help="ONNX Runtime graph optimizations for the original model (default: all, as users run it)",
     )
     group.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="pass an output that is NaN/Inf everywhere in both models (by default it fails: nothing to compare)",
+    )
+    group.add_argument(
         "--per-node",
         action="store_true",
         help="also compare every fused norm with the subgraph it replaced, to name the norm that diverged",
@@ -85,20 +90,12 @@ def gate(original: Any, optimized: Any, args: argparse.Namespace, *, console: Co
     return code
 
 
-def _stat(text: str) -> str:
-    if text not in STATS:
-        raise ValueError(text)
-    return text
-
-
 def parity_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """verify() keyword arguments from parsed flags (missing flags take their defaults)."""
-    common.check_positive(getattr(args, "samples", 2), "--samples")
-    common.check_positive(getattr(args, "threads", None), "--threads")
-    error_quantile = getattr(args, "error_quantile", 0.99)
-    if not 0.0 <= error_quantile <= 1.0:
-        raise common.UsageError(f"--error-quantile must be in [0, 1], got {error_quantile}")
-    return {
+    """verify() keyword arguments from parsed flags (missing flags take their defaults), validated by the same
+    function verify() validates its arguments with (`parity.check_options`): bad values exit 2 before any work."""
+    from onnx_norm.parity import check_options
+
+    kwargs = {
         "input_files": getattr(args, "inputs", []) or [],
         "shapes": common.shapes(args) if getattr(args, "shape", None) else None,
         "samples": getattr(args, "samples", 2),
@@ -110,17 +107,22 @@ def parity_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "atol": common.per_output_values(getattr(args, "atol", None), "--atol"),
         "rtol": common.per_output_values(getattr(args, "rtol", None), "--rtol"),
         "check_error_stat": common.per_output_values(
-            getattr(args, "check_error_stat", None), "--check-error-stat", _stat
+            getattr(args, "check_error_stat", None), "--check-error-stat", str
         ),
-        "error_quantile": error_quantile,
+        "error_quantile": getattr(args, "error_quantile", 0.99),
         "golden": getattr(args, "golden", "auto"),
         "per_node": getattr(args, "per_node", False),
+        "allow_nonfinite": getattr(args, "allow_nonfinite", False),
     }
+    with common.input_errors():
+        check_options(**kwargs)
+    return kwargs
 
 
 def run(args: argparse.Namespace) -> int:
     common.check_model_path(args.original, "original model")
     common.check_model_path(args.optimized, "optimized model")
+    common.check_outputs([("--report", args.report)], [args.original, args.optimized])
     code, _ = verify_and_print(args.original, args.optimized, args)
     return code
 

@@ -1,0 +1,168 @@
+"""Files a command reads and writes: the files behind a model, checks of output paths, atomic text writes.
+
+A model is more than its `.onnx` file: its weights may live in external data files named inside it. The CLI checks
+every path it will write before doing any work, and refuses to write over any file an input model reads (the model
+or one of its data files) unless forced, so that no run can destroy the model it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import onnx
+
+
+class OutputError(ValueError):
+    """An output path that cannot or must not be written: reported before any work is done."""
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        yield from _attribute_tensors(node)
+
+
+def _attribute_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        if attr.HasField("g"):
+            yield from _tensors(attr.g)
+        for sub in attr.graphs:
+            yield from _tensors(sub)
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and functions."""
+    yield from _tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from _attribute_tensors(node)
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [tensor for tensor in all_tensors(model) if tensor.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The `location` of every tensor stored as external data (graph, subgraphs, attributes, functions)."""
+    locations = set()
+    for tensor in external_tensors(model):
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+        if location:
+            locations.add(location)
+    return locations
+
+
+def model_files(path: str | os.PathLike) -> list[Path]:
+    """The model file and every external data file it refers to (whether they exist or not). A file that is not a
+    readable model gives just itself: reading it fails later with its own message."""
+    path = Path(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model: the load step names the problem
+        return [path]
+    return [path, *(path.parent / location for location in sorted(external_locations(proto)))]
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same resolved path, or hard links to one inode."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_writable_file(path: str | os.PathLike, what: str) -> Path:
+    """Raises OutputError unless a file can be created or replaced at `path`: its directory exists and is
+    writable, and `path` is not a directory. Probes by creating (and removing) a temporary file, because
+    permission bits do not tell (a read-only mount, or root)."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a directory; give a file path")
+    directory = path.parent
+    if not directory.exists():
+        raise OutputError(f"cannot write {what} {path}: directory {directory} does not exist")
+    if not directory.is_dir():
+        raise OutputError(f"cannot write {what} {path}: {directory} is not a directory")
+    _probe(directory, f"cannot write {what} {path}")
+    return path
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
+    """Raises OutputError unless `path` is a writable directory or can be created as one."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{what} {path} is a file, not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot create {what} {path}: {existing} is not a directory")
+    _probe(existing, f"cannot write {what} {path}")
+    return path
+
+
+def _probe(directory: Path, message: str) -> None:
+    try:
+        handle, name = tempfile.mkstemp(prefix=".onnx-norm-probe-", dir=directory)
+    except OSError as err:
+        raise OutputError(f"{message}: {err.strerror or err}") from None
+    os.close(handle)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def check_outputs(
+    outputs: Iterable[tuple[str, Path]], inputs: Iterable[Path], *, force: bool = False, force_flag: str = "--force"
+) -> None:
+    """Raises OutputError when two outputs are one file, or an output is a file an input model reads (the model or
+    one of its external data files) and `force` is not set. `outputs` are (what, path) pairs."""
+    outputs = list(outputs)
+    read = [(model, file) for model in inputs for file in model_files(model)]
+    for index, (what, path) in enumerate(outputs):
+        for other_what, other in outputs[:index]:
+            if same_file(path, other):
+                raise OutputError(f"{what} and {other_what} are the same file {path}")
+        if force:
+            continue
+        for model, file in read:
+            if same_file(path, file):
+                whose = "the input model" if file == model else f"the external data file of {model}"
+                hint = f"; pass {force_flag} to overwrite it" if force_flag else ""
+                raise OutputError(f"{what} {path} is {whose}{hint}")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to a temporary file next to `path` and renames it into place: a reader never sees half a
+    file, and a failed write leaves the old file as it was."""
+    path = Path(path)
+    handle, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.chmod(staged, _file_mode(path))
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+
+
+def _file_mode(path: Path) -> int:
+    """The mode a new file gets (mkstemp makes it private): the replaced file's, else the umask's default."""
+    with contextlib.suppress(OSError):
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
