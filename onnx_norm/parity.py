@@ -275,9 +275,9 @@ class Comparison:
 
     @property
     def message(self) -> str:
-        if self.metrics is None:
-            return self.verdict
         m = self.metrics
+        if m is None or m.nonfinite_matched == m.total:
+            return self.verdict
         both = f", {m.nonfinite_matched}/{m.total} NaN/Inf in both at the same places" if m.nonfinite_matched else ""
         text = (
             f"{self.verdict} (max abs {m.max_abs:.3g}, max rel {m.max_rel:.3g}, "
@@ -375,7 +375,7 @@ def compare(
         # Nothing finite to compare: agreeing on NaN everywhere says nothing about the computation.
         passed = tolerance.allow_nonfinite
         verdict = f"every element is NaN/Inf in both models ({metrics.total}/{metrics.total})" + (
-            ", allowed" if passed else ": nothing to compare (allow non-finite outputs to accept this)"
+            ", allowed" if passed else ": nothing to compare (--allow-nonfinite, allow_nonfinite=True, accepts it)"
         )
         return Comparison(name, dtype.name, shape, tolerance, passed, verdict, metrics)
     passed = metrics.nonfinite_mismatched == 0 and _stat_passes(absdiff, rel, metrics, tolerance)

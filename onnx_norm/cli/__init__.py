@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 # Each module defines `add_parser(subparsers) -> argparse.ArgumentParser` and sets `func` on it
 # with `parser.set_defaults(func=run)`; `run(args) -> int` returns the exit code.
@@ -20,10 +21,15 @@ class UsageError(Exception):
     """Bad arguments or unreadable input: reported on one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error format: one line on stderr (argparse prints the usage first), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="onnx-norm", description="Fuse decomposed LayerNorm/RMSNorm subgraphs in ONNX models."
-    )
+    parser = _Parser(prog="onnx-norm", description="Fuse decomposed LayerNorm/RMSNorm subgraphs in ONNX models.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
