@@ -117,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
             original = source / name
             optimized = out_dir / name.replace(".onnx", ".optimized.onnx")
             console.rule(f"[bold]{name}")
-            console.print(f"[bold]$ onnx-norm inspect {original}", highlight=False)
+            console.print(f"[bold]$ onnx-norm inspect {original}", highlight=False, soft_wrap=True)
             _subcommand(["inspect", str(original)])
-            console.print(f"[bold]$ onnx-norm optimize {original} -o {optimized}", highlight=False)
+            console.print(f"[bold]$ onnx-norm optimize {original} -o {optimized}", highlight=False, soft_wrap=True)
             code = _subcommand(["optimize", str(original), "-o", str(optimized)])
             if code != 0 or not optimized.is_file():
                 console.print(f"[bold red]optimize failed on {name} (exit {code})")
@@ -135,13 +135,13 @@ def run(args: argparse.Namespace) -> int:
             # The verify and bench steps run exactly the command lines they echo: parsed by the CLI's parser.
             verify_argv = ["verify", str(original), str(optimized), "--per-node", "--shape", *shapes]
             verify_argv += _runtime_flags(args)
-            console.print(f"[bold]$ {common.command_line(verify_argv)}", highlight=False)
+            console.print(f"[bold]$ {common.command_line(verify_argv)}", highlight=False, soft_wrap=True)
             verify_args = build_parser().parse_args(verify_argv)
             verify_code, _ = verify_and_print(str(original), str(optimized), verify_args, console=console)
             bench_argv = ["bench", str(original), str(optimized), "--warmup", str(args.warmup)]
             bench_argv += ["--repeat", str(args.repeat), "--sessions", str(args.sessions), "--shape", *shapes]
             bench_argv += _runtime_flags(args)
-            console.print(f"[bold]$ {common.command_line(bench_argv)}", highlight=False)
+            console.print(f"[bold]$ {common.command_line(bench_argv)}", highlight=False, soft_wrap=True)
             kwargs = bench_kwargs(build_parser().parse_args(bench_argv))
             report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)
             low, high = report.speedup_ci95

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         passed = _verify(args, staged)
         if passed:
             _move_into_place(Path(staging), output)
-    console = Console()
+    console = common.console()
     print_norms(console, report)
     print_summary(console, report)
     if args.take_over_native:
