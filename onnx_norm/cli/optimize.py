@@ -45,12 +45,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
     parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
-    parser.add_argument("--force", action="store_true", help="allow OUT to be IN (overwrite the input model)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="allow OUT (or its .data file) to be a file IN reads: the input model or its external data",
+    )
     parser.add_argument(
         "--external-data",
         choices=("auto", "always", "never"),
         default="auto",
-        help="save weights in OUT.data: auto when the input had external data or the model exceeds 2 GB",
+        help="save weights in OUT.data: auto when the input had external data or the model exceeds 2 GB; always "
+        "(every non-empty tensor); never (every tensor in OUT, an error above 2 GB)",
     )
     add_verify_args(parser)
     parser.set_defaults(func=run)
