@@ -124,12 +124,19 @@ def _probe(directory: Path, message: str) -> None:
 
 
 def check_outputs(
-    outputs: Iterable[tuple[str, Path]], inputs: Iterable[Path], *, force: bool = False, force_flag: str = "--force"
+    outputs: Iterable[tuple[str, Path]],
+    inputs: Iterable[Path],
+    *,
+    force: bool = False,
+    force_flag: str = "--force",
+    data: Iterable[Path] = (),
 ) -> None:
     """Raises OutputError when two outputs are one file, or an output is a file an input model reads (the model or
-    one of its external data files) and `force` is not set. `outputs` are (what, path) pairs."""
+    one of its external data files) or an input data file (`data`), and `force` is not set. `outputs` are
+    (what, path) pairs."""
     outputs = list(outputs)
     read = [(model, file) for model in inputs for file in model_files(model)]
+    read += [(None, Path(file)) for file in data]
     for index, (what, path) in enumerate(outputs):
         for other_what, other in outputs[:index]:
             if same_file(path, other):
@@ -138,7 +145,10 @@ def check_outputs(
             continue
         for model, file in read:
             if same_file(path, file):
-                whose = "the input model" if file == model else f"the external data file of {model}"
+                if model is None:
+                    whose = "an input data file"
+                else:
+                    whose = "the input model" if file == model else f"the external data file of {model}"
                 hint = f"; pass {force_flag} to overwrite it" if force_flag else ""
                 raise OutputError(f"{what} {path} is {whose}{hint}")
 

@@ -78,6 +78,7 @@ class Files:
             "new": "new.onnx",
             "report": "report.json",
             "no_dir": "no/such/dir/out.onnx",
+            "sample": "sample.npz",
         }
         return str(self.root / names[name])
 
@@ -95,6 +96,7 @@ def files(tmp_path: Path) -> Files:
     (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 2])
     (tmp_path / "notes.onnx").write_text("these are my notes, not a model\n")
     (tmp_path / "folder.onnx").mkdir()
+    np.savez(tmp_path / "sample.npz", x=np.zeros((1, 4, HIDDEN), np.float32))
     invalid = layer_norm_model()
     del invalid.opset_import[:]
     onnx.save(invalid, tmp_path / "no_opset.onnx")
@@ -183,6 +185,16 @@ CASES = [
     ("verify-report-no-dir", lambda f: ["verify", f.good, f.opt, "--report", f.no_dir], "does not exist"),
     ("verify-report-is-input", lambda f: ["verify", f.good, f.opt, "--report", f.opt], "is the input model"),
     ("verify-report-is-data", lambda f: ["verify", f.shared, f.opt, "--report", f"{f.shared_out}.data"], "external"),
+    (
+        "verify-report-is-input-data",
+        lambda f: ["verify", f.good, f.opt, "--inputs", f.sample, "--report", f.sample],
+        "is an input data file",
+    ),
+    (
+        "verify-report-is-named-input-data",
+        lambda f: ["verify", f.good, f.opt, "--inputs", f"x:{f.sample}", "--report", f.sample],
+        "is an input data file",
+    ),
     ("verify-negative-atol", lambda f: ["verify", f.good, f.opt, "--atol", "-1"], "atol -1.0 must be"),
     ("verify-negative-rtol", lambda f: ["verify", f.good, f.opt, "--rtol", "y:-0.5"], "rtol y:-0.5 must be"),
     ("verify-atol-typo", lambda f: ["verify", f.good, f.opt, "--atol", "typo:1e-3"], "atol names 'typo'"),
@@ -200,6 +212,11 @@ CASES = [
     ("bench-huge-shape", lambda f: ["bench", f.good, f.opt, "--shape", "sequence:100000000000"], "GiB per sample"),
     ("bench-report-unwritable", lambda f: ["bench", f.good, f.opt, "--report", f"{UNWRITABLE}/b.json"], "cannot"),
     ("bench-report-is-input", lambda f: ["bench", f.good, f.opt, "--report", f.good], "is the input model"),
+    (
+        "bench-report-is-input-data",
+        lambda f: ["bench", f.good, f.opt, "--inputs", f.sample, "--report", f.sample],
+        "is an input data file",
+    ),
     ("bench-plot-no-dir", lambda f: ["bench", f.good, f.opt, "--plot", f.no_dir], "does not exist"),
     ("bench-negative-repeat", lambda f: ["bench", f.good, f.opt, "--repeat", "0"], "--repeat must be > 0"),
     # demo

@@ -115,17 +115,20 @@ def check_outputs(
     force: bool = False,
     force_flag: str = "",
     files: Sequence[tuple[str, Path]] = (),
+    input_data: Sequence[str] = (),
 ) -> None:
     """Before any work: every output file (`(flag, path)`, None when not asked) can be written, no two are one
-    file, and none is a file an input model reads (the model or its external data) unless `force`. `files` are
-    further files written beside an output (its external data), checked for clashes only."""
+    file, and none is a file an input model reads (the model or its external data) or an `--inputs` file
+    (`NAME:FILE` or `FILE`) unless `force`. `files` are further files written beside an output (its external data),
+    checked for clashes only."""
     from onnx_norm.paths import OutputError, check_outputs, check_writable_file
 
     given = [(flag, Path(path)) for flag, path in outputs if path is not None]
+    data = [Path(item.partition(":")[2] if ":" in item and not Path(item).exists() else item) for item in input_data]
     try:
         for flag, path in given:
             check_writable_file(path, flag)
-        check_outputs([*given, *files], [Path(p) for p in inputs], force=force, force_flag=force_flag)
+        check_outputs([*given, *files], [Path(p) for p in inputs], force=force, force_flag=force_flag, data=data)
     except OutputError as err:
         raise UsageError(str(err)) from None
 

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.optimized is not None:
         common.check_model_path(args.optimized, "optimized model")
         models.append(args.optimized)
-    common.check_outputs([("--report", args.report), ("--plot", args.plot)], models)
+    common.check_outputs([("--report", args.report), ("--plot", args.plot)], models, input_data=args.inputs)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:

@@ -95,6 +95,7 @@ def _check_before_work(args: argparse.Namespace, source: Path, output: Path, ext
         force=args.force,
         force_flag="--force",
         files=data,
+        input_data=args.inputs,
     )
     if args.verify:
         from onnx_norm.cli.verify import parity_kwargs

@@ -122,7 +122,7 @@ def parity_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     common.check_model_path(args.original, "original model")
     common.check_model_path(args.optimized, "optimized model")
-    common.check_outputs([("--report", args.report)], [args.original, args.optimized])
+    common.check_outputs([("--report", args.report)], [args.original, args.optimized], input_data=args.inputs)
     code, _ = verify_and_print(args.original, args.optimized, args)
     return code
 
