@@ -228,13 +228,18 @@ def _collect_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node]:
     nodes: list[ir.Node] = []
     seen_nodes: set[ir.Node] = set()
     seen: set[ir.Value] = set()
+    folded: list[ir.Value] = []
     stack = [y]
     while stack:
         value = stack.pop()
         if value in seen:
             continue
         seen.add(value)
-        if value in stops or constants.is_constant(value):
+        if value in stops:
+            continue
+        if constants.is_constant(value):
+            if not constants.is_direct_constant(value):
+                folded.append(value)
             continue
         node = value.producer()
         if node is None:
@@ -245,6 +250,11 @@ def _collect_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node]:
             if len(nodes) > _MAX_MATCH_NODES:
                 raise NearMiss("subgraph too large")
         stack.extend(v for v in node.inputs if v is not None)
+    for value in folded:  # constants that read the norm's own values for their type go with the norm
+        for node in constants.type_readers(value, seen_nodes):
+            if node not in seen_nodes:
+                seen_nodes.add(node)
+                nodes.append(node)
     return nodes
 
 
@@ -481,6 +491,7 @@ def _build(
     epsilon = float(np.asarray(eps_array, dtype=np.float64).reshape(()))
     if not np.isfinite(epsilon) or epsilon < 0:
         raise NearMiss(f"epsilon {epsilon} is not a non-negative number", eps_value)
+    epsilon /= statistic.correction  # sqrt(c * var + eps) = sqrt(c) * sqrt(var + eps / c)
 
     # The normalised value must be data^1 * (stat + eps)^-1/2 times constants.
     if factors is None:
@@ -556,7 +567,11 @@ def _build(
                     continue
                 if _is_input_cast(node, x):
                     kept.add(node)
-                    continue
+                    # The Casts it reads stay too: look at them again now that a kept node reads them (Mamba's
+                    # `hidden.to(float32)` twice, the residual reading the second).
+                    node_set.discard(node)
+                    changed = True
+                    break
                 if _is_input_shape(node, x):
                     shape_kept.add(node)
                     node_set.discard(node)  # what it reads is now read from outside the match too
@@ -609,6 +624,9 @@ def _build(
     scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"] + factors.constants
     scale_terms = [(v, e) for v, e in scale_terms if v is not None and not _is_one(v)]
     scale_array = _fold_product(scale_terms)
+    if statistic.correction != 1.0:  # the sqrt(c) taken out of the square root
+        correction = np.asarray(statistic.correction**-0.5)
+        scale_array = correction if scale_array is None else scale_array * correction
     scale_value: ir.Value | None = None
     new_constants: dict[str, np.ndarray] = {}
     row_scale: np.ndarray | None = None
@@ -618,7 +636,8 @@ def _build(
             row_scale = None
     scale_dtype = _constant_dtype([v for v, _ in scale_terms])
     if row_scale is not None:
-        only = scale_terms[0][0] if len(scale_terms) == 1 and scale_terms[0][1] == 1 else None
+        alone = len(scale_terms) == 1 and scale_terms[0][1] == 1 and statistic.correction == 1.0
+        only = scale_terms[0][0] if alone else None
         if perm is None and only is not None and _tensor_fits(only, row_scale):
             scale_value = only
         else:

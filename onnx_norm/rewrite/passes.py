@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import Session, make_rules
@@ -51,7 +52,8 @@ class FuseNormsPass(ir.passes.InPlacePass):
         session = self.session
         report = OptimizeReport(target=session.target, ops_before=op_counts(model))
         stored = _infer_shapes(model) if self.infer_shapes else {}
-        count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
+        with constants.folding():
+            count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
         _restore_shapes(model, stored)
         taken_over: list = []
         if self.take_over_native:
