@@ -60,6 +60,12 @@ def _reduce(fn: Callable) -> Callable:
     return run
 
 
+def _global_average_pool(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    return np.asarray(np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)).astype(x.dtype)
+
+
 def _unsqueeze(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     x = inputs[0]
     assert x is not None
@@ -275,6 +281,7 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Identity": lambda node, inputs: inputs[0],  # type: ignore[dict-item]
     "ReduceMean": _errstate(_reduce(np.mean)),
     "ReduceSum": _errstate(_reduce(np.sum)),
+    "GlobalAveragePool": _errstate(_global_average_pool),
     "ReduceProd": _errstate(_reduce(np.prod)),
     "ReduceMax": _reduce(np.max),
     "ReduceMin": _reduce(np.min),

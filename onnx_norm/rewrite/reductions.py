@@ -22,8 +22,9 @@ _REL_TOLERANCE = {
     ir.DataType.FLOAT16: 2.0**-10,
     ir.DataType.BFLOAT16: 2.0**-7,
 }
-#: The reductions a row mean is made of.
-REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare")
+#: The reductions a row mean is made of. `GlobalAveragePool` is the mean over every dim after the first two, dims
+#: kept: tf2onnx writes Keras' mean over the last axis of a rank-3 tensor as one below opset 18.
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool")
 _FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
@@ -80,6 +81,8 @@ def _from_end(axes: list[int], rank: int | None) -> tuple[int, ...] | None:
 
 def reduction_axes(node: ir.Node, rank: int | None) -> tuple[int, ...] | None:
     """Axes of a Reduce* node counted from the end, or None when they are not constant."""
+    if node.op_type == "GlobalAveragePool":
+        return None if rank is None or rank < 3 else tuple(range(2 - rank, 0))
     axes = _raw_axes(node)
     if axes is None:
         return None
