@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from onnx_norm.rewrite import constants
+from onnx_norm.rewrite import constants, silent
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import Session, make_rules
@@ -54,6 +54,9 @@ class FuseNormsPass(ir.passes.InPlacePass):
         stored = _infer_shapes(model) if self.infer_shapes else {}
         with constants.folding():
             count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
+        if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
+            for node, graph, miss in silent.silent_misses(model, session.open_near_miss_nodes()):
+                session.near_miss(node, graph, miss)
         _restore_shapes(model, stored)
         taken_over: list = []
         if self.take_over_native:

@@ -102,6 +102,9 @@ class Session:
         self._near_misses[key] = (record, node)
         logger.info("not fused at %s: %s", node.name, miss.reason)
 
+    def open_near_miss_nodes(self) -> list[ir.Node]:
+        return [node for _record, node in self._near_misses.values() if node not in self._replaced]
+
     def replaced(self, nodes: Iterable[ir.Node]) -> None:
         self._replaced.update(nodes)
 
