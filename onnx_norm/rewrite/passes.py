@@ -115,6 +115,11 @@ def _infer_shapes(model: ir.Model) -> Shapes:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
+    if _reshapes_to_own_shape(model.graph):
+        try:
+            common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
+        except Exception as err:  # best effort, as above
+            logger.info("shape inference after Reshape-to-own-shape failed: %s", err)
     stored: Shapes = {}
     if _reductions_without_shape(model.graph):
         stored = _stored_shapes(model)
@@ -125,6 +130,28 @@ def _infer_shapes(model: ir.Model) -> Shapes:
         except Exception as err:  # same: a function without shapes only yields near-misses
             logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
     return stored
+
+
+def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
+    """Gives `Reshape(a, Shape(a))` and `Expand(a, Shape(a))` (a no-op some exporters write) the shape of `a`, which
+    onnx's inference leaves unknown when `a` has symbolic dims; True when it set any."""
+    changed = False
+    for node in graph:
+        if node.op_type not in ("Reshape", "Expand") or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        source, target = node.inputs[0], node.inputs[1]
+        shape_node = None if target is None else target.producer()
+        if source is None or source.shape is None or shape_node is None or shape_node.op_type != "Shape":
+            continue
+        if shape_node.inputs[0] is not source or shape_node.attributes.get("start") or "end" in shape_node.attributes:
+            continue
+        output = node.outputs[0]
+        if output.shape is None or _vague(output.shape):
+            output.shape = ir.Shape(list(source.shape))
+            if output.type is None and source.type is not None:
+                output.type = source.type
+            changed = True
+    return changed
 
 
 #: Models with more tensor bytes than this are not serialised again for ONNX Runtime's symbolic shape inference.
