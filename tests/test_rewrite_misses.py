@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from test_rewrite_support import FLOAT, assert_fused, const, make_model
+from test_rewrite_support import FLOAT, FLOAT16, assert_fused, const, make_model
 
 D = 16
 rng = np.random.default_rng(21)
@@ -129,3 +129,31 @@ def test_centred_over_another_axis_is_an_rms_norm_of_the_centred_value():
     )
     optimized, _report = assert_fused(model, SHAPES, ["RMSNorm"])
     assert [n.op_type for n in optimized.graph.node if n.domain == ""] == ["ReduceMean", "Sub"]
+
+
+def test_float16_keep_io_types_casts_the_input_once_per_reader():
+    """onnxconverter-common's float16 conversion with `keep_io_types=True` writes one `Cast(input -> fp16)` per
+    reader, so the mean and the centring read two identical Casts: one input, under two names."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x_to_mean"], to=FLOAT16),
+        helper.make_node("Cast", ["x"], ["x_to_sub"], to=FLOAT16),
+        helper.make_node("ReduceMean", ["x_to_mean"], ["mean"], axes=[-1]),
+        helper.make_node("Sub", ["x_to_sub", "mean"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["nw"]),
+        helper.make_node("Add", ["nw", "b"], ["y16"]),
+        helper.make_node("Cast", ["y16"], ["y"], to=FLOAT),
+    ]
+    inits = [
+        const("eps", 1e-5, np.float16),
+        const("w", GAMMA.reshape(-1).astype(np.float16)),
+        const("b", BETA.reshape(-1).astype(np.float16)),
+    ]
+    model = make_model(nodes, [("x", FLOAT, ["b", 5, D])], [("y", FLOAT, None)], inits, opset=17)
+    optimized, _report = assert_fused(model, SHAPES, ["LayerNorm"], rtol=1e-2, atol=1e-2)
+    assert [n.op_type for n in optimized.graph.node].count("Cast") == 2  # one input Cast left, and the output's
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import warnings
 
 import numpy as np
@@ -153,3 +154,34 @@ def test_a_proof_is_not_reused_for_another_candidate():
     candidate.spec = dataclasses.replace(candidate.spec, attrs=wrong)
     reason = session.proven(candidate)
     assert reason is not None and "proof failed" in reason
+
+
+def test_long_runs_say_what_they_do(monkeypatch, caplog):
+    """Stages and (every PROGRESS_SECONDS while matching) how far matching got, at INFO."""
+    monkeypatch.setattr(rules, "PROGRESS_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO, logger="onnx_norm"):
+        optimize(_two_norms())
+    messages = [r.getMessage() for r in caplog.records]
+    for stage in ("inferring shapes", "matching and proving norms", "removing what the 2 fused norm(s) replaced"):
+        assert any(m.startswith(stage) for m in messages), messages
+    assert any(m.startswith("matching: ") and "norm(s) fused" in m for m in messages), messages
+
+
+def test_inline_save_writes_large_tensors_one_at_a_time(tmp_path, monkeypatch):
+    """The streamed file reads back as the same model as onnx-ir's own serialisation."""
+    from onnx_norm import model_io
+
+    model = mamba_block()
+    big = np.random.default_rng(0).standard_normal((64, D)).astype(np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(big, "big"))
+    monkeypatch.setattr(model_io, "STREAMED_TENSOR_BYTES", 64)  # "w" (64 bytes) and "big" are streamed
+    ir_model = model_io.load(model)
+    model_io.save(ir_model, tmp_path / "streamed.onnx", external_data=False)
+    streamed = onnx.load(tmp_path / "streamed.onnx")
+    expected = ir.serde.serialize_model(ir_model)
+    onnx.checker.check_model(streamed)
+    assert {t.name: t for t in streamed.graph.initializer} == {t.name: t for t in expected.graph.initializer}
+    assert list(streamed.graph.node) == list(expected.graph.node)
+    assert ir_model.graph.initializers["big"].const_value is not None  # the model itself is left as it was
+    feeds = random_feeds(model, {"x": [2, 3, D]})
+    np.testing.assert_array_equal(run(streamed, feeds)[0], run(model, feeds)[0])

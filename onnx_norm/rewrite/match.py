@@ -70,6 +70,7 @@ class Candidate:
     proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
     kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
     recast: list[ir.Node] = dataclasses.field(default_factory=list)  # kept Casts re-made from the fused Sum
+    aliases: list[ir.Value] = dataclasses.field(default_factory=list)  # identical Casts of the input's source
 
 
 @dataclasses.dataclass
@@ -273,6 +274,20 @@ def _is_input_cast(node: ir.Node, x: ir.Value) -> bool:
         if producer is None:
             return False
         current = producer
+
+
+def _twin_casts(x: ir.Value) -> list[ir.Value]:
+    """Other Casts of what `x` is a Cast of, to the same type: the same values under other names (onnxconverter's
+    float16 conversion with `keep_io_types` casts an input once per reader)."""
+    node = x.producer()
+    if node is None or not is_float_cast(node) or node.inputs[0] is None:
+        return []
+    to = node.attributes["to"].value
+    return [
+        use.node.outputs[0]
+        for use in node.inputs[0].uses()
+        if use.node is not node and is_float_cast(use.node) and use.node.attributes["to"].value == to
+    ]
 
 
 def _is_input_shape(node: ir.Node, x: ir.Value, depth: int = 0) -> bool:
@@ -544,8 +559,10 @@ def _build(
 
     # The nodes the fused op replaces and what else reads them.
     strip_all = strip_casts(x_prime)
-    stops = {x, strip_all}
+    twins = _twin_casts(x)
+    stops = {x, strip_all, *twins}
     nodes = _collect_nodes(y, stops)
+    aliases = [t for t in twins if any(t in node.inputs for node in nodes)]
     if strip_all is not x and any(strip_all in node.inputs for node in nodes):
         raise NearMiss("the subgraph reads the input both before and after a narrowing Cast", x)
     node_set = set(nodes)
@@ -720,6 +737,7 @@ def _build(
         cast_placement=casts.describe(x.dtype, x_prime.dtype, rounding),
         anchor=anchor,
         x_value=x,
+        aliases=aliases,
         proof_shape=proof_shape,
         kept=kept_order,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,7 +52,11 @@ class FuseNormsPass(ir.passes.InPlacePass):
 
         session = self.session
         report = OptimizeReport(target=session.target, ops_before=op_counts(model))
+        progress = _Progress()
+        if self.infer_shapes:
+            progress.step(f"inferring shapes ({sum(report.ops_before.values())} nodes)")
         stored = _infer_shapes(model) if self.infer_shapes else {}
+        progress.step("matching and proving norms")
         with constants.folding():
             count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
         if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
@@ -65,6 +70,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
             taken_over = list(native.take_over(model, session.target))
         modified = bool(count) or any(record.get("converted") for record in taken_over)
         if modified:
+            progress.step(f"removing what the {count} fused norm(s) replaced")
             common_passes.RemoveUnusedNodesPass()(model)
             common_passes.RemoveUnusedOpsetsPass()(model)
             if session.target == "onnx-norm":
@@ -80,9 +86,22 @@ class FuseNormsPass(ir.passes.InPlacePass):
         report.native_taken_over = [_as_dict(r) for r in taken_over]
         report.ops_after = op_counts(model)
         self.report = report
+        progress.step("done")
         if count:
             logger.info("fused %d norm(s): %s", count, counts)
         return ir.passes.PassResult(model, modified)
+
+
+class _Progress:
+    """INFO lines at each stage of a run, with the time the previous stage took (long runs say what they do)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+
+    def step(self, what: str) -> None:
+        now = time.perf_counter()
+        logger.info("%s (previous step %.1f s, %.1f s in all)", what, now - self.last, now - self.start)
+        self.last = now
 
 
 def _as_dict(record) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable
 
 import numpy as np
@@ -38,6 +39,9 @@ from onnx_norm.rewrite.spec import TARGETS
 from onnx_norm.rewrite.structure import NearMiss
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between progress lines (INFO) while matching.
+PROGRESS_SECONDS = 10.0
 
 RULE_NAMES = ("skip_layer_norm", "skip_rms_norm", "layer_norm_channels_first", "layer_norm", "rms_norm")
 _RULE_KINDS = {
@@ -74,11 +78,14 @@ class Session:
         self._last: tuple[ir.Node, Candidate | None] | None = None
         self._proven: dict[tuple, str | None] = {}
         self._main_graph: ir.Graph | None = None
+        self._examined = 0
+        self._reported = time.perf_counter()
 
     # -- matching, cached per node: the rules try the same node one after the other
     def candidate(self, node: ir.Node, graph: ir.Graph | ir.Function) -> Candidate | None:
         if self._last is not None and self._last[0] is node:
             return self._last[1]
+        self._progress()
         result: Candidate | None = None
         kinds = frozenset(k for name, k in _RULE_KINDS.items() if name not in self.disabled)
         try:
@@ -90,6 +97,19 @@ class Session:
             self.near_miss(node, graph, NearMiss(f"not analysed ({type(err).__name__}: {err})"))
         self._last = (node, result)
         return result
+
+    def _progress(self) -> None:
+        """An INFO line every few seconds while matching: how far it got (a large model takes minutes)."""
+        self._examined += 1
+        now = time.perf_counter()
+        if now - self._reported >= PROGRESS_SECONDS:
+            self._reported = now
+            logger.info(
+                "matching: %d candidate end node(s) examined, %d norm(s) fused, %d near-miss(es) so far",
+                self._examined,
+                len(self.records),
+                len(self._near_misses),
+            )
 
     def near_miss(self, node: ir.Node, graph: ir.Graph | ir.Function, miss: NearMiss) -> None:
         key = (id(graph), node.name or str(id(node)))
