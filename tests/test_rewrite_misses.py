@@ -156,4 +156,3 @@ def test_float16_keep_io_types_casts_the_input_once_per_reader():
     model = make_model(nodes, [("x", FLOAT, ["b", 5, D])], [("y", FLOAT, None)], inits, opset=17)
     optimized, _report = assert_fused(model, SHAPES, ["LayerNorm"], rtol=1e-2, atol=1e-2)
     assert [n.op_type for n in optimized.graph.node].count("Cast") == 2  # one input Cast left, and the output's
-
