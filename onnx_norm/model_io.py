@@ -300,7 +300,7 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
                     logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", path, data_name)
                 ir.save(ir_model, staged, external_data=data_name, size_threshold_bytes=threshold)
             else:
-                ir.save(ir_model, staged)
+                _save_inline(ir_model, staged)
         staged_data = staging / data_name
         if staged_data.exists() and staged_data.stat().st_size == 0:
             staged_data.unlink()  # nothing went external: no empty data file beside the model
@@ -311,6 +311,71 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
         raise ModelSaveError(f"{path}: cannot write: {err.strerror or err}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+#: Initializers from this size on are written one at a time by `_save_inline`.
+STREAMED_TENSOR_BYTES = 1 << 20
+
+
+def _save_inline(model: ir.Model, path: pathlib.Path) -> None:
+    """`ir.save` without external data, but with the main graph's large initializers serialised one at a time.
+
+    Serialising the whole model at once holds the weights three times (the model, its ModelProto, the bytes);
+    protobuf fields may come in any order and a repeated field may be written piecewise, so the model is written
+    without them and each initializer appended to the graph field, holding one tensor at a time."""
+    large = [
+        v
+        for v in model.graph.initializers.values()
+        if v.const_value is not None and v.const_value.nbytes >= STREAMED_TENSOR_BYTES
+    ]
+    if not large:
+        ir.save(model, path)
+        return
+    tensors = [(v, v.const_value) for v in large]
+    serde_logger = logging.getLogger(ir.serde.__name__)
+    level = serde_logger.level
+    serde_logger.setLevel(logging.ERROR)  # "initializer without a constant value": the ones written below
+    try:
+        for value in large:
+            value.const_value = None
+        proto = ir.serde.serialize_model(model)
+    finally:
+        serde_logger.setLevel(level)
+        for value, tensor in tensors:
+            value.const_value = tensor
+    graph = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+    head = proto.SerializeToString()
+
+    def tensor_proto(value: ir.Value, tensor) -> onnx.TensorProto:
+        made = ir.serde.serialize_tensor(tensor)
+        made.name = value.name
+        return made
+
+    sizes = [tensor_proto(v, t).ByteSize() for v, t in tensors]
+    fields = sum(1 + len(_varint(size)) + size for size in sizes)
+    with open(path, "wb") as file:
+        file.write(head)
+        file.write(b"\x3a" + _varint(len(graph) + fields))  # ModelProto.graph: field 7, length-delimited
+        file.write(graph)
+        for (value, tensor), size in zip(tensors, sizes, strict=True):
+            data = tensor_proto(value, tensor).SerializeToString()
+            assert len(data) == size
+            file.write(b"\x2a" + _varint(size))  # GraphProto.initializer: field 5, length-delimited
+            file.write(data)
+            del data
+
+
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = number & 0x7F
+        number >>= 7
+        if number:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 def proto_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:

@@ -1,25 +1,56 @@
 """Constants inside a norm: epsilon, exponents, divisors, axes, and scale/bias folded from constant expressions.
 
-A value is constant when it is an initializer that is not also a graph input (an input can be overridden at run
-time), the output of a `Constant` node, or computed from such values only (Gemma's `1 + w`, `Cast(w)`,
-`Flatten(scale)`), in which case it is folded with the numpy interpreter. A `Shape` counts as constant input to
-such a computation when the result does not depend on its symbolic dims (TorchScript's `x.shape[-1]` as the
-divisor of a mean, the last dim being static).
+A value is constant when it is computed only from
+
+- initializers that are not also graph inputs (an input can be overridden at run time),
+- `Constant` nodes, whichever attribute holds the value (`value`, `value_float(s)`, `value_int(s)`),
+- the type or static shape of runtime values: `CastLike`'s second input gives a type, not a value (onnxscript
+  writes `mean + 1e-5` as `Add(mean, CastLike(Constant(1e-5), mean))`); `Shape` and `Size` read only dims
+  (TorchScript's `x.shape[-1]` as the divisor of a mean, ONNX's RMSNormalization expansion computing its axes as
+  `Range(axis + Size(Shape(X)), Size(Shape(X)))`),
+
+through the ops of the numpy interpreter (evaluate.py: arithmetic, Cast, Range, ConstantOfShape, Identity,
+Reshape, Expand, Concat, Gather, ...). A `Shape` of symbolic dims counts when the result does not depend on them.
+
+Why not onnxscript's or onnx-ir's constant folding: both fold by rewriting the graph (a folded value becomes a new
+initializer or Constant node), and the user's graph must not change except where a norm is fused. Here nothing is
+written back; a value is evaluated when a matcher asks for it, and inside `folding()` (one per `FuseNormsPass`
+run) each value is evaluated once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from fractions import Fraction
 
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.rewrite.evaluate import SUPPORTED_OPS, EvaluationError, evaluate, static_shape
+from onnx_norm.rewrite.evaluate import SHAPE_OPS, SUPPORTED_OPS, EvaluationError, evaluate, static_shape
 
 #: Constant expressions larger than this are not folded (a scale or bias is one row of the normalised dims).
 MAX_FOLD_ELEMENTS = 1 << 24
 _MAX_FOLD_NODES = 32
 _FILLS = (1_000_003, 2_000_029)  # sizes no static dim has
+#: Folded arrays up to this many elements are kept for the rest of the pass (epsilons, axes, divisors, rows).
+_CACHE_ELEMENTS = 1 << 16
+_MISSING = object()
+_cache: contextvars.ContextVar[dict[ir.Value, np.ndarray | None] | None] = contextvars.ContextVar(
+    "onnx_norm_constants", default=None
+)
+
+
+@contextlib.contextmanager
+def folding() -> Iterator[None]:
+    """Remembers folded values until the block ends: within it the graph's constant expressions must not change
+    (a rewrite replaces computed values, never the constants they are made of)."""
+    token = _cache.set({})
+    try:
+        yield
+    finally:
+        _cache.reset(token)
 
 
 def is_direct_constant(value: ir.Value) -> bool:
@@ -30,15 +61,35 @@ def is_direct_constant(value: ir.Value) -> bool:
 
 
 def is_constant(value: ir.Value | None) -> bool:
-    """True when `value` depends on constants only (no graph input, no runtime value)."""
+    """True when `value` depends on constants only (no graph input, no runtime value beyond its type)."""
     if value is None:
         return False
+    if value.const_value is not None and not value.is_graph_input():
+        return value.const_value.size <= MAX_FOLD_ELEMENTS
     nodes = _constant_nodes(value)
     if nodes is None:
         return False
-    if any(n.op_type == "Shape" and static_shape(n) is None for n in nodes):
+    if any(_reads_symbolic_dims(n) for n in nodes):
         return constant_array(value) is not None
     return True
+
+
+def _reads_symbolic_dims(node: ir.Node) -> bool:
+    return node.op_type in SHAPE_OPS and static_shape(node) is None
+
+
+def _type_only_inputs(node: ir.Node) -> list[ir.Value] | None:
+    """The inputs whose values `node` reads (the others give only a type or shape); None when `node` depends on
+    a runtime value it cannot be folded without."""
+    if node.op_type == "Constant":
+        return []
+    if node.op_type in SHAPE_OPS:
+        return [] if static_shape(node, fill=1) is not None else None
+    if node.op_type == "CastLike":
+        if len(node.inputs) != 2 or node.inputs[1] is None or node.inputs[1].dtype is None:
+            return None
+        return [node.inputs[0]] if node.inputs[0] is not None else None
+    return [v for v in node.inputs if v is not None]
 
 
 def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
@@ -61,20 +112,56 @@ def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
         nodes.append(node)
         if len(nodes) > _MAX_FOLD_NODES:
             return None
-        if node.op_type == "Constant" or (node.op_type == "Shape" and static_shape(node, fill=1) is not None):
-            continue
-        stack.extend(v for v in node.inputs if v is not None)
+        read = _type_only_inputs(node)
+        if read is None:
+            return None
+        stack.extend(read)
     return nodes
+
+
+def type_readers(value: ir.Value, inside: set[ir.Node]) -> list[ir.Node]:
+    """The nodes of `value`'s constant expression that read a value produced `inside` (for its type or shape
+    only), with the nodes between them and `value`: they go when the nodes inside are replaced
+    (`CastLike(Constant(1e-5), mean)` reads the norm's own mean)."""
+    nodes = _constant_nodes(value)
+    if not nodes:
+        return []
+    node_set = set(nodes)
+    tainted: set[ir.Node] = set()
+    for node in reversed(nodes):  # collected from `value` up: reversed, inputs come before their readers
+        for input_value in node.inputs:
+            if input_value is None:
+                continue
+            producer = input_value.producer()
+            if producer in inside or (producer in node_set and producer in tainted):
+                tainted.add(node)
+    return [n for n in nodes if n in tainted]
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:
     """The value of a constant or constant expression, or None when it is not constant."""
     if value is None:
         return None
+    cache = _cache.get()
+    if cache is not None:
+        found = cache.get(value, _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
+    array = _fold(value)
+    if cache is not None and (array is None or array.size <= _CACHE_ELEMENTS):
+        cache[value] = array
+    return array
+
+
+def _fold(value: ir.Value) -> np.ndarray | None:
+    if value.const_value is not None and not value.is_graph_input():
+        if value.const_value.size > MAX_FOLD_ELEMENTS:
+            return None
+        return value.const_value.numpy()
     nodes = _constant_nodes(value)
     if nodes is None:
         return None
-    symbolic = any(n.op_type == "Shape" and static_shape(n) is None for n in nodes)
+    symbolic = any(_reads_symbolic_dims(n) for n in nodes)
     try:
         (array,) = evaluate([value], {}, symbolic_fill=_FILLS[0] if symbolic else None)
         if symbolic:
@@ -82,7 +169,7 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
             (other,) = evaluate([value], {}, symbolic_fill=_FILLS[1])
             if other.shape != array.shape or not np.array_equal(other, array):
                 return None
-    except (EvaluationError, ValueError, TypeError, IndexError):
+    except (EvaluationError, ValueError, TypeError, IndexError, AssertionError):
         return None
     return array
 

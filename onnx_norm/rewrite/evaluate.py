@@ -60,6 +60,12 @@ def _reduce(fn: Callable) -> Callable:
     return run
 
 
+def _global_average_pool(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    return np.asarray(np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)).astype(x.dtype)
+
+
 def _unsqueeze(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     x = inputs[0]
     assert x is not None
@@ -149,21 +155,50 @@ def _shape(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     return np.asarray(dims, dtype=np.int64)
 
 
+#: Ops whose output depends on their input's type and shape only, never on its values.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
 def static_shape(node: ir.Node, fill: int | None = None) -> np.ndarray | None:
-    """A `Shape` node's output from its input's inferred shape, without the input's values.
+    """A `Shape` or `Size` node's output from its input's inferred shape, without the input's values.
 
     None when the rank is unknown, or when a dim it reads is symbolic and no `fill` is given; with `fill`, symbolic
     dims read as fill, fill + 1, ... (evaluating twice with two fills tells whether a value depends on them)."""
     source = node.inputs[0] if node.inputs else None
-    if source is None or source.shape is None:
+    if source is None or source.shape is None or node.op_type not in SHAPE_OPS:
         return None
     rank = len(source.shape)
-    start = int(_attr(node, "start", 0))
-    end = _attr(node, "end")
-    dims = list(source.shape)[slice(start, rank if end is None else int(end))]
+    dims = list(source.shape)
+    if node.op_type == "Shape":
+        start = int(_attr(node, "start", 0))
+        end = _attr(node, "end")
+        dims = dims[slice(start, rank if end is None else int(end))]
     if fill is None and not all(isinstance(d, int) for d in dims):
         return None
-    return np.asarray([d if isinstance(d, int) else fill + i for i, d in enumerate(dims)], dtype=np.int64)
+    sizes = np.asarray([d if isinstance(d, int) else fill + i for i, d in enumerate(dims)], dtype=np.int64)
+    return np.asarray(np.prod(sizes), dtype=np.int64) if node.op_type == "Size" else sizes
+
+
+def _range(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    start, limit, delta = inputs
+    assert start is not None and limit is not None and delta is not None
+    if int(np.asarray(delta).reshape(())) == 0 and start.dtype.kind in "iu":
+        raise EvaluationError("Range with a zero step")
+    return np.arange(start.reshape(()), limit.reshape(()), delta.reshape(()), dtype=start.dtype)
+
+
+def _constant_of_shape(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    shape = _int_list(inputs[0])
+    assert shape is not None
+    fill = _attr(node, "value")
+    value = np.zeros((1,), dtype=np.float32) if fill is None else fill.numpy()
+    return np.full(shape, value.reshape(-1)[0], dtype=value.dtype)
+
+
+def _size(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    return np.asarray(x.size, dtype=np.int64)
 
 
 def _concat(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
@@ -246,6 +281,10 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Identity": lambda node, inputs: inputs[0],  # type: ignore[dict-item]
     "ReduceMean": _errstate(_reduce(np.mean)),
     "ReduceSum": _errstate(_reduce(np.sum)),
+    "GlobalAveragePool": _errstate(_global_average_pool),
+    "ReduceProd": _errstate(_reduce(np.prod)),
+    "ReduceMax": _reduce(np.max),
+    "ReduceMin": _reduce(np.min),
     "ReduceSumSquare": _errstate(_reduce(lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims))),
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
@@ -258,6 +297,9 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Relu": _errstate(_relu),
     "Clip": _errstate(_clip),
     "Shape": _shape,
+    "Size": _size,
+    "Range": _range,
+    "ConstantOfShape": _constant_of_shape,
     "Concat": _concat,
     "Gather": _gather,
     "Slice": _slice,
@@ -277,6 +319,30 @@ def _cast(array: np.ndarray, to: int, widen: bool) -> np.ndarray:
             # Narrow through float32 like runtimes do (double rounding through float32 is innocuous).
             array = array.astype(np.float32)
         return array.astype(np_dtype(int(to)))
+
+
+#: The element type of each scalar and list form of a `Constant` node's attribute.
+_CONSTANT_FORMS = {
+    "value_float": np.float32,
+    "value_floats": np.float32,
+    "value_int": np.int64,
+    "value_ints": np.int64,
+}
+
+
+def constant_attribute(node: ir.Node, widen: bool = False) -> np.ndarray:
+    """The output of a `Constant` node, whichever attribute holds it; EvaluationError for strings and sparse
+    tensors, which no norm reads."""
+    attr = next(iter(node.attributes.values()), None)
+    if attr is None:
+        raise EvaluationError("Constant without a value")
+    if attr.name == "value":
+        return tensor_array(attr.value, widen)
+    dtype = _CONSTANT_FORMS.get(attr.name)
+    if dtype is None:
+        raise EvaluationError(f"cannot evaluate a Constant's {attr.name}")
+    array = np.asarray(attr.value, dtype=dtype)
+    return array.astype(np.float64) if widen and dtype is np.float32 else array
 
 
 def tensor_array(tensor: ir.TensorProtocol, widen: bool = False) -> np.ndarray:
@@ -328,20 +394,22 @@ def evaluate(
         if node.domain not in ("", "ai.onnx"):
             raise EvaluationError(f"cannot evaluate {node.domain}::{node.op_type}")
         if node.op_type == "Constant":
-            attr = next(iter(node.attributes.values()))
-            if attr.name != "value":
-                return np.asarray(attr.value, dtype=np.float64 if widen else None)
-            return tensor_array(attr.value, widen)
-        if node.op_type == "Shape" and (static := static_shape(node, symbolic_fill)) is not None:
+            return constant_attribute(node, widen)
+        if node.op_type in SHAPE_OPS and (static := static_shape(node, symbolic_fill)) is not None:
             return static  # the dims are known: no need for the input's values (`x.shape[-1]` as a divisor)
+        if node.op_type == "CastLike" and len(node.inputs) == 2 and node.inputs[1] is not None:
+            like = node.inputs[1].dtype
+            if like is not None:  # the target is a type, not a value: no need to evaluate the second input
+                source = get(node.inputs[0])
+                assert source is not None
+                return _cast(source, int(like), widen)
         inputs = [get(v) for v in node.inputs]
         if node.op_type == "Cast":
             assert inputs[0] is not None
             return _cast(inputs[0], int(_attr(node, "to")), widen)
         if node.op_type == "CastLike":
             assert inputs[0] is not None and inputs[1] is not None
-            like = inputs[1].dtype
-            return inputs[0].astype(like)
+            return inputs[0].astype(inputs[1].dtype)
         fn = _OPS.get(node.op_type)
         if fn is None:
             raise EvaluationError(f"cannot evaluate {node.op_type}")

@@ -3,6 +3,10 @@
 `var = mean((x - mean(x))^2)` with `Pow(d, 2)` or `Mul(d, d)`, the mean computed once or twice (older TorchScript
 exports duplicate the ReduceMean/Sub pair), or `var = mean(x^2) - mean(x)^2` (LayerNormalization's ONNX function
 expansion). The normalised value is `(x - mean(x)) * (var + eps)^-1/2`.
+
+The unbiased variance `sum((x - mean(x))^2) / (N-1)` (`x.var(-1, unbiased=True)`) is `c * var` with
+`c = N/(N-1)`, and `(x - mean) / sqrt(c * var + eps)` is exactly a LayerNorm with epsilon `eps / c` and its scale
+times `c^-1/2`; the statistic carries `c` and the candidate folds it in (the proof checks the result).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Statistic:
     x: ir.Value
     axes: tuple[int, ...]
     variant: str
+    correction: float = 1.0  # the statistic is the variance times this (N/(N-1): an unbiased variance)
 
 
 def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
@@ -47,7 +52,7 @@ def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
 
 def layer_statistic(stat: ir.Value) -> Statistic | None:
     """Recognises `stat` as the variance of some tensor over some axes."""
-    variance = row_mean(stat, dropped_ok=True)
+    variance = row_mean(stat, dropped_ok=True, unbiased_ok=True)
     if variance is not None:
         base = variance.input if variance.squared else squared(variance.input)
         if base is None:
@@ -55,6 +60,8 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
         found = centred(base)
         if found is None or found[1] != variance.axes:
             return None
+        if variance.correction != 1.0:
+            return Statistic("layer", found[0], variance.axes, "unbiased variance", variance.correction)
         return Statistic("layer", found[0], variance.axes, "centred variance")
     node = strip_casts(stat).producer()
     if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):

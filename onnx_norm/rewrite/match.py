@@ -70,6 +70,7 @@ class Candidate:
     proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
     kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
     recast: list[ir.Node] = dataclasses.field(default_factory=list)  # kept Casts re-made from the fused Sum
+    aliases: list[ir.Value] = dataclasses.field(default_factory=list)  # identical Casts of the input's source
 
 
 @dataclasses.dataclass
@@ -228,13 +229,18 @@ def _collect_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node]:
     nodes: list[ir.Node] = []
     seen_nodes: set[ir.Node] = set()
     seen: set[ir.Value] = set()
+    folded: list[ir.Value] = []
     stack = [y]
     while stack:
         value = stack.pop()
         if value in seen:
             continue
         seen.add(value)
-        if value in stops or constants.is_constant(value):
+        if value in stops:
+            continue
+        if constants.is_constant(value):
+            if not constants.is_direct_constant(value):
+                folded.append(value)
             continue
         node = value.producer()
         if node is None:
@@ -245,6 +251,11 @@ def _collect_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node]:
             if len(nodes) > _MAX_MATCH_NODES:
                 raise NearMiss("subgraph too large")
         stack.extend(v for v in node.inputs if v is not None)
+    for value in folded:  # constants that read the norm's own values for their type go with the norm
+        for node in constants.type_readers(value, seen_nodes):
+            if node not in seen_nodes:
+                seen_nodes.add(node)
+                nodes.append(node)
     return nodes
 
 
@@ -263,6 +274,20 @@ def _is_input_cast(node: ir.Node, x: ir.Value) -> bool:
         if producer is None:
             return False
         current = producer
+
+
+def _twin_casts(x: ir.Value) -> list[ir.Value]:
+    """Other Casts of what `x` is a Cast of, to the same type: the same values under other names (onnxconverter's
+    float16 conversion with `keep_io_types` casts an input once per reader)."""
+    node = x.producer()
+    if node is None or not is_float_cast(node) or node.inputs[0] is None:
+        return []
+    to = node.attributes["to"].value
+    return [
+        use.node.outputs[0]
+        for use in node.inputs[0].uses()
+        if use.node is not node and is_float_cast(use.node) and use.node.attributes["to"].value == to
+    ]
 
 
 def _is_input_shape(node: ir.Node, x: ir.Value, depth: int = 0) -> bool:
@@ -481,6 +506,7 @@ def _build(
     epsilon = float(np.asarray(eps_array, dtype=np.float64).reshape(()))
     if not np.isfinite(epsilon) or epsilon < 0:
         raise NearMiss(f"epsilon {epsilon} is not a non-negative number", eps_value)
+    epsilon /= statistic.correction  # sqrt(c * var + eps) = sqrt(c) * sqrt(var + eps / c)
 
     # The normalised value must be data^1 * (stat + eps)^-1/2 times constants.
     if factors is None:
@@ -533,8 +559,10 @@ def _build(
 
     # The nodes the fused op replaces and what else reads them.
     strip_all = strip_casts(x_prime)
-    stops = {x, strip_all}
+    twins = _twin_casts(x)
+    stops = {x, strip_all, *twins}
     nodes = _collect_nodes(y, stops)
+    aliases = [t for t in twins if any(t in node.inputs for node in nodes)]
     if strip_all is not x and any(strip_all in node.inputs for node in nodes):
         raise NearMiss("the subgraph reads the input both before and after a narrowing Cast", x)
     node_set = set(nodes)
@@ -556,7 +584,11 @@ def _build(
                     continue
                 if _is_input_cast(node, x):
                     kept.add(node)
-                    continue
+                    # The Casts it reads stay too: look at them again now that a kept node reads them (Mamba's
+                    # `hidden.to(float32)` twice, the residual reading the second).
+                    node_set.discard(node)
+                    changed = True
+                    break
                 if _is_input_shape(node, x):
                     shape_kept.add(node)
                     node_set.discard(node)  # what it reads is now read from outside the match too
@@ -609,6 +641,9 @@ def _build(
     scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"] + factors.constants
     scale_terms = [(v, e) for v, e in scale_terms if v is not None and not _is_one(v)]
     scale_array = _fold_product(scale_terms)
+    if statistic.correction != 1.0:  # the sqrt(c) taken out of the square root
+        correction = np.asarray(statistic.correction**-0.5)
+        scale_array = correction if scale_array is None else scale_array * correction
     scale_value: ir.Value | None = None
     new_constants: dict[str, np.ndarray] = {}
     row_scale: np.ndarray | None = None
@@ -618,7 +653,8 @@ def _build(
             row_scale = None
     scale_dtype = _constant_dtype([v for v, _ in scale_terms])
     if row_scale is not None:
-        only = scale_terms[0][0] if len(scale_terms) == 1 and scale_terms[0][1] == 1 else None
+        alone = len(scale_terms) == 1 and scale_terms[0][1] == 1 and statistic.correction == 1.0
+        only = scale_terms[0][0] if alone else None
         if perm is None and only is not None and _tensor_fits(only, row_scale):
             scale_value = only
         else:
@@ -701,6 +737,7 @@ def _build(
         cast_placement=casts.describe(x.dtype, x_prime.dtype, rounding),
         anchor=anchor,
         x_value=x,
+        aliases=aliases,
         proof_shape=proof_shape,
         kept=kept_order,
     )

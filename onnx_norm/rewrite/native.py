@@ -129,10 +129,14 @@ def _spec(node: ir.Node, opset: int) -> NormSpec:
         residual = _input(node, 1)
         if residual is None:
             raise _Skip("it has no skip input")
-        if _dtype(residual) != x_type:
+        # The contrib ops constrain input and skip to one type T: an unknown skip type is the input's.
+        if _dtype(residual) not in (0, x_type):
             raise _Skip("its skip input has another element type than its input")
-        if x.shape is None or residual.shape is None or x.shape != residual.shape:
-            raise _Skip("its skip input may broadcast (shapes differ or are unknown); our Skip ops need equal shapes")
+        if x.shape is None or residual.shape is None:
+            unknown = "its input's" if x.shape is None else "its skip input's"
+            raise _Skip(f"{unknown} shape is unknown (shape inference did not reach it), so the skip may broadcast")
+        if x.shape != residual.shape:
+            raise _Skip("its skip input may broadcast (shapes differ); our Skip ops need equal shapes")
         axis = -1
         scale = _input(node, 2)
         bias = _input(node, 3) if kind == "layer" else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,6 +11,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from onnx_norm.rewrite import constants, silent
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import Session, make_rules
@@ -50,8 +52,16 @@ class FuseNormsPass(ir.passes.InPlacePass):
 
         session = self.session
         report = OptimizeReport(target=session.target, ops_before=op_counts(model))
+        progress = _Progress()
+        if self.infer_shapes:
+            progress.step(f"inferring shapes ({sum(report.ops_before.values())} nodes)")
         stored = _infer_shapes(model) if self.infer_shapes else {}
-        count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
+        progress.step("matching and proving norms")
+        with constants.folding():
+            count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
+        if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
+            for node, graph, miss in silent.silent_misses(model, session.open_near_miss_nodes()):
+                session.near_miss(node, graph, miss)
         _restore_shapes(model, stored)
         taken_over: list = []
         if self.take_over_native:
@@ -60,6 +70,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
             taken_over = list(native.take_over(model, session.target))
         modified = bool(count) or any(record.get("converted") for record in taken_over)
         if modified:
+            progress.step(f"removing what the {count} fused norm(s) replaced")
             common_passes.RemoveUnusedNodesPass()(model)
             common_passes.RemoveUnusedOpsetsPass()(model)
             if session.target == "onnx-norm":
@@ -75,9 +86,22 @@ class FuseNormsPass(ir.passes.InPlacePass):
         report.native_taken_over = [_as_dict(r) for r in taken_over]
         report.ops_after = op_counts(model)
         self.report = report
+        progress.step("done")
         if count:
             logger.info("fused %d norm(s): %s", count, counts)
         return ir.passes.PassResult(model, modified)
+
+
+class _Progress:
+    """INFO lines at each stage of a run, with the time the previous stage took (long runs say what they do)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+
+    def step(self, what: str) -> None:
+        now = time.perf_counter()
+        logger.info("%s (previous step %.1f s, %.1f s in all)", what, now - self.last, now - self.start)
+        self.last = now
 
 
 def _as_dict(record) -> dict:
@@ -110,6 +134,11 @@ def _infer_shapes(model: ir.Model) -> Shapes:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
+    if _reshapes_to_own_shape(model.graph):
+        try:
+            common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
+        except Exception as err:  # best effort, as above
+            logger.info("shape inference after Reshape-to-own-shape failed: %s", err)
     stored: Shapes = {}
     if _reductions_without_shape(model.graph):
         stored = _stored_shapes(model)
@@ -120,6 +149,28 @@ def _infer_shapes(model: ir.Model) -> Shapes:
         except Exception as err:  # same: a function without shapes only yields near-misses
             logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
     return stored
+
+
+def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
+    """Gives `Reshape(a, Shape(a))` and `Expand(a, Shape(a))` (a no-op some exporters write) the shape of `a`, which
+    onnx's inference leaves unknown when `a` has symbolic dims; True when it set any."""
+    changed = False
+    for node in graph:
+        if node.op_type not in ("Reshape", "Expand") or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        source, target = node.inputs[0], node.inputs[1]
+        shape_node = None if target is None else target.producer()
+        if source is None or source.shape is None or shape_node is None or shape_node.op_type != "Shape":
+            continue
+        if shape_node.inputs[0] is not source or shape_node.attributes.get("start") or "end" in shape_node.attributes:
+            continue
+        output = node.outputs[0]
+        if output.shape is None or _vague(output.shape):
+            output.shape = ir.Shape(list(source.shape))
+            if output.type is None and source.type is not None:
+                output.type = source.type
+            changed = True
+    return changed
 
 
 #: Models with more tensor bytes than this are not serialised again for ONNX Runtime's symbolic shape inference.

@@ -117,7 +117,8 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
     data = _sample(kind, shape, rng)
     if spec.skip is None:
         x = data.astype(np.float32).astype(dtype)
-        return _Feeds({spec.x: x}, x, x.astype(np.float64))
+        arrays = {spec.x: x} | dict.fromkeys(candidate.aliases, x)
+        return _Feeds(arrays, x, x.astype(np.float64))
     half = (data / 2).astype(np.float32).astype(dtype)
     rest = (data - half.astype(np.float64)).astype(np.float32).astype(dtype)
     total = (half.astype(np.float32) + rest.astype(np.float32)).astype(dtype)

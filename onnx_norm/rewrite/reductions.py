@@ -22,8 +22,9 @@ _REL_TOLERANCE = {
     ir.DataType.FLOAT16: 2.0**-10,
     ir.DataType.BFLOAT16: 2.0**-7,
 }
-#: The reductions a row mean is made of.
-REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare")
+#: The reductions a row mean is made of. `GlobalAveragePool` is the mean over every dim after the first two, dims
+#: kept: tf2onnx writes Keras' mean over the last axis of a rank-3 tensor as one below opset 18.
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool")
 _FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
@@ -41,6 +42,7 @@ class RowMean:
     nodes: list[ir.Node]
     kept: bool = True  # False: the reduced dims are dropped here and restored further down the graph
     squared: bool = False  # ReduceSumSquare: the mean of input^2, not of input
+    correction: float = 1.0  # N/(N-1): the sum over N elements divided by N-1 (an unbiased variance)
 
 
 def is_float_cast(node: ir.Node) -> bool:
@@ -79,6 +81,8 @@ def _from_end(axes: list[int], rank: int | None) -> tuple[int, ...] | None:
 
 def reduction_axes(node: ir.Node, rank: int | None) -> tuple[int, ...] | None:
     """Axes of a Reduce* node counted from the end, or None when they are not constant."""
+    if node.op_type == "GlobalAveragePool":
+        return None if rank is None or rank < 3 else tuple(range(2 - rank, 0))
     axes = _raw_axes(node)
     if axes is None:
         return None
@@ -119,8 +123,11 @@ def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float, float] | None:
     return None
 
 
-def row_mean(value: ir.Value, *, dropped_ok: bool = False) -> RowMean | None:
-    """Recognises `value` as a row mean with kept dims (or with dropped dims when `dropped_ok`), or returns None."""
+def row_mean(value: ir.Value, *, dropped_ok: bool = False, unbiased_ok: bool = False) -> RowMean | None:
+    """Recognises `value` as a row mean with kept dims (or with dropped dims when `dropped_ok`), or returns None.
+
+    With `unbiased_ok`, the sum divided by N-1 instead of N (Bessel's correction, `x.var(unbiased=True)`) is
+    accepted too, with `correction` N/(N-1); N must be static."""
     nodes: list[ir.Node] = []
     factor, tolerance = 1.0, 1e-6
     unsqueezes: list[tuple[int, ...]] = []
@@ -182,17 +189,30 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False) -> RowMean | None:
     if reshaped and not _restores(value, reduced, axes):
         return None
     nodes.append(node)
+    count = _reduced_count(reduced, axes)
     if node.op_type in ("ReduceSum", "ReduceSumSquare"):
-        shape = reduced.shape
-        if shape is None:
+        if count is None:
             return None  # the divisor cannot be checked against the reduced size
-        dims = [shape[len(shape) + a] for a in axes]
-        if not all(isinstance(d, int) for d in dims):
-            return None
-        factor *= math.prod(dims)  # type: ignore[arg-type]
+        factor *= count
+    correction = 1.0
     if abs(factor - 1.0) > 4 * tolerance:
+        if not unbiased_ok or count is None or count < 2:
+            return None
+        correction = count / (count - 1)
+        if abs(factor - correction) > 4 * tolerance * correction:
+            return None
+    return RowMean(reduced, axes, nodes, kept, node.op_type == "ReduceSumSquare", correction)
+
+
+def _reduced_count(reduced: ir.Value, axes: tuple[int, ...]) -> int | None:
+    """The number of elements a reduction over `axes` takes per row, None when a reduced dim is not static."""
+    shape = reduced.shape
+    if shape is None:
         return None
-    return RowMean(reduced, axes, nodes, kept, node.op_type == "ReduceSumSquare")
+    dims = [shape[len(shape) + a] for a in axes]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return math.prod(dims)  # type: ignore[arg-type]
 
 
 def _restores(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable
 
 import numpy as np
@@ -38,6 +39,9 @@ from onnx_norm.rewrite.spec import TARGETS
 from onnx_norm.rewrite.structure import NearMiss
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between progress lines (INFO) while matching.
+PROGRESS_SECONDS = 10.0
 
 RULE_NAMES = ("skip_layer_norm", "skip_rms_norm", "layer_norm_channels_first", "layer_norm", "rms_norm")
 _RULE_KINDS = {
@@ -72,13 +76,16 @@ class Session:
         self._near_misses: dict[tuple[int, str], tuple[NearMissRecord, ir.Node]] = {}
         self._replaced: set[ir.Node] = set()  # nodes a fused op replaced
         self._last: tuple[ir.Node, Candidate | None] | None = None
-        self._proven: dict[int, str | None] = {}
+        self._proven: dict[tuple, str | None] = {}
         self._main_graph: ir.Graph | None = None
+        self._examined = 0
+        self._reported = time.perf_counter()
 
     # -- matching, cached per node: the rules try the same node one after the other
     def candidate(self, node: ir.Node, graph: ir.Graph | ir.Function) -> Candidate | None:
         if self._last is not None and self._last[0] is node:
             return self._last[1]
+        self._progress()
         result: Candidate | None = None
         kinds = frozenset(k for name, k in _RULE_KINDS.items() if name not in self.disabled)
         try:
@@ -91,6 +98,19 @@ class Session:
         self._last = (node, result)
         return result
 
+    def _progress(self) -> None:
+        """An INFO line every few seconds while matching: how far it got (a large model takes minutes)."""
+        self._examined += 1
+        now = time.perf_counter()
+        if now - self._reported >= PROGRESS_SECONDS:
+            self._reported = now
+            logger.info(
+                "matching: %d candidate end node(s) examined, %d norm(s) fused, %d near-miss(es) so far",
+                self._examined,
+                len(self.records),
+                len(self._near_misses),
+            )
+
     def near_miss(self, node: ir.Node, graph: ir.Graph | ir.Function, miss: NearMiss) -> None:
         key = (id(graph), node.name or str(id(node)))
         if key in self._near_misses:
@@ -101,6 +121,9 @@ class Session:
         record = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph))
         self._near_misses[key] = (record, node)
         logger.info("not fused at %s: %s", node.name, miss.reason)
+
+    def open_near_miss_nodes(self) -> list[ir.Node]:
+        return [node for _record, node in self._near_misses.values() if node not in self._replaced]
 
     def replaced(self, nodes: Iterable[ir.Node]) -> None:
         self._replaced.update(nodes)
@@ -114,7 +137,7 @@ class Session:
         """None when the candidate is proven (or proofs are off), else the reason it failed."""
         if not self.verify_rewrites:
             return None
-        key = id(candidate)
+        key = _proof_key(candidate)
         if key not in self._proven:
             try:
                 prove(candidate)
@@ -128,6 +151,21 @@ class Session:
     def invalidate(self) -> None:
         self._last = None
         self._proven.clear()
+
+
+def _proof_key(candidate: Candidate) -> tuple:
+    """What a proof depends on: the nodes, the values the fused op reads and replaces, its attributes, layout and
+    new constants. Graph objects stand for themselves (the key holds them, so their identities cannot be reused
+    while it lives); constants made for this candidate count by content."""
+    spec = candidate.spec
+    made = tuple(
+        sorted((key, array.dtype.str, array.shape, array.tobytes()) for key, array in candidate.new_constants.items())
+    )
+    scale = None if "scale" in candidate.new_constants else spec.scale
+    bias = None if "bias" in candidate.new_constants else spec.bias
+    values = (spec.x, spec.skip, spec.y, spec.sum, spec.mean, spec.inv_std, scale, bias)
+    layout = (candidate.perm, None if candidate.proof_shape is None else tuple(candidate.proof_shape))
+    return (tuple(candidate.nodes), spec.kind, values, spec.attrs, layout, made)
 
 
 def _after(graph: ir.Graph | ir.Function, anchor: ir.Node, readers: Iterable[ir.Node]) -> bool:
@@ -152,6 +190,24 @@ def _outside_readers(value: ir.Value | None, nodes: set[ir.Node]) -> list[ir.Nod
     if value is None:
         return []
     return [use.node for use in value.uses() if use.node not in nodes]
+
+
+def _removal_problem(nodes: list[ir.Node], replaced: list[ir.Value]) -> str | None:
+    """Why the matched nodes cannot be removed once `replaced` is rewired to the fused op's outputs (a value the
+    rest of the graph still reads), or None. The matcher should never produce such a candidate; this check keeps
+    a matcher mistake from leaving the graph half rewritten."""
+    node_set = set(nodes)
+    kept_values = set(replaced)
+    for node in nodes:
+        for output in node.outputs:
+            if output in kept_values:
+                continue
+            if output.is_graph_output():
+                return f"{output.name!r} is a graph output"
+            outside = [use.node for use in output.uses() if use.node not in node_set]
+            if outside:
+                return f"{output.name!r} is also read by {outside[0].op_type} {outside[0].name!r}"
+    return None
 
 
 class NormFusionRule(pattern.RewriteRule):
@@ -221,6 +277,16 @@ class NormFusionRule(pattern.RewriteRule):
             return None
         if isinstance(graph_or_function, ir.Function) and graph_or_function.domain == DOMAIN:
             return None  # the body of one of our ops' model-local functions: fusing it would make it call itself
+        try:
+            return self._rewrite(model, graph_or_function, node)
+        except Exception as err:  # a match that cannot be applied is skipped and reported, never fatal
+            logger.warning("not fused at %s: %s", node.name, err, exc_info=logger.isEnabledFor(logging.DEBUG))
+            self.session.near_miss(node, graph_or_function, NearMiss(f"not applied ({type(err).__name__}: {err})"))
+            return None
+
+    def _rewrite(
+        self, model: ir.Model, graph_or_function: ir.Graph | ir.Function, node: ir.Node
+    ) -> ReplacementSubgraph | None:
         candidate = self._select(node, graph_or_function)
         if candidate is None:
             return None
@@ -234,6 +300,10 @@ class NormFusionRule(pattern.RewriteRule):
             return None
         old_values = [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]
         old_values += [n.outputs[0] for n in candidate.recast]
+        problem = _removal_problem(candidate.nodes, old_values)
+        if problem is not None:
+            self.session.near_miss(node, graph_or_function, NearMiss(f"not applied: {problem}"))
+            return None
         match = pattern.MatchResult()
         for matched in candidate.nodes:
             match.add_node(matched)
