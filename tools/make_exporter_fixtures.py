@@ -424,6 +424,7 @@ def onnx_function_fixtures() -> Iterator[Fixture]:
 def timm_fixtures() -> Iterator[Fixture]:
     """ConvNeXt (channels-first LayerNorm2d in the stem and downsampling, channels-last LayerNorm in the blocks),
     ViT and Swin at toy sizes, through both torch exporters."""
+    _python_only_torchvision()
     from timm.models.convnext import ConvNeXt
     from timm.models.swin_transformer import SwinTransformer
     from timm.models.vision_transformer import VisionTransformer
@@ -431,9 +432,9 @@ def timm_fixtures() -> Iterator[Fixture]:
     torch = _torch()
     image = torch.randn(2, 3, 32, 32)
     models = {
-        "convnext": ConvNeXt(depths=(1, 1), dims=(8, 16), num_classes=4, drop_path_rate=0.0),
-        "convnext-convmlp": ConvNeXt(depths=(1, 1), dims=(8, 16), num_classes=4, conv_mlp=True),
-        "vit": VisionTransformer(img_size=32, patch_size=16, embed_dim=16, depth=1, num_heads=2, num_classes=4),
+        "convnext": ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), num_classes=4),
+        "convnext-convmlp": ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), num_classes=4, conv_mlp=True),
+        "vit": VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=4),
         "swin": SwinTransformer(
             img_size=32, patch_size=4, window_size=4, embed_dim=8, depths=(1, 1), num_heads=(1, 2), num_classes=4
         ),
@@ -446,6 +447,20 @@ def timm_fixtures() -> Iterator[Fixture]:
         version("timm", "torch"),
         "timm",
     )
+
+
+def _python_only_torchvision() -> None:
+    """timm imports torchvision, whose PyPI wheel is built against CUDA torch: beside the CPU torch its C ops do not
+    load and registering their meta kernels fails on import. timm needs only torchvision's Python parts, so the
+    meta registrations are skipped (torchvision's C ops then stay unusable, which the export does not need)."""
+    import types
+
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError:
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
 
 
 def _randomize_norms(module: Any) -> None:
@@ -506,8 +521,10 @@ def toolchain_fixtures() -> Iterator[Fixture]:
     base = onnx.load_from_string(torch_export(block, (x,), "torchscript"))
     shapes = {"input0": [2, SEQ, HIDDEN]}
     for name, (convert, packages) in _TOOLCHAINS.items():
+        copy = onnx.ModelProto()
+        copy.CopyFrom(base)  # the transformers optimizer rewrites the proto it is given
         try:
-            converted = convert(base)
+            converted = convert(copy)
         except ImportError as err:
             print(f"toolchains: {name} skipped ({err})", file=sys.stderr)
             continue
@@ -567,8 +584,8 @@ def _tiny_llama(folder: Path) -> int:
         hidden_size=HIDDEN,
         intermediate_size=2 * HIDDEN,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=1,  # head size 16: ONNX Runtime's GroupQueryAttention needs a multiple of 16
+        num_key_value_heads=1,
         max_position_embeddings=64,
         tie_word_embeddings=False,
     )
@@ -576,19 +593,32 @@ def _tiny_llama(folder: Path) -> int:
     _randomize_norms(model)
     with torch.no_grad():
         model.save_pretrained(folder)
+    _tiny_tokenizer(config.vocab_size).save_pretrained(folder)  # the genai builder writes the tokenizer config too
     return 2 * config.num_hidden_layers + 1
+
+
+def _tiny_tokenizer(vocab: int) -> Any:
+    """A word-level tokenizer over made-up tokens: no tokenizer can be downloaded."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", bos_token="t1", eos_token="t2")
 
 
 def genai_fixtures() -> Iterator[Fixture]:
     """onnxruntime-genai's model builder on a tiny local LLaMA checkpoint (fp32, CPU): native
     SkipSimplifiedLayerNormalization / SimplifiedLayerNormalization ops."""
+    import subprocess
+
     import onnx
-    from onnxruntime_genai.models.builder import create_model
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint, out = Path(tmp) / "llama", Path(tmp) / "out"
         norms = _tiny_llama(checkpoint)
-        create_model("llama", str(checkpoint), str(out), "fp32", "cpu", str(Path(tmp) / "cache"))
+        builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out)]
+        subprocess.run([*builder, "-p", "fp32", "-e", "cpu", "-c", str(Path(tmp) / "cache")], check=True)
         proto = onnx.load(str(out / "model.onnx"))
     yield Fixture(
         "llama",
@@ -614,6 +644,8 @@ def _genai_shapes(proto: Any) -> dict[str, list[int]]:
                 concrete.append(2)
             elif "past" in dim:
                 concrete.append(0)
+            elif "kv_cache_dim" in dim or "head_size" in dim:
+                concrete.append(HIDDEN)  # _tiny_llama's head size (one head)
             else:
                 concrete.append(SEQ)
         shapes[value.name] = concrete
@@ -655,6 +687,23 @@ FAMILIES: dict[str, Callable[[], Iterator[Fixture]]] = {
 }
 
 
+def _strip(data: bytes) -> bytes:
+    """Drops doc strings and per-node metadata (the dynamo exporter's stack traces): they are most of a tiny model's
+    bytes and mean nothing to the rewrite."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    graphs = [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.HasField("g")]
+    for graph in graphs:
+        graph.doc_string = ""
+        for node in graph.node:
+            node.doc_string = ""
+            del node.metadata_props[:]
+        for value in [*graph.value_info, *graph.input, *graph.output]:
+            del value.metadata_props[:]
+    return model.SerializeToString()
+
+
 def write(out: Path, family: str, fixtures: list[Fixture]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
@@ -663,7 +712,7 @@ def write(out: Path, family: str, fixtures: list[Fixture]) -> None:
         (out / stale["file"]).unlink(missing_ok=True)
     entries = []
     for fixture in fixtures:
-        model = fixture.pop("model")
+        model = _strip(fixture.pop("model"))
         fixture["file"] = f"{family}-{fixture.pop('name')}.onnx"
         (out / fixture["file"]).write_bytes(model)
         entries.append(dict(fixture))
@@ -676,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", required=True, help=f"comma-separated: {', '.join(FAMILIES)}")
     parser.add_argument("--out", type=Path, default=OUT, help=f"output folder (default {OUT})")
     args = parser.parse_args(argv)
+    # The torch families reuse the zoo's norm-module rule (onnx_norm.zoo) from this checkout, installed or not.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     families = args.family.split(",")
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
