@@ -75,7 +75,9 @@ def check_fused_with_parity(
     original: onnx.ModelProto, norms: int, feeds: list[dict[str, np.ndarray]] | None, shapes: Any = None
 ) -> None:
     """Every norm of `original` becomes one fused op, nothing decomposed or native is left, and the optimized model
-    computes what the original computes."""
+    computes what the original computes. A model converted to float16 inside (float32 inputs and outputs kept) is
+    held to float16's tolerance: ONNX Runtime's CPU provider runs the original's float16 ops in float32, while a
+    fused op rounds its output to float16."""
     take_over = bool(native_norms(original))
     optimized, report = onnx_norm.optimize(original, take_over_native=take_over)
     misses = [(m.reason, m.nodes[:3]) for m in report.near_misses]
@@ -84,7 +86,9 @@ def check_fused_with_parity(
     assert decomposed_norms(optimized) == [], f"decomposed norms left; near-misses: {misses}"
     assert not native_norms(optimized), f"native norms not taken over: {dict(native_norms(optimized))}"
     onnx.checker.check_model(optimized)
-    parity = onnx_norm.verify(original, optimized, inputs=feeds, shapes=shapes)
+    internal_fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer)
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if internal_fp16 else {}
+    parity = onnx_norm.verify(original, optimized, inputs=feeds, shapes=shapes, **tolerance)
     failed = [o.message for o in parity.outputs if not o.passed]
     assert parity.passed, failed
 
