@@ -135,7 +135,7 @@ def jax2onnx_fixtures() -> Iterator[Fixture]:
         for path, param in nnx.iter_graph(module):
             if isinstance(param, nnx.Param) and any(p in ("scale", "bias") for p in map(str, path)):
                 key, sub = jax.random.split(key)
-                param.value = jax.random.uniform(sub, param.value.shape, minval=0.5, maxval=1.5)
+                param[...] = jax.random.uniform(sub, param.shape, minval=0.5, maxval=1.5)
 
     class Wrapped(nnx.Module):
         def __init__(self, norm: Any, rngs: nnx.Rngs) -> None:
