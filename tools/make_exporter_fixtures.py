@@ -425,7 +425,9 @@ def onnx_function_fixtures() -> Iterator[Fixture]:
 def timm_fixtures() -> Iterator[Fixture]:
     """ConvNeXt (channels-first LayerNorm2d in the stem and downsampling, channels-last LayerNorm in the blocks),
     ViT and Swin at toy sizes, through both torch exporters."""
-    _python_only_torchvision()
+    from onnx_norm.zoo.compat import tolerate_cuda_torchvision
+
+    tolerate_cuda_torchvision()
     from timm.models.convnext import ConvNeXt
     from timm.models.swin_transformer import SwinTransformer
     from timm.models.vision_transformer import VisionTransformer
@@ -448,20 +450,6 @@ def timm_fixtures() -> Iterator[Fixture]:
         version("timm", "torch"),
         "timm",
     )
-
-
-def _python_only_torchvision() -> None:
-    """timm imports torchvision, whose PyPI wheel is built against CUDA torch: beside the CPU torch its C ops do not
-    load and registering their meta kernels fails on import. timm needs only torchvision's Python parts, so the
-    meta registrations are skipped (torchvision's C ops then stay unusable, which the export does not need)."""
-    import types
-
-    try:
-        import torchvision  # noqa: F401
-    except RuntimeError:
-        for name in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[name]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
 
 
 def _randomize_norms(module: Any) -> None:
