@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
 import json
 import sys
 import tempfile
@@ -212,19 +213,20 @@ def paddle2onnx_fixtures() -> Iterator[Fixture]:
         layer_norm.weight.set_value(paddle.uniform([HIDDEN], min=0.5, max=1.5))
         layer_norm.bias.set_value(paddle.uniform([HIDDEN], min=-0.5, max=0.5))
     models = {"layernorm": Wrapped(layer_norm), "rmsnorm": Wrapped(HandRMSNorm())}
-    for name, layer in models.items():
+    for (name, layer), opset in itertools.product(models.items(), (13, 17)):
         layer.eval()
         with tempfile.TemporaryDirectory() as tmp:
             spec = [paddle.static.InputSpec([None, SEQ, HIDDEN], "float32", "x")]
-            paddle.onnx.export(layer, str(Path(tmp) / "model"), input_spec=spec, opset_version=13)
+            paddle.onnx.export(layer, str(Path(tmp) / "model"), input_spec=spec, opset_version=opset)
             proto = onnx.load(str(Path(tmp) / "model.onnx"))
         yield Fixture(
-            name,
+            name if opset == 13 else f"{name}-opset{opset}",
             proto.SerializeToString(),
             norms=1,
+            native=_native_norms(proto),
             shapes={proto.graph.input[0].name: [2, SEQ, HIDDEN]},
             versions=versions,
-            what=f"paddle.nn {name} between two Linear layers, paddle.onnx.export opset 13",
+            what=f"paddle.nn {name} between two Linear layers, paddle.onnx.export opset {opset}",
         )
 
 
