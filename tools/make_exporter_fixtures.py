@@ -660,25 +660,49 @@ def _genai_shapes(proto: Any) -> dict[str, list[int]]:
     return shapes
 
 
+def _tiny_bert(folder: Path) -> int:
+    """A 2-layer BERT with random weights saved as a local checkpoint; returns its norm count (the embeddings' and
+    2 per layer)."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        max_position_embeddings=64,
+    )
+    model = BertModel(config, add_pooling_layer=False).eval()
+    _randomize_norms(model)
+    model.save_pretrained(folder)
+    _tiny_tokenizer(config.vocab_size).save_pretrained(folder)
+    return 2 * config.num_hidden_layers + 1
+
+
 def optimum_fixtures() -> Iterator[Fixture]:
-    """optimum's ONNX export (optimum-onnx) of a tiny local LLaMA checkpoint, without past key values."""
+    """optimum's ONNX export (optimum-onnx) of tiny local checkpoints: LLaMA without past key values (decomposed
+    RMSNorms), BERT at opset 17 (native LayerNormalization ops)."""
     import onnx
     from optimum.exporters.onnx import main_export
 
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint, out = Path(tmp) / "llama", Path(tmp) / "out"
-        norms = _tiny_llama(checkpoint)
-        main_export(str(checkpoint), output=str(out), task="feature-extraction", no_post_process=True)
-        proto = onnx.load(str(out / "model.onnx"))
-    yield Fixture(
-        "llama",
-        proto.SerializeToString(),
-        norms=norms,
-        native=_native_norms(proto),
-        shapes=_genai_shapes(proto),
-        versions=version("optimum-onnx", "optimum", "transformers", "torch"),
-        what="tiny random LLaMA (2 layers, hidden 16) through optimum's main_export, feature-extraction",
-    )
+    checkpoints = {"llama": (_tiny_llama, None), "bert-opset17": (_tiny_bert, 17)}
+    for name, (make, opset) in checkpoints.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint, out = Path(tmp) / name, Path(tmp) / "out"
+            norms = make(checkpoint)
+            options = {"opset": opset} if opset else {}
+            main_export(str(checkpoint), output=str(out), task="feature-extraction", no_post_process=True, **options)
+            proto = onnx.load(str(out / "model.onnx"))
+        yield Fixture(
+            name,
+            proto.SerializeToString(),
+            norms=norms,
+            native=_native_norms(proto),
+            shapes=_genai_shapes(proto),
+            versions=version("optimum-onnx", "optimum", "transformers", "torch"),
+            what=f"tiny random {name} (2 layers, hidden 16) through optimum's main_export, feature-extraction",
+        )
 
 
 FAMILIES: dict[str, Callable[[], Iterator[Fixture]]] = {
