@@ -154,3 +154,44 @@ def test_detector_finds_a_decomposed_rms_norm_and_ignores_a_plain_mean() -> None
         helper.make_node("Sub", ["x", "m"], ["y"]),
     ]
     assert decomposed_norms(_graph(plain, [])) == []
+
+
+def test_detector_reads_other_exporters_spellings_and_counts_one_norm_per_square_root() -> None:
+    """tf2onnx's GlobalAveragePool mean, paddle2onnx's Identity after every op, and E[x^2] - E[x]^2 (two
+    reductions, one norm); a GlobalAveragePool that is only pooled stays unreported."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    eps = numpy_helper.from_array(np.array(1e-6, np.float32), "eps")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 8])
+
+    def model(nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+        graph = helper.make_graph(nodes, "g", [x], [y], [eps])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    tf_rms = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("GlobalAveragePool", ["sq"], ["ms"], name="gap"),
+        helper.make_node("Identity", ["ms"], ["ms1"]),
+        helper.make_node("Identity", ["ms1"], ["ms2"]),
+        helper.make_node("Identity", ["ms2"], ["ms3"]),
+        helper.make_node("Add", ["ms3", "eps"], ["v"]),
+        helper.make_node("Identity", ["v"], ["v1"]),
+        helper.make_node("Sqrt", ["v1"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    assert decomposed_norms(model(tf_rms)) == ["gap"]
+    moments = [  # LayerNormalization-17's function body: Var = E[x^2] - E[x]^2
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[-1], name="mean"),
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["m2"], axes=[-1], name="mean_sq"),
+        helper.make_node("Mul", ["m", "m"], ["msq"]),
+        helper.make_node("Sub", ["m2", "msq"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["s"]),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
+    assert len(decomposed_norms(model(moments))) == 1
+    pooled = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Sub", ["x", "p"], ["y"])]
+    assert decomposed_norms(model(pooled)) == []

@@ -19,6 +19,12 @@ exporter had already fused.
     python tools/coverage.py                          # the default subset, every exporter and dtype
     python tools/coverage.py --all                    # the whole zoo
     python tools/coverage.py -m llama,t5 -e torchscript-14 -d fp32 -t onnx-norm,ort
+    python tools/coverage.py --fixtures                # the exporter fixtures (tf2onnx, jax2onnx, paddle2onnx, ...)
+    python tools/coverage.py --fixtures tf2onnx,timm   # some of their families
+
+The exporter fixtures are the small models tools/make_exporter_fixtures.py exported with other exporters and tool
+chains (tests/data/exporters): "norms" is what the model computes, in brackets how many the exporter or tool had
+already made a native op; ort-transformers runs with model_type "bert" on them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import io
+import json
 import logging
 import sys
 import tempfile
@@ -40,10 +47,11 @@ import onnx
 import onnxruntime as ort
 
 from onnx_norm import zoo
-from onnx_norm.zoo.compare import TOLERANCES, Parity, compare_outputs
+from onnx_norm.zoo.compare import TOLERANCES, Parity, Tolerance, compare_outputs
 from onnx_norm.zoo.detect import fused_norms, native_norms
 
 logger = logging.getLogger("coverage")
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "data" / "exporters"
 
 # What a tool returns: the model to run for parity, how many norms its output holds fused, and how to run it.
 ToolOutput = tuple[onnx.ModelProto, int, ort.SessionOptions]
@@ -60,6 +68,10 @@ class ToolResult:
             return f"error: {self.error}"
         mark = "" if self.caught == expected else " ✗"
         return f"{self.caught}/{expected}{mark}, {self.parity}"
+
+
+# One table row: its leading cells, each tool's result (None: the export failed) and the norms expected.
+Row = tuple[list[str], dict[str, ToolResult] | None, int]
 
 
 def _cpu_session(model: onnx.ModelProto | str, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
@@ -97,7 +109,7 @@ def _count_native(model: onnx.ModelProto) -> int:
     return sum(native_norms(model).values())
 
 
-def run_onnx_norm(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput:
+def run_onnx_norm(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
     import onnx_norm
 
     optimized, _report = onnx_norm.optimize(original, take_over_native=bool(native_norms(original)))
@@ -108,7 +120,7 @@ def run_onnx_norm(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput:
     return optimized, sum(fused_norms(optimized).values()), options
 
 
-def run_ort(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput:
+def run_ort(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
     with tempfile.TemporaryDirectory() as tmp:
         options = _options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
@@ -118,14 +130,14 @@ def run_ort(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput:
     return original, _count_native(saved), _options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
 
 
-def run_ort_transformers(original: onnx.ModelProto, spec: zoo.ZooModel) -> ToolOutput:
+def run_ort_transformers(original: onnx.ModelProto, model_type: str) -> ToolOutput:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    optimized = optimize_model(original, model_type=spec.ort_model_type, opt_level=0, use_gpu=False).model
+    optimized = optimize_model(original, model_type=model_type, opt_level=0, use_gpu=False).model
     return optimized, _count_native(optimized), _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
-def run_onnxscript(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput:
+def run_onnxscript(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
@@ -134,7 +146,7 @@ def run_onnxscript(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput
     return optimized, _count_native(optimized), _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
-def run_onnxscript_onnx(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolOutput:
+def run_onnxscript_onnx(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
     import onnx_ir as ir
     from onnxscript.rewriter.rules.fusion import _layer_norm, _rms_normalization
 
@@ -147,7 +159,8 @@ def run_onnxscript_onnx(original: onnx.ModelProto, _spec: zoo.ZooModel) -> ToolO
     return optimized, _count_native(optimized), _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
-TOOLS: dict[str, Callable[[onnx.ModelProto, zoo.ZooModel], ToolOutput]] = {
+# Each tool: (the original, ONNX Runtime transformers optimizer's model_type) -> its output.
+TOOLS: dict[str, Callable[[onnx.ModelProto, str], ToolOutput]] = {
     "onnx-norm": run_onnx_norm,
     "ort": run_ort,
     "ort-transformers": run_ort_transformers,
@@ -163,27 +176,62 @@ def _first_line(err: BaseException) -> str:
 
 def evaluate(exported: zoo.ZooExport, tools: list[str]) -> dict[str, ToolResult]:
     original = onnx.load(exported.path)
-    inputs = exported.inputs()
-    reference = _run(_cpu_session(original, _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)), inputs)
-    golden = exported.golden()
+    spec = zoo.ZOO[exported.model]
+    return evaluate_model(
+        original, exported.inputs(), exported.golden(), TOLERANCES[exported.dtype], tools, spec.ort_model_type
+    )
+
+
+def evaluate_model(
+    original: onnx.ModelProto,
+    inputs: dict[str, np.ndarray],
+    golden: dict[str, np.ndarray] | None,
+    tolerance: Tolerance,
+    tools: list[str],
+    model_type: str,
+) -> dict[str, ToolResult]:
+    """Every tool on `original`: norms its output holds fused, and its outputs against the original's."""
+    try:
+        reference = _run(_cpu_session(original, _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)), inputs)
+    except Exception as err:  # an original ONNX Runtime cannot run: nothing to compare with
+        return {tool: ToolResult(None, error=f"the original does not run: {_first_line(err)}") for tool in tools}
     results = {}
     for tool in tools:
         copy = onnx.ModelProto()
         copy.CopyFrom(original)  # some tools (the transformers optimizer) rewrite the proto they are given
         try:
             with _quiet():
-                rewritten, caught, options = TOOLS[tool](copy, zoo.ZOO[exported.model])
+                rewritten, caught, options = TOOLS[tool](copy, model_type)
         except Exception as err:  # a tool that fails on a model is a result of this comparison, not a crash
-            logger.debug("%s failed on %s", tool, exported.directory, exc_info=True)
+            logger.debug("%s failed", tool, exc_info=True)
             results[tool] = ToolResult(None, error=_first_line(err))
             continue
         try:
             outputs = _run(_cpu_session(rewritten, options), inputs)
-            parity = compare_outputs(reference, outputs, golden, TOLERANCES[exported.dtype])
+            parity = compare_outputs(reference, outputs, golden, tolerance)
         except Exception as err:
             parity = Parity(False, float("nan"), f"does not run: {_first_line(err)}")
         results[tool] = ToolResult(caught, parity)
     return results
+
+
+def fixture_rows(tools: list[str], families: list[str] | None) -> Iterator[Row]:
+    """The exporter fixtures (tests/data/exporters, made by tools/make_exporter_fixtures.py): one row each. Their
+    inputs and outputs are float32, so the tools' outputs are compared with the original's alone."""
+    from onnx_norm import inputs as model_inputs
+
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    for family, entries in manifest.items():
+        if families and family not in families:
+            continue
+        for entry in entries:
+            original = onnx.load(FIXTURES / entry["file"])
+            feeds = model_inputs.generate(original, shapes=entry["shapes"], seed=0)[0]
+            internal_fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer)
+            dtype = "fp16-converted" if internal_fp16 else "fp32"
+            results = evaluate_model(original, feeds, None, TOLERANCES[dtype], tools, "bert")
+            name = entry["file"].removeprefix(f"{family}-").removesuffix(".onnx")
+            yield [name, family, entry["versions"], f"{entry['norms']} ({entry['native']})"], results, entry["norms"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,62 +244,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-d", "--dtypes", default=",".join(zoo.DTYPES), help="comma-separated dtypes")
     parser.add_argument("-t", "--tools", default=",".join(TOOLS), help=f"comma-separated tools ({','.join(TOOLS)})")
     parser.add_argument(
+        "--fixtures",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FAMILIES",
+        help="the exporter fixtures (tests/data/exporters) instead of the zoo; optionally comma-separated families",
+    )
+    parser.add_argument(
         "--cache", type=Path, default=None, help="export cache (default: $ONNX_NORM_ZOO_CACHE, else .cache/zoo)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and tool failures")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
 
+    tools = args.tools.split(",")
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        parser.error(f"unknown tool {', '.join(unknown)}; known: {', '.join(TOOLS)}")
+    started = time.monotonic()
+    if args.fixtures is not None:
+        families = [f for f in args.fixtures.split(",") if f] or None
+        print_table(["model", "family", "versions", "norms (native)"], tools, fixture_rows(tools, families))
+    else:
+        print_table(["model", "exporter", "dtype", "norms (native)"], tools, zoo_rows(parser, args, tools))
+    logger.info("%.0f s", time.monotonic() - started)
+    return 0
+
+
+def zoo_rows(parser: argparse.ArgumentParser, args: argparse.Namespace, tools: list[str]) -> Iterator[Row]:
     models = list(zoo.ZOO) if args.all else (args.models.split(",") if args.models else list(zoo.DEFAULT_SUBSET))
     choices = {
         "model": (models, zoo.ZOO),
         "exporter": (args.exporters.split(","), zoo.EXPORTERS),
         "dtype": (args.dtypes.split(","), zoo.DTYPES),
-        "tool": (args.tools.split(","), TOOLS),
     }
     for kind, (chosen, known) in choices.items():
         unknown = [c for c in chosen if c not in known]
         if unknown:
             parser.error(f"unknown {kind} {', '.join(unknown)}; known: {', '.join(known)}")
-    tools = args.tools.split(",")
-
-    header = ["model", "exporter", "dtype", "norms (native)", *tools]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    totals = {tool: [0, 0, 0] for tool in tools}  # caught all, parity ok, rows
-    started = time.monotonic()
     for model in models:
         for exporter in choices["exporter"][0]:
             for dtype in choices["dtype"][0]:
                 try:
                     exported = zoo.export(model, exporter, dtype, args.cache)  # type: ignore[arg-type]
                 except zoo.ZooExportError as err:
-                    print(
-                        f"| {model} | {exporter} | {dtype} | export failed: {str(err).split(': ', 1)[-1][:80]} |"
-                        + " |" * len(tools)
-                    )
+                    yield [model, exporter, dtype, f"export failed: {str(err).split(': ', 1)[-1][:80]}"], None, 0
                     continue
                 native = _count_native(onnx.load(exported.path))
-                results = evaluate(exported, tools)
-                cells = [results[t].cell(exported.norms_in_forward) for t in tools]
-                print(
-                    f"| {model} | {exporter} | {dtype} | {exported.norms_in_forward} ({native}) | "
-                    + " | ".join(cells)
-                    + " |",
-                    flush=True,
-                )
-                for tool in tools:
-                    result = results[tool]
-                    totals[tool][2] += 1
-                    totals[tool][0] += result.caught == exported.norms_in_forward
-                    totals[tool][1] += bool(result.parity and result.parity.passed)
+                cells = [model, exporter, dtype, f"{exported.norms_in_forward} ({native})"]
+                yield cells, evaluate(exported, tools), exported.norms_in_forward
+
+
+def print_table(columns: list[str], tools: list[str], rows: Iterator[Row]) -> None:
+    """One markdown row per model, then per tool how many models had every norm caught and passed parity."""
+    header = [*columns, *tools]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    totals = {tool: [0, 0, 0] for tool in tools}  # caught all, parity ok, rows
+    for cells, results, expected in rows:
+        if results is None:  # the export failed; the last cell says why
+            print("| " + " | ".join(cells) + " |" + " |" * len(tools))
+            continue
+        print("| " + " | ".join([*cells, *(results[t].cell(expected) for t in tools)]) + " |", flush=True)
+        for tool in tools:
+            result = results[tool]
+            totals[tool][2] += 1
+            totals[tool][0] += result.caught == expected
+            totals[tool][1] += bool(result.parity and result.parity.passed)
     print()
     print("| tool | models with every norm caught | parity passed |")
     print("|---|---|---|")
-    for tool, (caught, parity, rows) in totals.items():
-        print(f"| {tool} | {caught}/{rows} | {parity}/{rows} |")
-    logger.info("%.0f s", time.monotonic() - started)
-    return 0
+    for tool, (caught, parity, count) in totals.items():
+        print(f"| {tool} | {caught}/{count} | {parity}/{count} |")
 
 
 if __name__ == "__main__":

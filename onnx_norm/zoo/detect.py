@@ -27,11 +27,14 @@ NATIVE_NORM_OPS = frozenset(
         ("com.microsoft", "SkipSimplifiedLayerNormalization"),
     }
 )
-_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"})
+# GlobalAveragePool: tf2onnx's row mean of a rank-3 tensor (it averages every axis after the second).
+_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "GlobalAveragePool"})
 # Ops allowed between a reduction and the square root of a decomposed norm (epsilon Add, Casts, the division
 # by N after a ReduceSum, the E[x^2] - E[x]^2 form).
 _PASS_THROUGH = frozenset({"Add", "Cast", "Div", "Mul", "Sub", "Identity", "Max", "Clip"})
 _SEARCH_DEPTH = 4
+# Steps that change no value and do not count towards the depth (paddle2onnx writes an Identity after most ops).
+_FREE_STEPS = frozenset({"Identity", "Cast"})
 
 
 def _domain(node: onnx.NodeProto) -> str:
@@ -79,27 +82,45 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return values
 
 
+def _successors(
+    frontier: list[str], consumers: dict[str, list[onnx.NodeProto]], seen: set[int]
+) -> list[onnx.NodeProto]:
+    """The unseen consumers of `frontier`, looking through value-preserving steps (which are returned too)."""
+    found: list[onnx.NodeProto] = []
+    pending = list(frontier)
+    while pending:
+        for consumer in consumers.get(pending.pop(), []):
+            if id(consumer) in seen:
+                continue
+            seen.add(id(consumer))
+            found.append(consumer)
+            if consumer.op_type in _FREE_STEPS:
+                pending.extend(consumer.output)
+    return found
+
+
 def decomposed_norms(model: onnx.ModelProto) -> list[str]:
-    """Names (or output names) of reductions that still start a decomposed norm: a ReduceMean/ReduceSum whose
-    result reaches a square root (Sqrt, Pow 0.5 or -0.5) within a few element-wise steps."""
+    """One name per decomposed norm still in the graph: the first reduction (ReduceMean/ReduceSum, its name or
+    output name) whose result reaches a square root (Sqrt, Pow 0.5 or -0.5) within a few element-wise steps.
+    Reductions that reach the same square root are one norm (`E[x^2] - E[x]^2` has two)."""
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
     nodes = list(model_nodes(model))
     for node in nodes:
         for name in node.input:
             consumers[name].append(node)
     constants = _constants(model)
-    found = []
+    found: dict[int, str] = {}  # square-root node -> the first reduction reaching it
     for node in nodes:
         if node.op_type not in _REDUCTIONS:
             continue
         frontier, seen = list(node.output), set()
         for _ in range(_SEARCH_DEPTH):
-            successors = [c for name in frontier for c in consumers.get(name, []) if id(c) not in seen]
-            seen.update(id(c) for c in successors)
-            if any(_is_inverse_sqrt(c, constants) for c in successors):
-                found.append(node.name or node.output[0])
+            successors = _successors(frontier, consumers, seen)
+            roots = [c for c in successors if _is_inverse_sqrt(c, constants)]
+            if roots:
+                found.setdefault(id(roots[0]), node.name or node.output[0])
                 break
             frontier = [out for c in successors if c.op_type in _PASS_THROUGH for out in c.output]
             if not frontier:
                 break
-    return found
+    return list(found.values())

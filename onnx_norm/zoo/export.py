@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from onnx_norm.zoo.compat import tolerate_cuda_torchvision
 from onnx_norm.zoo.models import ZOO, ZooModel, build_model, dynamic_axes, example_inputs
 from onnx_norm.zoo.norms import count_norm_calls
 
@@ -93,6 +94,8 @@ def _versions() -> str:
     import onnx
     import onnxscript
     import torch
+
+    tolerate_cuda_torchvision()
     import transformers
 
     parts = [

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from onnx_norm.zoo.compat import tolerate_cuda_torchvision
+
 InputKind = Literal["text", "seq2seq", "vision", "speech"]
 
 VOCAB = 128
@@ -317,6 +319,8 @@ DEFAULT_SUBSET = ("bert", "gpt2", "llama", "qwen3", "gemma2", "t5", "convnext", 
 def build_model(spec: ZooModel, seed: int = 0) -> Any:
     """The torch model for `spec` in eval mode, eager attention, float32, weights drawn from `seed`."""
     import torch
+
+    tolerate_cuda_torchvision()
     import transformers
 
     config = getattr(transformers, spec.config_class)(**spec.config)

@@ -1,0 +1,132 @@
+"""Graphs from the exporters and tool chains people use, beyond torch: tf2onnx, jax2onnx, paddle2onnx, onnxscript,
+timm and diffusers through both torch exporters, graphs run through onnxslim/onnxsim, ONNX Runtime's transformers
+optimizer or a float16 converter first, and models from the onnxruntime-genai builder and optimum.
+
+The fixtures are small ONNX files made by tools/make_exporter_fixtures.py and committed under tests/data/exporters,
+so that CI checks the rewrite on real exporter output without installing TensorFlow, JAX or Paddle. ONNX's own
+function expansions of LayerNormalization-17 and RMSNormalization-23 are onnx's own `_expanded` backend test
+cases. Every norm must become one fused op (native norm ops taken over), with parity.
+
+Graphs the rewrite misses today are strict xfails that name the miss (KNOWN_MISSES): they turn into failures, to
+be removed from the list, once the rewrite catches them. ONNX_NORM_FULL_ZOO=1 also re-runs the exporters live
+(tests/test_exporter_live.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import onnx_norm
+from onnx_norm.zoo.detect import decomposed_norms, fused_norms, native_norms
+
+FIXTURES = Path(__file__).resolve().parent / "data" / "exporters"
+
+# file (or backend test name) -> what the rewrite misses there (see /work/wt/misses/README.md in the session that
+# filed them; each reason says what `onnx-norm inspect --explain` reports).
+_GAP = (
+    "tf2onnx (opsets 13, 17) writes the row mean as GlobalAveragePool: nothing fused and no near-miss "
+    "(misses/tf2onnx-globalaveragepool-{}.onnx)"
+)
+_CASTLIKE_EPS = "epsilon written as CastLike(Constant, x): near-miss 'epsilon ... is not a constant' (issue 9 item 1)"
+KNOWN_MISSES: dict[str, str] = {
+    **{
+        f"tf2onnx-keras-{kind}-opset{opset}.onnx": _GAP.format("rmsnorm" if "rms" in kind else "layernorm")
+        for kind in ("layernorm", "layernorm-plain", "rmsnorm", "rmsnorm-keras")
+        for opset in (13, 17)
+    },
+    "jax2onnx-nnx-rmsnorm.onnx": f"{_CASTLIKE_EPS} (misses/jax2onnx-castlike-eps-rmsnorm.onnx)",
+    "onnxscript-script-rmsnorm.onnx": f"{_CASTLIKE_EPS} (misses/onnxscript-castlike-eps-rmsnorm.onnx)",
+    "onnxscript-script-layernorm.onnx": f"{_CASTLIKE_EPS} (misses/onnxscript-castlike-eps-layernorm.onnx)",
+    "toolchains-block-ort-transformers.onnx": (
+        "take-over skips ORT's SkipSimplifiedLayerNormalization: 'its skip input has another element type than its "
+        "input', though the type is only unknown (misses/ort-transformers-skipsimplifiedlayernorm-native.onnx)"
+    ),
+    "toolchains-block-float16-keep-io.onnx": (
+        "onnxconverter-common's keep_io_types writes one input Cast per consumer: near-miss 'the subgraph reads the "
+        "input both before and after a narrowing Cast' (misses/float16-keep-io-duplicate-input-casts.onnx)"
+    ),
+    **{
+        f"onnx-functions-rms_normalization_{case}_expanded.onnx": (
+            "RMSNormalization-23's function body (axes from Range(axis, Size(Shape(X)))): nothing fused and no "
+            "near-miss (issue 9; misses/onnx-function-rmsnormalization23-expanded.onnx)"
+        )
+        for case in ("2d_axis_negative_1", "3d_axis_negative_1_epsilon", "4d_axis1", "4d_axis0", "default_axis")
+    },
+}
+
+
+def load_manifest(folder: Path = FIXTURES) -> list[dict[str, Any]]:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return [dict(entry, family=family) for family, entries in manifest.items() for entry in entries]
+
+
+def _param(key: str, value: Any) -> Any:
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[key])] if key in KNOWN_MISSES else []
+    return pytest.param(value, id=key.removesuffix(".onnx"), marks=marks)
+
+
+def check_fused_with_parity(
+    original: onnx.ModelProto, norms: int, feeds: list[dict[str, np.ndarray]] | None, shapes: Any = None
+) -> None:
+    """Every norm of `original` becomes one fused op, nothing decomposed or native is left, and the optimized model
+    computes what the original computes. A model converted to float16 inside (float32 inputs and outputs kept) is
+    held to float16's tolerance: ONNX Runtime's CPU provider runs the original's float16 ops in float32, while a
+    fused op rounds its output to float16."""
+    take_over = bool(native_norms(original))
+    optimized, report = onnx_norm.optimize(original, take_over_native=take_over)
+    misses = [(m.reason, m.nodes[:3]) for m in report.near_misses]
+    fused = sum(fused_norms(optimized).values())
+    assert fused == norms, f"fused {fused} of {norms}; near-misses: {misses}"
+    assert decomposed_norms(optimized) == [], f"decomposed norms left; near-misses: {misses}"
+    assert not native_norms(optimized), f"native norms not taken over: {dict(native_norms(optimized))}"
+    onnx.checker.check_model(optimized)
+    internal_fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer)
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if internal_fp16 else {}
+    parity = onnx_norm.verify(original, optimized, inputs=feeds, shapes=shapes, **tolerance)
+    failed = [o.message for o in parity.outputs if not o.passed]
+    assert parity.passed, failed
+
+
+@pytest.mark.parametrize("entry", [_param(e["file"], e) for e in load_manifest()])
+def test_exporter_fixture_fuses_every_norm(entry: dict[str, Any]) -> None:
+    original = onnx.load(FIXTURES / entry["file"])
+    in_graph = len(decomposed_norms(original)) + sum(native_norms(original).values())
+    assert in_graph == entry["norms"], f"the fixture holds {in_graph} norms, its model computes {entry['norms']}"
+    check_fused_with_parity(original, entry["norms"], None, entry["shapes"])
+
+
+def test_manifest_lists_every_fixture_file() -> None:
+    listed = {e["file"] for e in load_manifest()}
+    on_disk = {p.name for p in FIXTURES.glob("*.onnx")}
+    assert listed == on_disk
+    assert all(e["norms"] > 0 and e["versions"] for e in load_manifest())
+
+
+def test_coverage_tool_counts_the_fixtures_per_tool() -> None:
+    """tools/coverage.py --fixtures: one row per fixture of the family, ours against an anchor, with the totals."""
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "coverage.py"
+    run = subprocess.run(
+        [sys.executable, str(tool), "--fixtures", "paddle2onnx", "-t", "onnx-norm,onnxscript"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if "| paddle2onnx |" in line]
+    entries = [e for e in load_manifest() if e["family"] == "paddle2onnx"]
+    assert [row[0] for row in rows] == [
+        f"| {e['file'].removeprefix('paddle2onnx-').removesuffix('.onnx')}" for e in entries
+    ]
+    # onnx-norm fuses every one and keeps parity; onnxscript's ORT fusions only keep the native LayerNormalization.
+    assert all(row[4].startswith("1/1, ok (") for row in rows), rows
+    assert any(row[5].startswith("0/1 ✗, ok (") for row in rows), rows
+    assert f"| onnx-norm | {len(entries)}/{len(entries)} | {len(entries)}/{len(entries)} |" in run.stdout
