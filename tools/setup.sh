@@ -59,6 +59,11 @@ if ! python -m pip install -v -e '.[test]' >"$log" 2>&1; then
   exit 1
 fi
 grep -E -- '-- onnx-norm:' "$log" || true
+
+step "onnxruntime-genai (for tests/test_integrations_genai.py)"
+# --no-deps: it requires the `onnxruntime` distribution, which would install beside onnxruntime-gpu and break both
+# (they share the `onnxruntime` package directory); it loads whichever one provides `onnxruntime`. 11 MB, ~5 s.
+python -m pip install -q --no-deps "onnxruntime-genai>=0.18" || echo "onnxruntime-genai not installed; its tests skip"
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
 
 if grep -q 'ptxas info' "$log"; then

@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Replace every decomposed LayerNorm/RMSNorm with a fused op and write the model. Each match is "
         "proven on random inputs before it is rewritten; near-misses are left as they are.",
     )
-    parser.add_argument("input", help="ONNX model to optimize")
+    parser.add_argument("input", help="ONNX model to optimize, or an ONNX Runtime GenAI model folder")
     parser.add_argument("-o", "--output", required=True, help="where to write the optimized model")
     parser.add_argument(
         "--target",
@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from onnx_norm.rewrite import optimize
 
     source, output = Path(args.input), Path(args.output)
+    if source.is_dir():
+        from onnx_norm.integrations.genai_cli import run_folder
+
+        return run_folder(args)
     if _same_file(source, output) and not args.force:
         raise UsageError(f"output {output} is the input model; pass --force to overwrite it")
     try:
