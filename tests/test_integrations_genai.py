@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_llama import PROMPT, save_tiny_llama
 
 from onnx_norm.cli import main
 from onnx_norm.library import LIBRARY_NAME, library_available
@@ -18,43 +19,15 @@ og = pytest.importorskip(
     "onnxruntime_genai",
     reason="onnxruntime-genai is not installed (tools/setup.sh installs it with --no-deps beside onnxruntime-gpu)",
 )
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.skipif(not library_available(), reason="the onnx-norm custom-op library is not built")
-
-VOCAB = 96  # not the MLP width: the builder takes any Linear with vocab_size outputs for the LM head
-
-
-def _checkpoint(directory: Path) -> None:
-    """A tiny random LLaMA and a word-level tokenizer, saved as a Hugging Face checkpoint."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    fast.save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
 def genai_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("genai")
-    _checkpoint(root / "hf")
+    save_tiny_llama(root / "hf")
     command = [
         sys.executable,
         "-m",
@@ -75,7 +48,7 @@ def _generate(folder: Path) -> tuple[list[int], list[np.ndarray]]:
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=24, do_sample=False)
     generator = og.Generator(model, params)
-    generator.append_tokens(np.array([[1, 5, 9, 17, 33]], dtype=np.int32))
+    generator.append_tokens(np.array([PROMPT], dtype=np.int32))
     logits = []
     while not generator.is_done():
         logits.append(np.array(generator.get_logits()))
