@@ -12,8 +12,8 @@ Either export then goes through `finalize`, which does what a per-op translation
 `Add` feeding a norm into the Skip op (`SkipRMSNorm` / `SkipLayerNorm`, the sum kept as the op's `Sum` output where
 something else reads it) and attaches the model-local function bodies (`onnx_norm.ops.functions`) that keep the
 model runnable without our library. `export` does all of it in one call. The result equals, op for op, what
-`onnx_norm.optimize(..., take_over_native=True)` makes of the plain export (take-over: the plain dynamo export
-already writes `LayerNormalization` for `aten.layer_norm`); tests/test_integrations_torch.py checks that.
+`onnx_norm.optimize` makes of a plain export that decomposes the norm (dynamo's for `rms_norm`, TorchScript's below
+opset 17 for `layer_norm`); tests/test_integrations_torch.py checks that.
 
 Norm modules written out in Python (Hugging Face's `LlamaRMSNorm` and the like) never reach `aten.rms_norm`: for
 those, export plainly and run `onnx_norm.optimize`.
@@ -37,8 +37,8 @@ from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION
 
 logger = logging.getLogger(__name__)
 
-#: aten ops translated, as (TorchScript name, our op).
-TRANSLATED = {"aten::rms_norm": "RMSNorm", "aten::layer_norm": "LayerNorm"}
+#: aten ops translated (TorchScript names).
+TRANSLATED = ("aten::rms_norm", "aten::layer_norm")
 _SKIP_OPS = {"RMSNorm": "SkipRMSNorm", "LayerNorm": "SkipLayerNorm"}
 
 
@@ -109,39 +109,39 @@ def translation_table() -> dict[Callable[..., Any], Callable[..., Any]]:
     return {torch.ops.aten.rms_norm.default: rms_norm, torch.ops.aten.layer_norm.default: layer_norm}
 
 
-def _torchscript_symbolic(op_name: str) -> Callable[..., Any]:
-    from torch.onnx import symbolic_helper
+def _torchscript_node(g: Any, op_name: str, inputs: list[Any], shape: list[int], eps: float | None) -> Any:
+    x = inputs[0]
+    if eps is None:
+        eps = _default_eps(_torchscript_elem_type(x))
+    # Absent optional inputs are TorchScript None values, which the exporter writes as empty names; trailing ones
+    # are dropped so that the node reads like the rewrite's.
+    while inputs and inputs[-1].node().mustBeNone():
+        inputs.pop()
+    out = g.op(f"{DOMAIN}::{op_name}", *inputs, axis_i=-len(shape), epsilon_f=float(eps))
+    # The exporter cannot infer the type of a custom op's output; without it, what follows loses its types.
+    out.setType(x.type())
+    return out
 
-    def symbolic(g: Any, input: Any, normalized_shape: Any, weight: Any, *rest: Any) -> Any:
-        shape = symbolic_helper._get_const(normalized_shape, "is", "normalized_shape")
-        eps_value = rest[-2] if op_name == "LayerNorm" else rest[-1]
-        eps = None if eps_value.node().mustBeNone() else symbolic_helper._get_const(eps_value, "f", "eps")
-        inputs = [input, weight]
-        if op_name == "LayerNorm":
-            inputs.append(rest[0])
-        if eps is None:
-            eps = _default_eps(_torchscript_elem_type(input))
-        # Absent optional inputs stay as TorchScript's None values, which the exporter writes as empty names;
-        # trailing ones are dropped so that the node reads like the rewrite's.
-        while inputs and inputs[-1].node().mustBeNone():
-            inputs.pop()
-        out = g.op(f"{DOMAIN}::{op_name}", *inputs, axis_i=-len(shape), epsilon_f=float(eps))
-        # The exporter cannot infer the type of a custom op's output; without it, what follows loses its types.
-        out.setType(input.type())
-        return out
 
-    return symbolic
+def _torchscript_symbolics() -> dict[str, Callable[..., Any]]:
+    from torch.onnx.symbolic_helper import parse_args
+
+    @parse_args("v", "is", "v", "f")
+    def rms_norm(g: Any, input: Any, normalized_shape: list[int], weight: Any, eps: float | None) -> Any:
+        return _torchscript_node(g, "RMSNorm", [input, weight], normalized_shape, eps)
+
+    @parse_args("v", "is", "v", "v", "f", "b")
+    def layer_norm(g: Any, input: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float, _: bool) -> Any:
+        return _torchscript_node(g, "LayerNorm", [input, weight, bias], normalized_shape, eps)
+
+    return {"aten::rms_norm": rms_norm, "aten::layer_norm": layer_norm}
 
 
 def _torchscript_elem_type(value: Any) -> int:
     import torch
 
     dtype = value.type().dtype() if hasattr(value.type(), "dtype") else None
-    names = {
-        torch.float16: ir.DataType.FLOAT16,
-        torch.bfloat16: ir.DataType.BFLOAT16,
-        torch.float64: ir.DataType.DOUBLE,
-    }
+    names = {torch.float16: ir.DataType.FLOAT16, torch.bfloat16: ir.DataType.BFLOAT16}
     return int(names.get(dtype, ir.DataType.FLOAT))
 
 
@@ -149,8 +149,8 @@ def register_torchscript_symbolics(opset_version: int) -> None:
     """Registers our translations of `aten::rms_norm` and `aten::layer_norm` with the TorchScript exporter."""
     import torch
 
-    for aten, op in TRANSLATED.items():
-        torch.onnx.register_custom_op_symbolic(aten, _torchscript_symbolic(op), opset_version)
+    for aten, symbolic in _torchscript_symbolics().items():
+        torch.onnx.register_custom_op_symbolic(aten, symbolic, opset_version)
 
 
 def unregister_torchscript_symbolics(opset_version: int) -> None:
