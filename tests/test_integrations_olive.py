@@ -71,7 +71,7 @@ def test_one_pass_workflow_fuses_and_olive_evaluates_on_our_kernels(tmp_path: Pa
     monkeypatch.chdir(tmp_path)  # ORT writes the profiles into the working directory
     package_config = tmp_path / "olive_package_config.json"
     assert integration.main([str(package_config)]) == 0
-    output = run(_workflow(tmp_path), package_config=str(package_config))
+    output = run(_workflow(tmp_path, verify=True), package_config=str(package_config))
 
     best = output.get_best_candidate()
     assert best is not None and best.metrics_value["latency-avg"]["value"] > 0
