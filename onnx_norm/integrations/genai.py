@@ -3,7 +3,7 @@
 A GenAI folder holds `genai_config.json`, the ONNX model(s) it names (`model.decoder.filename`, and for multimodal
 models `model.embedding`, `model.vision`, ...), their external data, and the tokenizer files. `optimize_folder`
 writes a new folder with the same files, each named model rewritten, and, where a rewritten model uses our ops,
-`"custom_ops_library": "libonnx_norm_ops.so"` in that model's `session_options`: GenAI (0.6 and later) registers a
+`"custom_ops_library": "libonnx_norm_ops.so"` in that model's `session_options`: GenAI (checked with 0.18) registers a
 library named there with the session. GenAI only loads such a library from inside the model folder, the working
 directory or an execution provider's directory (it resolves the path and rejects anything else), so the library is
 copied into the folder rather than linked: a link would resolve to site-packages and be rejected.
@@ -47,16 +47,6 @@ class FolderReport:
     models: dict[str, OptimizeReport] = dataclasses.field(default_factory=dict)
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # section -> model file name
     library: str | None = None  # the library's file name in the folder, when copied and registered
-
-    @property
-    def fused(self) -> int:
-        return sum(
-            len(r.norms) + sum(1 for n in r.native_taken_over if n.get("converted")) for r in self.models.values()
-        )
-
-
-def is_genai_folder(path: str | os.PathLike) -> bool:
-    return Path(path).is_dir() and (Path(path) / CONFIG_NAME).is_file()
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
