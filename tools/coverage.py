@@ -8,6 +8,7 @@ holds as a fused op, and whether its outputs still match the original's:
 - ort:         ONNX Runtime's own graph optimizer at ORT_ENABLE_ALL, CPU; the saved optimized model is counted
 - ort-transformers: onnxruntime.transformers.optimizer.optimize_model, model_type chosen per family
 - onnxscript:  onnxscript.rewriter.ort_fusions.optimize_for_ort (ORT contrib ops)
+- olive-peephole: Olive's OnnxPeepholeOptimizer pass (olive-ai; Olive's OnnxScriptFusion pass is `onnxscript`)
 - onnxscript-onnx: onnxscript's rules.fusion LayerNormalization and RMSNormalization rules, after converting
   the model to opset 23 (they need ReduceMean axes as an input, and RMSNormalization is opset 23)
 
@@ -159,6 +160,20 @@ def run_onnxscript_onnx(original: onnx.ModelProto, _model_type: str) -> ToolOutp
     return optimized, _count_native(optimized), _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
+def run_olive_peephole(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
+    # Olive's OnnxPeepholeOptimizer pass with its defaults (onnxoptimizer's step only where that package is
+    # installed); Olive's OnnxScriptFusion pass is the `onnxscript` tool above (it calls optimize_for_ort).
+    from olive.passes.onnx.peephole_optimizer import ModelOptimizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(original, str(Path(tmp) / "model.onnx"))
+        optimizer = ModelOptimizer(str(Path(tmp) / "model.onnx"))
+    optimizer.onnxscript_optimize()
+    optimizer.onnxoptimizer_optimize()  # logs and returns where onnxoptimizer is not installed
+    optimizer.fuse_reshape_operations()
+    return optimizer.model, _count_native(optimizer.model), _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+
+
 # Each tool: (the original, ONNX Runtime transformers optimizer's model_type) -> its output.
 TOOLS: dict[str, Callable[[onnx.ModelProto, str], ToolOutput]] = {
     "onnx-norm": run_onnx_norm,
@@ -166,6 +181,7 @@ TOOLS: dict[str, Callable[[onnx.ModelProto, str], ToolOutput]] = {
     "ort-transformers": run_ort_transformers,
     "onnxscript": run_onnxscript,
     "onnxscript-onnx": run_onnxscript_onnx,
+    "olive-peephole": run_olive_peephole,
 }
 
 

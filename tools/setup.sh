@@ -59,6 +59,16 @@ if ! python -m pip install -v -e '.[test]' >"$log" 2>&1; then
   exit 1
 fi
 grep -E -- '-- onnx-norm:' "$log" || true
+
+step "integrations: onnxruntime-genai, olive-ai (tests/test_integrations_*.py; ~1 min)"
+# Optional: their tests skip when these are missing. The constraints keep pip from replacing what is installed
+# (torch, onnxruntime-gpu, onnx, transformers, ...). onnxruntime-genai goes in with --no-deps: it requires the
+# `onnxruntime` distribution, which would install beside onnxruntime-gpu and break both (they share the
+# `onnxruntime` package directory); it loads whichever one provides `onnxruntime`. olive-ai 0.13 imports
+# requests without declaring it.
+python -m pip freeze | grep -E '^(torch|onnx|onnxruntime-gpu|onnxruntime|onnxscript|onnx-ir|numpy|transformers)==' >build/constraints.txt || true
+python -m pip install -q --no-deps "onnxruntime-genai>=0.18" || echo "onnxruntime-genai not installed; its tests skip"
+python -m pip install -q -c build/constraints.txt "olive-ai>=0.13" requests || echo "olive-ai not installed; its tests skip"
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
 
 if grep -q 'ptxas info' "$log"; then

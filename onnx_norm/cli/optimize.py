@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Replace every decomposed LayerNorm/RMSNorm with a fused op and write the model. Each match is "
         "proven on random inputs before it is rewritten; near-misses are left as they are.",
     )
-    parser.add_argument("input", help="ONNX model to optimize")
+    parser.add_argument("input", help="ONNX model to optimize, or an ONNX Runtime GenAI model folder")
     parser.add_argument("-o", "--output", required=True, help="where to write the optimized model")
     parser.add_argument(
         "--target",
@@ -115,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     from onnx_norm.rewrite import optimize
 
     source, output = Path(args.input), Path(args.output)
+    if source.is_dir():  # an ONNX Runtime GenAI model folder: every model its genai_config names
+        from onnx_norm.integrations.genai_cli import run_folder
+
+        return run_folder(args)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
     _check_before_work(args, source, output, external)
     with common.input_errors():

@@ -1,0 +1,151 @@
+"""ONNX Runtime GenAI model folders: optimize every model a `genai_config.json` names, register our library.
+
+A GenAI folder holds `genai_config.json`, the ONNX model(s) it names (`model.decoder.filename`, and for multimodal
+models `model.embedding`, `model.vision`, ...), their external data, and the tokenizer files. `optimize_folder`
+writes a new folder with the same files, each named model rewritten, and, where a rewritten model uses our ops,
+`"custom_ops_library": "libonnx_norm_ops.so"` in that model's `session_options`: GenAI (checked with 0.18) registers a
+library named there with the session. GenAI only loads such a library from inside the model folder, the working
+directory or an execution provider's directory (it resolves the path and rejects anything else), so the library is
+copied into the folder rather than linked: a link would resolve to site-packages and be rejected.
+
+The models GenAI's model builder writes already carry `SimplifiedLayerNormalization` and
+`SkipSimplifiedLayerNormalization`: it is `take_over_native` that moves them onto our kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from onnx_norm.ops.schema import DOMAIN
+from onnx_norm.rewrite.report import OptimizeReport
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "genai_config.json"
+#: The session-options key GenAI reads the custom-op library from (src/config.cpp, `custom_ops_library`).
+LIBRARY_KEY = "custom_ops_library"
+
+
+class GenAIFolderError(ValueError):
+    """The folder is not a GenAI model folder we can read, or the output cannot be written; the message says why."""
+
+
+@dataclasses.dataclass
+class FolderReport:
+    """One report per rewritten model, by its section in genai_config.json (`decoder`, `vision`, ...)."""
+
+    models: dict[str, OptimizeReport] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # section -> model file name
+    library: str | None = None  # the library's file name in the folder, when copied and registered
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_NAME
+    if not folder.is_dir():
+        raise GenAIFolderError(f"{folder}: not a directory")
+    if not path.is_file():
+        raise GenAIFolderError(f"{folder}: no {CONFIG_NAME}; not an ONNX Runtime GenAI model folder")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise GenAIFolderError(f"{path}: not readable JSON ({err})") from err
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise GenAIFolderError(f"{path}: no 'model' section")
+    return config
+
+
+def model_sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, section) of every section of `model` that names an ONNX file (`filename`)."""
+    for name, section in config["model"].items():
+        if isinstance(section, dict) and isinstance(section.get("filename"), str):
+            yield name, section
+
+
+def _external_files(model: ir.Model) -> set[str]:
+    graphs = [model.graph, *(f.graph for f in model.functions.values())]
+    return {
+        value.const_value.location
+        for graph in graphs
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    }
+
+
+def _copy_other_files(source: Path, staging: Path, skip: set[str]) -> None:
+    for entry in source.iterdir():
+        if entry.name in skip:
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, staging / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, staging / entry.name)
+
+
+def optimize_folder(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    target: str = "onnx-norm",
+    disable: Iterable[str] = (),
+    take_over_native: bool = False,
+    verify_rewrites: bool = True,
+    overwrite: bool = False,
+) -> FolderReport:
+    """Writes the optimized copy of the GenAI folder `source` to `output` (a new directory; an existing one only
+    with `overwrite`). Written next to `output` first and moved into place at the end."""
+    from onnx_norm import model_io
+    from onnx_norm.library import LIBRARY_NAME, get_library_path
+    from onnx_norm.rewrite import optimize
+
+    source, output = Path(source), Path(output)
+    config = _read_config(source)
+    if output.exists() and output.resolve() == source.resolve():
+        raise GenAIFolderError(f"output {output} is the input folder; write the optimized folder elsewhere")
+    if output.exists() and not overwrite:
+        raise GenAIFolderError(f"output {output} exists; pass --force to replace it")
+    if not output.parent.is_dir():
+        raise GenAIFolderError(f"cannot write {output}: directory {output.parent} does not exist")
+    sections = list(model_sections(config))
+    if not sections:
+        raise GenAIFolderError(f"{source / CONFIG_NAME}: names no ONNX model (no model.*.filename)")
+    report = FolderReport()
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        written: set[str] = {CONFIG_NAME}
+        for name, section in sections:
+            path = source / section["filename"]
+            model = model_io.load(path)
+            written |= {section["filename"], *_external_files(model)}
+            model, model_report = optimize(
+                model,
+                target=target,
+                disable=disable,
+                take_over_native=take_over_native,
+                verify_rewrites=verify_rewrites,
+            )
+            model_io.save(model, staging / section["filename"])
+            report.models[name], report.files[name] = model_report, section["filename"]
+            if any(node.domain == DOMAIN for node in ir.traversal.RecursiveGraphIterator(model.graph)):
+                section.setdefault("session_options", {})[LIBRARY_KEY] = LIBRARY_NAME
+                report.library = LIBRARY_NAME
+        _copy_other_files(source, staging, written | ({LIBRARY_NAME} if report.library else set()))
+        if report.library:
+            shutil.copy2(get_library_path(), staging / LIBRARY_NAME)
+        (staging / CONFIG_NAME).write_text(json.dumps(config, indent=4) + "\n")
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report

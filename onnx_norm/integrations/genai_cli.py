@@ -1,0 +1,61 @@
+"""`onnx-norm optimize FOLDER -o OUT` for ONNX Runtime GenAI model folders (the work is `genai.optimize_folder`)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+
+def run_folder(args: argparse.Namespace) -> int:
+    """The optimize subcommand on a folder: same flags; `--verify` gates every rewritten model of the folder."""
+    from onnx_norm import model_io
+    from onnx_norm.cli import UsageError
+    from onnx_norm.cli.inspect import write_report
+    from onnx_norm.integrations import genai
+
+    source, output = Path(args.input), Path(args.output)
+    if args.external_data == "never":
+        raise UsageError("--external-data never: a GenAI folder keeps the external data of its models")
+    try:
+        report = genai.optimize_folder(
+            source,
+            output,
+            target=args.target,
+            disable=args.disable,
+            take_over_native=args.take_over_native,
+            overwrite=args.force,
+        )
+    except (genai.GenAIFolderError, model_io.ModelLoadError, model_io.ModelSaveError) as err:
+        raise UsageError(str(err)) from err
+    console = Console()
+    for name, model_report in report.models.items():
+        taken = sum(1 for record in model_report.native_taken_over if record.get("converted"))
+        native = sum(count for op, count in model_report.ops_after.items() if "LayerNormalization" in op)
+        line = f"{name} ({report.files[name]}): {len(model_report.norms)} fused, {taken} native taken over"
+        if native and not args.take_over_native:
+            line += f"; {native} native norm op(s) kept (--take-over-native moves them onto our kernels)"
+        console.print(line)
+    if args.report:  # the decoder's (or the first model's) report
+        write_report(args.report, report.models.get("decoder") or next(iter(report.models.values())))
+    if args.verify:
+        from onnx_norm.cli.verify import gate
+
+        # Written before the gate (it compares files); taken back out unless every model passes. GenAI decoders
+        # need consistent lengths: --shape sequence_length:8 past_sequence_length:16 total_sequence_length:24.
+        passed = False
+        try:
+            for name, file in report.files.items():
+                if gate(str(source / file), str(output / file), args, console=console) != 0:
+                    console.print(f"[red]FAILED[/red] parity gate on {name}: {output} not written")
+                    return 1
+            passed = True
+        finally:
+            if not passed:
+                shutil.rmtree(output, ignore_errors=True)
+    if report.library:
+        console.print(f"registered {report.library} (copied into the folder) in genai_config.json")
+    console.print(f"wrote {output}")
+    return 0

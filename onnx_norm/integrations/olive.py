@@ -1,0 +1,196 @@
+"""An Olive pass, `OnnxNormFusion`, for Olive workflow configs (olive-ai 0.13).
+
+Olive finds passes through its package config (`olive/olive_config.json`: pass name -> `module_path`); a pass that
+lives outside Olive's tree is added with a package config of one's own, given to `olive run --package-config` or
+`olive.workflows.run(..., package_config=...)` (Olive's CLI help: "location of individual pass module
+implementation ... might also include user owned/proprietary/private pass implementations"). That file replaces
+Olive's, so `package_config()` returns Olive's own with our pass added; `python -m onnx_norm.integrations.olive
+PATH` writes it.
+
+The pass runs `onnx_norm.optimize` with its options and hands Olive an `OnnxNormModel`: an ONNX model handler whose
+sessions register our custom-op library. Olive's session options have no key for a custom-op library (only
+`use_ort_extensions`, which registers onnxruntime-extensions'), so the handler creates the session itself, with
+Olive's inference settings applied the way Olive applies them. Later passes that write a plain `ONNXModel` keep the
+model runnable without the library, through the model-local functions our ops carry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from olive.common.ort_inference import check_and_normalize_provider_args, get_ort_available_providers
+from olive.hardware.accelerator import AcceleratorSpec, Device
+from olive.model import ONNXModelHandler
+from olive.model.config.registry import model_handler_registry
+from olive.model.utils import resolve_onnx_path
+from olive.passes import Pass
+from olive.passes.onnx.common import get_external_data_config, model_proto_to_olive_model
+from olive.passes.pass_config import BasePassConfig, PassConfigParam
+
+logger = logging.getLogger(__name__)
+
+PASS_NAME = "OnnxNormFusion"
+MODEL_TYPE = "OnnxNormModel"
+
+
+@model_handler_registry(MODEL_TYPE)
+class OnnxNormModelHandler(ONNXModelHandler):
+    """An ONNX model whose ONNX Runtime sessions have the onnx-norm custom-op library registered."""
+
+    def prepare_session(
+        self,
+        inference_settings: dict[str, Any] | None = None,
+        device: Device = Device.CPU,
+        execution_providers: str | list[str] | None = None,
+        rank: int | None = None,
+    ) -> Any:
+        import onnxruntime as ort
+
+        from onnx_norm.library import session_options
+
+        settings = self.merge_inference_settings(inference_settings, execution_providers)
+        if not settings["execution_provider"]:
+            settings["execution_provider"] = self._get_default_execution_providers(device)
+            settings["provider_options"] = None
+        options = session_options(_ort_options(settings.get("session_options") or {}))
+        providers, provider_options = check_and_normalize_provider_args(
+            settings["execution_provider"], settings.get("provider_options"), get_ort_available_providers()
+        )
+        if device == Device.GPU and rank is not None:
+            for provider, provider_option in zip(providers, provider_options, strict=True):
+                if provider == "CUDAExecutionProvider":
+                    provider_option["device_id"] = str(rank)
+        return ort.InferenceSession(
+            str(self.model_path), options, providers=providers, provider_options=provider_options
+        )
+
+
+def _ort_options(settings: dict[str, Any]) -> Any:
+    """SessionOptions from Olive's `session_options` settings (the keys olive.common.ort_inference reads)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    for key in ("inter_op_num_threads", "intra_op_num_threads", "log_severity_level"):
+        if settings.get(key) is not None:
+            setattr(options, key, settings[key])
+    if settings.get("enable_profiling"):
+        options.enable_profiling = True
+    if settings.get("execution_mode") is not None:
+        options.execution_mode = ort.ExecutionMode(settings["execution_mode"])
+    if settings.get("graph_optimization_level") is not None:
+        options.graph_optimization_level = ort.GraphOptimizationLevel(settings["graph_optimization_level"])
+    for key, value in (settings.get("extra_session_config") or {}).items():
+        options.add_session_config_entry(key, value)
+    return options
+
+
+class OnnxNormFusion(Pass):
+    """Fuses decomposed LayerNorm/RMSNorm subgraphs into single ops (onnx-norm); see docs/integrations.md."""
+
+    @classmethod
+    def _default_config(cls, accelerator_spec: AcceleratorSpec) -> dict[str, PassConfigParam]:
+        from onnx_norm.rewrite import RULE_NAMES, TARGETS
+
+        return {
+            "target": PassConfigParam(
+                type_=str,
+                default_value="onnx-norm",
+                description=f"ops to emit: {', '.join(TARGETS)} (as `onnx-norm optimize --target`)",
+            ),
+            "disable": PassConfigParam(
+                type_=list[str], default_value=[], description=f"rules to skip, of: {', '.join(RULE_NAMES)}"
+            ),
+            "take_over_native": PassConfigParam(
+                type_=bool,
+                default_value=False,
+                description="also move norms that are already native ops (LayerNormalization, "
+                "SimplifiedLayerNormalization, Skip*) onto the target's ops",
+            ),
+            "verify_rewrites": PassConfigParam(
+                type_=bool, default_value=True, description="prove each candidate on random inputs before rewriting"
+            ),
+            "verify": PassConfigParam(
+                type_=bool,
+                default_value=False,
+                description="run onnx-norm's parity gate on the result against the input model; fail the pass if "
+                "it does not pass",
+            ),
+            **get_external_data_config(),
+        }
+
+    def _run_for_config(
+        self, model: ONNXModelHandler, config: type[BasePassConfig], output_model_path: str
+    ) -> ONNXModelHandler:
+        import onnx_ir as ir
+
+        from onnx_norm import model_io
+        from onnx_norm.rewrite import TARGETS, optimize
+
+        if config.target not in TARGETS:
+            raise ValueError(f"{PASS_NAME}: unknown target {config.target!r}; expected one of {', '.join(TARGETS)}")
+        output_model_path = resolve_onnx_path(output_model_path, Path(model.model_path).name)
+        rewritten, report = optimize(
+            model_io.load(model.model_path),
+            target=config.target,
+            disable=config.disable,
+            take_over_native=config.take_over_native,
+            verify_rewrites=config.verify_rewrites,
+        )
+        logger.info("%s: fused %d norm(s) %s", PASS_NAME, len(report.norms), report.rule_counts)
+        if config.verify:
+            _gate(model.model_path, rewritten)
+        written = model_proto_to_olive_model(ir.serde.serialize_model(rewritten), output_model_path, config)
+        settings = written.to_json()["config"]
+        if config.target != "onnx-norm":
+            return written  # standard or ORT ops: nothing to register
+        settings["inference_settings"] = model.inference_settings
+        return OnnxNormModelHandler(**settings)
+
+
+def _gate(original: str, rewritten: Any) -> None:
+    from onnx_norm import model_io
+    from onnx_norm.parity import verify
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        model_io.save(rewritten, path)
+        parity = verify(original, str(path))
+    if not parity.passed:
+        raise RuntimeError(f"{PASS_NAME}: the rewritten model failed onnx-norm's parity gate against {original}")
+
+
+def package_config() -> dict[str, Any]:
+    """Olive's package config with `OnnxNormFusion` added, for `olive run --package-config`."""
+    from olive.package_config import OlivePackageConfig
+
+    with open(OlivePackageConfig.get_default_config_path()) as f:
+        config = json.load(f)
+    config["passes"][PASS_NAME] = {
+        "module_path": f"{__name__}.{PASS_NAME}",
+        "supported_providers": ["*"],
+        "supported_accelerators": ["*"],
+        "supported_precisions": ["*"],
+        "supported_algorithms": [],
+        "supported_quantization_encodings": [],
+        "extra_dependencies": [],
+    }
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m onnx_norm.integrations.olive PACKAGE_CONFIG.json", file=sys.stderr)
+        return 2
+    Path(args[0]).write_text(json.dumps(package_config(), indent=2) + "\n")
+    print(f"wrote {args[0]}: Olive's package config with {PASS_NAME}; pass it to `olive run --package-config`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
