@@ -1,23 +1,28 @@
 #!/usr/bin/env python3
 """Checks the CUDA norm kernels on a machine with an NVIDIA GPU and measures their bandwidth.
 
-One prepared script (a few minutes on one GPU, no network):
+One prepared command (under 8 minutes on an H200, no network; `tools/device/run_gpu.sh kernels` runs it):
 
 1. builds `tools/gpu_harness/harness.cu` with `custom_ops/src/cuda/*.cu` into a small shared library with the
    machine's nvcc, for the GPU's own architecture, and loads it with ctypes;
-2. runs every op x X type x hidden size (1, 7, 127, 768, 4097, 16384), the rounding attributes, Scale/Y types,
-   broadcast Scale, Skip and statistics outputs, special values and unaligned tensors through `LaunchNorm` on
-   torch tensors (on a side stream, inside guard bands that must stay untouched), plus a CUDA graph capture,
-   and compares each output with `onnx_norm/ops/reference.py` with per-dtype tolerances;
-3. where onnxruntime-gpu and the built `onnx_norm` library are installed, runs a subset through ONNX Runtime's
-   CUDA provider and confirms from `get_providers()` and the profile that our node ran on CUDA;
-4. measures each kernel's effective bandwidth (bytes read + written / median time, CUDA events around CUDA-graph
-   replays, inputs rotated to defeat L2) against a device-to-device copy of the same bytes and against
-   `torch.nn.functional.layer_norm` / `rms_norm`, and prints one table.
+2. captures one launch of every kernel path in a CUDA graph (torch's strictest capture mode) and replays it on
+   new inputs; a failed capture is reported and the timings fall back to CUDA events around eager launches;
+3. runs every op x X type x hidden size (1 to 262144, odd sizes), the rounding attributes, Scale/Y types,
+   broadcast Scale, Skip and statistics outputs, special values, unaligned tensors, Sum written over X or Skip
+   (in place) and 1 to 70000 rows through `LaunchNorm` on torch tensors (on a side stream, inside guard bands
+   that must stay untouched), and compares each output with `onnx_norm/ops/reference.py`;
+4. measures each kernel's effective bandwidth (bytes read + written / median time, CUDA-graph replays, inputs
+   rotated to defeat L2) against a device-to-device copy of the same bytes, torch's kernels and a
+   one-row-per-program Triton kernel, until --budget seconds have passed;
+5. where onnxruntime-gpu and the built `onnx_norm` library are installed, runs a subset through ONNX Runtime's
+   CUDA provider (confirming from the profile that our node ran on CUDA) and times our ops against ONNX
+   Runtime's own LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels, CUDA graphs off and on.
 
+Tables go to stdout and, with --out (default $OUT), to gpu_check.md and gpu_check.json there.
 Exits 1 on any mismatch or failed check, 2 when it cannot run (no GPU, no nvcc, build failure).
-`--self-test` runs the parts that need no GPU (case list, reference comparisons against a fake backend,
-optionally the harness build) so the script itself can be checked on a CPU-only machine.
+`--self-test` runs the parts that need no GPU (case list, reference comparisons against a fake backend, every
+case through the CPU emulator of the kernels, the ORT comparison on the CPU provider, the harness build);
+`--plan` prints the launch configuration per op x dtype x shape for an H200 (docs/cuda_kernels.md).
 """
 
 from __future__ import annotations
