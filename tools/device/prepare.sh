@@ -25,4 +25,4 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$CARRY/wheels" onnx ml_dtypes
 du -sh "$CARRY"
-echo "carry: [\".gpucarry\"] in the run of tools/device/run_gpu.sh kernels"
+echo "carry: see the header of tools/device/run_gpu.sh (kernels: .gpucarry/wheels; ort: .gpucarry)"

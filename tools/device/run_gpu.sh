@@ -2,18 +2,20 @@
 # The GPU run (the GPU-run issue), in stages, each one `run` of the device tool from the repository root,
 # with results written under $OUT (default ./gpu-out). Prepare here first: bash tools/device/prepare.sh
 #
-#   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry"]                 (~6 min on an H200)
+#   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (~6 min on an H200)
 #      the kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
 #      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows) against the
 #      reference, CUDA graph capture of every kernel path, and GB/s against a device-to-device copy, torch and
 #      a one-row-per-program Triton kernel. Tables: $OUT/gpu_check.md and .json.
-#   2. for each part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
-#      (a machine is fresh after it goes back: send the parts and run stage 3 while it stays warm)
-#   3. bash tools/device/run_gpu.sh ort          carry [".gpucarry", ".ortgpu"]       (~5 min)
+#   2. once per part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
+#      Ignored files already on the machine stay between calls while it is warm, so the parts add up there;
+#      naming all of .ortgpu in one carry would exceed the 64 MiB a transfer takes.
+#   3. bash tools/device/run_gpu.sh ort          carry [".gpucarry", ".ortgpu/install.sh"]   (~5 min)
 #      installs onnxruntime-gpu from the parts, preload_dlls(), loads our library (rebuilds it for sm_90 there
 #      if the carried one does not load), then: our ops through ONNX Runtime's CUDA provider against the
 #      reference, against ONNX Runtime's LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels (CUDA graphs off
 #      and on), parity of the bundled examples on CUDA, and `onnx-norm bench --provider cuda`.
+#   .gpucarry is about 55 MB (the library with SASS for 5 architectures is 46 MB): carry nothing else with it.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-$PWD/gpu-out}
