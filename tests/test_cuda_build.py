@@ -4,7 +4,6 @@ parameters, and the kernel code itself matches the reference when run by the CPU
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import importlib.util
 import re
@@ -39,50 +38,133 @@ needs_emulator = pytest.mark.skipif(
     CUDA_INCLUDE is None or shutil.which("g++") is None, reason="CUDA headers or g++ not found"
 )
 
-_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
-_PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+def _load_sass_report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sass_report", REPO / "tools" / "sass_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-@needs_nvcc
-def test_cuda_sources_compile_for_sm80_and_sm90_without_spills(tmp_path: Path) -> None:
-    sources = sorted(CUDA_SOURCES.glob("*.cu"))
-    assert sources, "no CUDA sources"
-
-    def compile_one(source: Path) -> str:
-        cmd = [
-            str(NVCC), "-std=c++17", "-O3", "-Xptxas=-v", "-Xcompiler=-fPIC,-fvisibility=hidden",
-            "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
-            "-c", str(source), "-o", str(tmp_path / f"{source.stem}.o"),
-        ]  # fmt: skip
-        result = subprocess.run(["nice", *cmd], check=False, capture_output=True, text=True)
-        assert result.returncode == 0, f"{source.name} failed to compile:\n{result.stderr}"
-        return result.stderr
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        logs = "\n".join(pool.map(compile_one, sources))
-
-    kernels: dict[tuple[str, str], tuple[int, int]] = {}
-    entry = None
-    for line in logs.splitlines():
-        if m := _PTXAS_ENTRY.search(line):
-            entry = (m.group(1), m.group(2))
-        elif (m := _PTXAS_SPILLS.search(line)) and entry is not None:
-            kernels[entry] = (int(m.group(1)), int(m.group(2)))
-            entry = None
-    spilling = {k: v for k, v in kernels.items() if v != (0, 0)}
-    assert not spilling, f"kernels with register spills (stores, loads bytes): {spilling}"
-    for arch in ("sm_80", "sm_90"):
-        names = [name for name, a in kernels if a == arch]
-        # 4 register-row variants for float32, 3 each for the 16-bit types, 2 shared-row variants per type.
-        assert sum("RegisterRowKernel" in n for n in names) == 10, names
-        assert sum("SharedRowKernel" in n for n in names) == 6, names
+sass_report = _load_sass_report()
+NVDISASM = sass_report.find_nvdisasm(NVCC)
+# 3 X types x 3 vectors-per-thread x 8 flag combinations (skip, rms, native), and 2 shared-row variants per type.
+REGISTER_ROW_KERNELS = 3 * 3 * 8
+SHARED_ROW_KERNELS = 3 * 2
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+def sm90_cubins(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], str]:
+    assert NVCC is not None
+    return sass_report.compile_cubins(NVCC, "90", tmp_path_factory.mktemp("sm90"))
+
+
+def _check_no_spills(reports: dict, arch: str) -> None:
+    spilling = {
+        r.name: (r.spill_stores, r.spill_loads) for r in reports.values() if (r.spill_stores, r.spill_loads) != (0, 0)
+    }
+    assert not spilling, f"{arch} kernels with register spills (stores, loads bytes): {spilling}"
+    names = [r.name for r in reports.values()]
+    assert sum(n.startswith("RegisterRowKernel") for n in names) == REGISTER_ROW_KERNELS, names
+    assert sum(n.startswith("SharedRowKernel") for n in names) == SHARED_ROW_KERNELS, names
+
+
+@needs_nvcc
+def test_cuda_kernels_compile_for_sm80_and_sm90_without_spills(
+    sm90_cubins: tuple[list[Path], str], tmp_path: Path
+) -> None:
+    _check_no_spills(sass_report.parse_ptxas(sm90_cubins[1]), "sm_90")
+    _, sm80_log = sass_report.compile_cubins(NVCC, "80", tmp_path)
+    _check_no_spills(sass_report.parse_ptxas(sm80_log), "sm_80")
+
+
+@needs_nvcc
+def test_launcher_compiles(tmp_path: Path) -> None:
+    """The host-side launcher and op wrapper compile with nvcc (the library build compiles them too)."""
+    cmd = [str(NVCC), "-std=c++17", "-O2", "-c", str(CUDA_SOURCES / "launch.cu"), "-o", str(tmp_path / "launch.o")]
+    result = subprocess.run(["nice", *cmd], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_nvcc
+@pytest.mark.skipif(NVDISASM is None, reason="nvdisasm not found (pip install nvidia-cuda-nvdisasm; setup.sh does)")
+def test_register_row_kernels_keep_all_of_a_rows_loads_in_flight(sm90_cubins: tuple[list[Path], str]) -> None:
+    """In the sm_90 SASS, each register-row kernel issues all its X (and Skip) 16-byte loads before the first
+    instruction that reads any of them: a thread that used each load before issuing the next (one LDG.E.128
+    in flight) would leave an H200 far from its memory bandwidth."""
+    cubins, _ = sm90_cubins
+    functions: dict[str, list[tuple[str, str]]] = {}
+    for cubin in cubins:
+        text = subprocess.run([NVDISASM, "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+        functions.update(sass_report.parse_sass(text))
+    checked = 0
+    too_few = []
+    for symbol, instructions in functions.items():
+        parameters = sass_report.register_row_parameters(symbol)
+        if parameters is None:
+            continue
+        vpt, flags = parameters
+        skip, native = bool(flags & 1), bool(flags & 4)
+        # Native types: every X and Skip load. Other types (Y or Scale in another type, a runtime choice in the
+        # epilogue): ptxas issues the last vector's Skip loads after the first sums at 4 vectors per thread
+        # (6 of 8), so X's loads plus at least one Skip load per two vectors.
+        expected = vpt * (2 if skip else 1) if native else vpt + (max(1, vpt // 2) if skip else 0)
+        _, in_flight = sass_report.loads_in_flight(instructions)
+        checked += 1
+        if in_flight < expected:
+            too_few.append(f"{sass_report.describe(symbol)}: {in_flight} < {expected}")
+    assert checked == REGISTER_ROW_KERNELS
+    assert not too_few, "16-byte loads in flight below the expected count:\n" + "\n".join(too_few)
+
+
+def test_loads_in_flight_counts_loads_until_their_first_use() -> None:
+    """The SASS reading itself: two loads then a use is 2 in flight; load, use, load, use is 1."""
+    batched = [
+        ("LDG.E.128.CONSTANT", "R4, desc[UR4][R2.64]"),
+        ("LDG.E.128.CONSTANT", "R8, desc[UR4][R2.64+0x10]"),
+        ("HADD2.F32", "R12, -RZ, R4.H0_H0"),
+        ("FADD", "R13, R9, R12"),
+    ]
+    serial = [batched[0], batched[2], batched[1], batched[3]]
+    assert sass_report.loads_in_flight(batched) == (2, 2)
+    assert sass_report.loads_in_flight(serial) == (2, 1)
+    # A store of the loaded vector reads all four registers; an address use of another register does not.
+    stored = [batched[0], ("IADD3", "R2, P0, R2, 0x20, RZ"), ("STG.E.128", "desc[UR4][R20.64], R4"), batched[1]]
+    assert sass_report.loads_in_flight(stored) == (2, 1)
+    assert sass_report.describe("_ZN9onnx_norm4cuda17RegisterRowKernelI6__halfLi2ELi5EEEvNS0_8NormArgsE") == (
+        "RegisterRowKernel<float16, vpt=2, skip+native>"
+    )
+
+
+@pytest.fixture(scope="module")
+def emulator_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert CUDA_INCLUDE is not None
-    library = gpu_check.build_emulator(CUDA_INCLUDE, tmp_path_factory.mktemp("emulator"))
-    return gpu_check.Harness(library)
+    return gpu_check.build_emulator(CUDA_INCLUDE, tmp_path_factory.mktemp("emulator"))
+
+
+@pytest.fixture(scope="module")
+def emulator(emulator_library: Path) -> ModuleType:
+    return gpu_check.Harness(emulator_library)
+
+
+@needs_emulator
+def test_launch_plan_for_an_h200_keeps_sms_busy_and_rows_read_once_where_they_fit(emulator_library: Path) -> None:
+    """The real launcher's choices for a 132-SM GPU (the table of docs/cuda_kernels.md)."""
+    plan = {(r[0], r[1], r[2]): r for r in gpu_check.launch_plan(emulator_library)}
+    assert len(plan) == len(gpu_check.OPS) * 3 * len(gpu_check.PLAN_SHAPES)
+    kernel, vpt, group, block, grid = 4, 5, 6, 7, 8
+    row = plan[("SkipLayerNorm", "f16", "8192x4096")]
+    assert (row[kernel], row[vpt], row[group], row[block]) == ("register", "2", "256", "256")
+    assert int(row[grid]) == 132 * (2048 // 256) * 4  # capped at 4 waves: blocks loop over rows
+    row = plan[("RMSNorm", "f16", "8192x768")]  # 96 vectors: 2 per thread, 2 rows per 128-thread block
+    assert (row[kernel], row[vpt], row[group], row[block], row[grid]) == ("register", "2", "64", "128", "4096")
+    assert plan[("RMSNorm", "bf16", "4096x16384")][vpt] == "4"
+    assert plan[("LayerNorm", "f32", "2048x32768")][kernel] == "shared"  # 128 KiB: one block per SM
+    assert plan[("LayerNorm", "f32", "2048x32768")][grid] == "132"
+    assert plan[("LayerNorm", "f32", "1024x65536")][kernel] == "reread"  # over 227 KiB of shared memory
+    assert plan[("RMSNorm", "f16", "1x4096")][grid] == "1"
 
 
 def _call(harness: object, **overrides: object) -> tuple[int, str]:
@@ -92,7 +174,7 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
         "x": ctypes.addressof(buffers["x"]), "skip": None, "scale": ctypes.addressof(buffers["scale"]), "bias": None,
         "y": ctypes.addressof(buffers["y"]), "sum": None, "mean": None, "inv_std": None, "rows": 4, "cols": 16,
         "scale_size": 16, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
-        "normalized_type": 0, "multiply_type": 0, "stream": None,
+        "normalized_type": 0, "multiply_type": 0, "device": -1, "stream": None,
     }  # fmt: skip
     args.update(overrides)
     error = ctypes.c_char_p()
@@ -136,7 +218,7 @@ def test_kernel_code_matches_the_reference_in_the_cpu_emulator(emulator: object)
     cases += [
         gpu_check._default_case(op, x_type, shape)
         for op in gpu_check.OPS
-        for x_type, shape in ((F32, (2, 20000)), (F16, (2, 40004)), (BF16, (2, 120001)))
+        for x_type, shape in ((F32, (2, 20000)), (F16, (2, 40004)), (BF16, (2, 120001)), (F16, (300, 8)))
     ]
     backend = gpu_check.HostHarnessBackend(emulator)
     outcome = gpu_check.Outcome(quiet=True)
@@ -144,10 +226,52 @@ def test_kernel_code_matches_the_reference_in_the_cpu_emulator(emulator: object)
     assert not outcome.failures, "\n".join(outcome.failures[:20])
     assert outcome.checked == len(cases)
     used = set(backend.kernels)
-    for expected in ("register vpt=1", "register vpt=2", "register vpt=4", "register vpt=8", "shared", "reread"):
+    for expected in ("register vpt=1", "register vpt=2", "register vpt=4", "shared", "reread"):
         assert any(kernel.startswith(expected) for kernel in used), (expected, sorted(used))
+    flags = {int(m.group(1)) for k in used if (m := re.search(r"flags=(\d+)", k))}
+    assert flags == set(range(8)), sorted(flags)  # skip x rms x native types
     assert any(kernel.endswith(("group=8", "group=16")) for kernel in used)  # several rows per warp
     assert any(kernel.endswith(("group=128", "group=256", "group=512")) for kernel in used)  # a block per row
+
+
+@needs_emulator
+def test_shared_row_cache_is_safe_when_a_block_loops_over_rows(emulator: object) -> None:
+    """The emulated GPU has 3 SMs, so the launcher's grid cap gives each block of the shared-memory kernel
+    several rows; with X shifted by 3 elements the scalar ends of consecutive rows land in different cache
+    slots. Without the barrier between one row's output pass and the next row's caching pass, a fast thread
+    overwrites cache slots a slow one has still to read (the emulator runs threads in turn between
+    barriers, so this fails deterministically)."""
+    cases = [gpu_check._default_case(op, F32, (40, 8201), layout="shifted") for op in gpu_check.OPS]
+    backend = gpu_check.HostHarnessBackend(emulator)
+    outcome = gpu_check.Outcome(quiet=True)
+    gpu_check.run_cases(backend, cases, "emulated", outcome)
+    assert not outcome.failures, "\n".join(outcome.failures[:8])
+    assert set(backend.kernels) == {"shared"}
+
+
+@needs_emulator
+def test_skip_ops_are_safe_in_place_with_sum_bound_onto_x_or_skip(emulator: object) -> None:
+    """Sum written over X or Skip (every kernel path, including the one that reads the row twice), and the
+    launcher refusing outputs that partly overlap an input."""
+    cases = [
+        gpu_check._default_case(op, x_type, shape, layout=layout)
+        for op in ("SkipLayerNorm", "SkipRMSNorm")
+        for layout in gpu_check.IN_PLACE
+        for x_type, shape in ((F16, (3, 7)), (BF16, (3, 4097)), (F32, (3, 8000)), (F16, (3, 20000)), (F32, (1, 60000)))
+    ]
+    backend = gpu_check.HostHarnessBackend(emulator)
+    outcome = gpu_check.Outcome(quiet=True)
+    gpu_check.run_cases(backend, cases, "emulated", outcome)
+    assert not outcome.failures, "\n".join(outcome.failures[:8])
+    assert {k.split()[0] for k in backend.kernels} == {"register", "shared", "reread"}, sorted(backend.kernels)
+    buffer = (ctypes.c_float * 200)()
+    base = ctypes.addressof(buffer)
+    rc, message = _call(emulator, skip=base + 256, sum=base + 4, y=base + 512)  # Sum one element into X
+    assert rc != 0
+    assert "may not overlap" in message
+    rc, message = _call(emulator, x=base, y=base + 8, scale=base + 512)  # Y two elements into X
+    assert rc != 0
+    assert "may not overlap" in message
 
 
 def test_gpu_check_catches_a_wrong_element_in_any_output() -> None:

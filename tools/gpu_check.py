@@ -1,23 +1,28 @@
 #!/usr/bin/env python3
 """Checks the CUDA norm kernels on a machine with an NVIDIA GPU and measures their bandwidth.
 
-One prepared script (a few minutes on one GPU, no network):
+One prepared command (under 8 minutes on an H200, no network; `tools/device/run_gpu.sh kernels` runs it):
 
 1. builds `tools/gpu_harness/harness.cu` with `custom_ops/src/cuda/*.cu` into a small shared library with the
    machine's nvcc, for the GPU's own architecture, and loads it with ctypes;
-2. runs every op x X type x hidden size (1, 7, 127, 768, 4097, 16384), the rounding attributes, Scale/Y types,
-   broadcast Scale, Skip and statistics outputs, special values and unaligned tensors through `LaunchNorm` on
-   torch tensors (on a side stream, inside guard bands that must stay untouched), plus a CUDA graph capture,
-   and compares each output with `onnx_norm/ops/reference.py` with per-dtype tolerances;
-3. where onnxruntime-gpu and the built `onnx_norm` library are installed, runs a subset through ONNX Runtime's
-   CUDA provider and confirms from `get_providers()` and the profile that our node ran on CUDA;
-4. measures each kernel's effective bandwidth (bytes read + written / median time, CUDA events around CUDA-graph
-   replays, inputs rotated to defeat L2) against a device-to-device copy of the same bytes and against
-   `torch.nn.functional.layer_norm` / `rms_norm`, and prints one table.
+2. captures one launch of every kernel path in a CUDA graph (torch's strictest capture mode) and replays it on
+   new inputs; a failed capture is reported and the timings fall back to CUDA events around eager launches;
+3. runs every op x X type x hidden size (1 to 262144, odd sizes), the rounding attributes, Scale/Y types,
+   broadcast Scale, Skip and statistics outputs, special values, unaligned tensors, Sum written over X or Skip
+   (in place) and 1 to 70000 rows through `LaunchNorm` on torch tensors (on a side stream, inside guard bands
+   that must stay untouched), and compares each output with `onnx_norm/ops/reference.py`;
+4. measures each kernel's effective bandwidth (bytes read + written / median time, CUDA-graph replays, inputs
+   rotated to defeat L2) against a device-to-device copy of the same bytes, torch's kernels and a
+   one-row-per-program Triton kernel, until --budget seconds have passed;
+5. where onnxruntime-gpu and the built `onnx_norm` library are installed, runs a subset through ONNX Runtime's
+   CUDA provider (confirming from the profile that our node ran on CUDA) and times our ops against ONNX
+   Runtime's own LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels, CUDA graphs off and on.
 
+Tables go to stdout and, with --out (default $OUT), to gpu_check.md and gpu_check.json there.
 Exits 1 on any mismatch or failed check, 2 when it cannot run (no GPU, no nvcc, build failure).
-`--self-test` runs the parts that need no GPU (case list, reference comparisons against a fake backend,
-optionally the harness build) so the script itself can be checked on a CPU-only machine.
+`--self-test` runs the parts that need no GPU (case list, reference comparisons against a fake backend, every
+case through the CPU emulator of the kernels, the ORT comparison on the CPU provider, the harness build);
+`--plan` prints the launch configuration per op x dtype x shape for an H200 (docs/cuda_kernels.md).
 """
 
 from __future__ import annotations
@@ -57,7 +62,12 @@ TYPE_NAMES = {0: "-", F32: "f32", F16: "f16", BF16: "bf16"}
 FLOAT_TYPES = (F32, F16, BF16)
 OPS = ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
-BENCH_SHAPES = ((8192, 768), (8192, 4096), (32768, 1024), (4096, 16384))
+# The issue's goals: >= 85% of copy bandwidth at [8192, 4096] and [32768, 1024], >= 75% from 16K to 64K hidden,
+# [1, 4096] RMSNorm in <= 2 us.
+BENCH_SHAPES = (
+    (1, 4096), (64, 4096), (8192, 768), (8192, 4096), (32768, 1024), (4096, 16384), (2048, 32768), (1024, 65536),
+    (256, 262144),
+)  # fmt: skip
 GUARD = 64  # elements of sentinel before and after every output
 SOURCES = REPO / "custom_ops" / "src" / "cuda"
 HARNESS = REPO / "tools" / "gpu_harness" / "harness.cu"
@@ -81,7 +91,9 @@ class Case:
     epsilon: float = 1e-5
     outputs: bool = True  # Mean/InvStdDev (LayerNorm), InvRMS (RMSNorm) or Sum (Skip ops)
     data: str = "normal"  # normal | offset | constant | nonfinite | overflow16
-    layout: str = "contiguous"  # contiguous | shifted (one common element offset) | misaligned (mixed offsets)
+    # contiguous | shifted (one common element offset) | misaligned (mixed offsets) | sum-on-x / sum-on-skip
+    # (Skip ops: the Sum output bound onto the X or Skip buffer, in-place)
+    layout: str = "contiguous"
 
     @property
     def rms(self) -> bool:
@@ -183,6 +195,25 @@ def build_cases(quick: bool = False) -> list[Case]:
                     cases.append(_default_case(op, x_type, (7, hidden), layout=layout))
                     if x_type != F32:
                         cases.append(_default_case(op, x_type, (7, hidden), layout=layout, output_type=F32))
+    for op in ("SkipLayerNorm", "SkipRMSNorm"):
+        for x_type in FLOAT_TYPES:
+            for layout in ("sum-on-x", "sum-on-skip"):
+                for hidden in (7, 4097) if quick else (7, 768, 4097, 20000):
+                    cases.append(_default_case(op, x_type, (5, hidden), layout=layout))
+    for op in OPS:
+        # 4 vectors per thread (512 threads per row), and rows that share a block with a shifted layout.
+        cases.append(_default_case(op, F32, (3, 8000)))
+        cases.append(_default_case(op, BF16, (3, 16000), layout="shifted"))
+    if not quick:
+        for op in OPS:
+            # Blocks that loop over several rows (the grid is capped at a few waves): shared-memory cache with
+            # a layout that moves the row's scalar ends from row to row, and the register path with many rows.
+            cases.append(_default_case(op, F32, (40, 8201), layout="shifted"))
+            cases.append(_default_case(op, F16, (70000, 8)))
+            # The widest rows: past shared memory (float32 65536, float16 262144), and a decode-sized row.
+            cases.append(_default_case(op, F32, (2, 65536)))
+            cases.append(_default_case(op, F16, (1, 262144)))
+            cases.append(_default_case(op, F16, (1, 4096)))
     if not quick:
         # Rows longer than the register path (shared-memory cache) and longer than shared memory (re-read).
         for op in OPS:
@@ -192,6 +223,20 @@ def build_cases(quick: bool = False) -> list[Case]:
             cases.append(_default_case(op, BF16, (2, 130000)))
             cases.append(_default_case(op, F16, (3, 16392), layout="shifted"))
     return cases
+
+
+IN_PLACE = ("sum-on-x", "sum-on-skip")
+
+
+def layout_offsets(case: Case) -> dict[str, int]:
+    """Element offsets of each tensor from a 256-byte-aligned allocation: one common offset keeps the vector
+    path (with a scalar head), mixed offsets force the scalar fallback."""
+    offsets = {"x": GUARD, "skip": GUARD, "y": GUARD, "sum": GUARD, "param": GUARD}
+    if case.layout == "shifted":
+        offsets = dict.fromkeys(offsets, GUARD + 3)
+    elif case.layout == "misaligned":
+        offsets = {"x": GUARD + 1, "skip": GUARD + 2, "y": GUARD + 3, "sum": GUARD + 1, "param": GUARD + 1}
+    return offsets
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -458,7 +503,7 @@ class Harness:
         self._lib = ctypes.CDLL(str(library))
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, p]
+        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, p]
         fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
         fn.restype = i32
         self._fn = fn
@@ -493,11 +538,13 @@ class Harness:
         rms: bool = False,
         normalized_type: int = 0,
         multiply_type: int = 0,
+        device: int = -1,
     ) -> None:
+        """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes."""
         error = ctypes.c_char_p()
         rc = self._fn(
             x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
-            scale_type, y_type, normalized_type, multiply_type, stream, ctypes.byref(error),
+            scale_type, y_type, normalized_type, multiply_type, device, stream, ctypes.byref(error),
         )  # fmt: skip
         if rc != 0:
             message = error.value.decode() if error.value else "no message"
@@ -552,11 +599,7 @@ class TorchHarnessBackend:
         torch = self.torch
         # Element offsets of each tensor from a 256-byte-aligned allocation: one common offset keeps the
         # vector path (with a scalar head), mixed offsets force the scalar fallback.
-        offsets = {"x": GUARD, "skip": GUARD, "y": GUARD, "sum": GUARD, "param": GUARD}
-        if case.layout == "shifted":
-            offsets = dict.fromkeys(offsets, GUARD + 3)
-        elif case.layout == "misaligned":
-            offsets = {"x": GUARD + 1, "skip": GUARD + 2, "y": GUARD + 3, "sum": GUARD + 1, "param": GUARD + 1}
+        offsets = layout_offsets(case)
         x = self.to_device(inputs.x, offsets["x"])
         skip = self.to_device(inputs.skip, offsets["skip"]) if inputs.skip is not None else None
         scale = self.to_device(inputs.scale, offsets["param"]) if inputs.scale is not None else None
@@ -568,6 +611,16 @@ class TorchHarnessBackend:
         for stat in ("Mean", "InvStdDev", "InvRMS"):
             if stat in wanted:
                 guarded[stat] = self.guarded_empty((case.rows,), F32, GUARD)
+        if case.layout in IN_PLACE:
+            # Sum's guarded buffer holds the input it replaces: the kernel reads it, then writes Sum over it.
+            target = guarded["Sum"][1]
+            if case.layout == "sum-on-x":
+                target.copy_(x)
+                x = target
+            else:
+                assert skip is not None
+                target.copy_(skip)
+                skip = target
         side = stream if stream is not None else torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -591,6 +644,7 @@ class TorchHarnessBackend:
                 rms=case.rms,
                 normalized_type=case.normalized_type,
                 multiply_type=case.multiply_type,
+                device=self.device.index,
             )
         side.synchronize()
         results = {}
@@ -629,11 +683,7 @@ class HostHarnessBackend:
         return view.ctypes.data
 
     def run(self, case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
-        offsets = {"x": GUARD, "skip": GUARD, "y": GUARD, "sum": GUARD, "param": GUARD}
-        if case.layout == "shifted":
-            offsets = dict.fromkeys(offsets, GUARD + 3)
-        elif case.layout == "misaligned":
-            offsets = {"x": GUARD + 1, "skip": GUARD + 2, "y": GUARD + 3, "sum": GUARD + 1, "param": GUARD + 1}
+        offsets = layout_offsets(case)
         self._keep = []
         wanted = requested_outputs(case)
         outputs: dict[str, tuple[np.ndarray, np.ndarray, tuple[int, ...]]] = {}
@@ -645,15 +695,25 @@ class HostHarnessBackend:
             buf, view = self._aligned(math.prod(shape), np_dtype(elem), offset)
             buf[...] = np.asarray(np.nan, dtype=np.float32).astype(buf.dtype)
             outputs[name] = (buf, view, shape)
+        x = self._input(inputs.x, offsets["x"]) or 0
+        skip = self._input(inputs.skip, offsets["skip"])
+        if case.layout in IN_PLACE:
+            # Sum's guarded buffer holds the input it replaces: the kernel reads it, then writes Sum over it.
+            target = outputs["Sum"][1]
+            target[...] = (inputs.x if case.layout == "sum-on-x" else inputs.skip).reshape(-1)
+            if case.layout == "sum-on-x":
+                x = target.ctypes.data
+            else:
+                skip = target.ctypes.data
         self.harness.launch(
-            x=self._input(inputs.x, offsets["x"]) or 0,
+            x=x,
             y=outputs["Y"][1].ctypes.data,
             rows=case.rows,
             cols=case.cols,
             x_type=case.x_type,
             y_type=case.y_type,
             stream=0,
-            skip=self._input(inputs.skip, offsets["skip"]),
+            skip=skip,
             scale=self._input(inputs.scale, offsets["param"]),
             bias=self._input(inputs.bias, offsets["param"]),
             sum_out=outputs["Sum"][1].ctypes.data if "Sum" in outputs else None,
@@ -702,6 +762,10 @@ class OrtBackend:
             return "onnxruntime is not installed"
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             return "onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu is not installed)"
+        try:
+            ort.preload_dlls()  # the CUDA/cuDNN libraries of the nvidia-* wheels, when they are installed
+        except Exception as exc:  # older onnxruntime, or nothing to preload: the probe below decides
+            print(f"(onnxruntime.preload_dlls: {exc})")
         # onnxruntime-gpu lists CUDA even when its CUDA libraries are missing, then silently runs on the CPU.
         from onnx import helper
 
@@ -731,7 +795,7 @@ class OrtBackend:
             return f"the onnx_norm custom-op library is missing at {path}"
         return None
 
-    def _session_options(self) -> Any:
+    def _session_options(self, profile: bool = True) -> Any:
         import onnx_norm
 
         try:
@@ -739,8 +803,9 @@ class OrtBackend:
         except TypeError:
             options = self.ort.SessionOptions()
             options.register_custom_ops_library(str(onnx_norm.get_library_path()))
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "onnx_norm_gpu_check")
+        if profile:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "onnx_norm_gpu_check")
         return options
 
     def _model(self, case: Case) -> bytes:
@@ -833,6 +898,149 @@ def ort_cases(cases: Iterable[Case], limit: int = 80) -> list[Case]:
     return usable[::step]
 
 
+# --------------------------------------------------------------------------------------------- ORT's kernels
+
+# ONNX Runtime's own op for each of ours (ORT registers SimplifiedLayerNormalization in the ONNX domain).
+ORT_EQUIVALENTS = {
+    "LayerNorm": ("LayerNormalization", ""),
+    "RMSNorm": ("SimplifiedLayerNormalization", ""),
+    "SkipLayerNorm": ("SkipLayerNormalization", "com.microsoft"),
+    "SkipRMSNorm": ("SkipSimplifiedLayerNormalization", "com.microsoft"),
+}
+ORT_SHAPES = ((1, 4096), (8192, 768), (8192, 4096), (32768, 1024), (4096, 16384))
+
+
+def ort_native_model(case: Case) -> bytes:
+    """ONNX Runtime's own kernel for `case` (last-axis norm, Scale and Bias in X's type), with Y (and, for the
+    Skip ops, the sum) as outputs, like ours in OrtBackend._model with outputs=case.skip."""
+    from onnx import helper
+
+    name, domain = ORT_EQUIVALENTS[case.op]
+    inputs = [helper.make_tensor_value_info("X", case.x_type, case.shape)]
+    names = ["X"]
+    if case.skip:
+        inputs.append(helper.make_tensor_value_info("Skip", case.x_type, case.shape))
+        names.append("Skip")
+    inputs.append(helper.make_tensor_value_info("Scale", case.x_type, case.param_shape()))
+    names.append("Scale")
+    if case.bias:
+        inputs.append(helper.make_tensor_value_info("Bias", case.x_type, case.param_shape()))
+        names.append("Bias")
+    outputs = [helper.make_tensor_value_info("Y", case.x_type, case.shape)]
+    out_names = ["Y"]
+    if case.skip:
+        outputs.append(helper.make_tensor_value_info("Sum", case.x_type, case.shape))
+        out_names += ["", "", "Sum"]  # output, mean, inv_std_var, input_skip_bias_sum
+    attrs: dict[str, Any] = {"epsilon": case.epsilon}
+    if not case.skip:
+        attrs["axis"] = -1
+    node = helper.make_node(name, names, out_names, domain=domain, name="native", **attrs)
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(helper.make_graph([node], "ort_native", inputs, outputs), opset_imports=opsets)
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def time_ort_session(
+    ort: Any, model: bytes, options: Any, feeds: dict[str, np.ndarray], outputs: dict[str, tuple], provider: str,
+    graphs: bool, runs: int,
+) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
+    """Mean microseconds per run_with_iobinding over `runs` runs (inputs and outputs bound on the
+    provider's device once; CUDA graphs on or off), and the outputs of the last run."""
+    cuda = provider == "CUDAExecutionProvider"
+    device = "cuda" if cuda else "cpu"
+    provider_options = {"enable_cuda_graph": "1" if graphs else "0"} if cuda else {}
+    session = ort.InferenceSession(model, sess_options=options, providers=[(provider, provider_options)])
+    if session.get_providers()[0] != provider:
+        raise RuntimeError(f"session fell back to {session.get_providers()}")
+    binding = session.io_binding()
+    keep = []
+    for name, value in feeds.items():
+        ort_value = ort.OrtValue.ortvalue_from_numpy(value, device, 0)
+        keep.append(ort_value)
+        binding.bind_ortvalue_input(name, ort_value)
+    bound = {}
+    for name, (shape, dtype) in outputs.items():
+        bound[name] = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, 0)
+        binding.bind_ortvalue_output(name, bound[name])
+    for _ in range(3):  # warm-up; with CUDA graphs ORT captures during these
+        session.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    started = time.perf_counter()
+    for _ in range(runs):
+        session.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    elapsed = (time.perf_counter() - started) * 1e6 / runs
+    return elapsed, {name: value.numpy() for name, value in bound.items()}
+
+
+def compare_with_ort_kernels(
+    provider: str, shapes: Iterable[tuple[int, int]], dtypes: Iterable[int], runs: int, deadline: float
+) -> list[list[str]]:
+    """Our ops and ONNX Runtime's own kernels in ONNX Runtime, same inputs, same binding: time per run (CUDA
+    graphs off and on) and the largest difference of Y. One row per op x dtype x shape; a failure (a capture
+    that ORT refused, a missing kernel) is written into the row, not raised."""
+    import onnxruntime as ort
+
+    backend = OrtBackend(provider)
+    rows = []
+    for op in OPS:
+        for dtype in dtypes:
+            for shape in shapes:
+                if time.perf_counter() > deadline:
+                    return rows
+                case = dataclasses.replace(_default_case(op, dtype, shape), outputs=op.startswith("Skip"))
+                inputs = make_inputs(case, seed=7)
+                feeds = {"X": inputs.x, "Scale": inputs.scale}
+                if inputs.skip is not None:
+                    feeds["Skip"] = inputs.skip
+                if inputs.bias is not None:
+                    feeds["Bias"] = inputs.bias
+                dtype_np = np_dtype(dtype)
+                outputs = dict.fromkeys(requested_outputs(case), (case.shape, dtype_np))
+                cells = [op, TYPE_NAMES[dtype], "x".join(map(str, shape))]
+                results: dict[str, dict[str, np.ndarray]] = {}
+                for graphs in (False, True):
+                    for who, model, options in (
+                        ("ours", backend._model(case), backend._session_options(profile=False)),
+                        ("ort", ort_native_model(case), ort.SessionOptions()),
+                    ):
+                        if graphs and provider != "CUDAExecutionProvider":
+                            cells.append("-")
+                            continue
+                        try:
+                            us, got = time_ort_session(ort, model, options, feeds, outputs, provider, graphs, runs)
+                            results[who] = got
+                            cells.append(f"{us:.1f}")
+                        except Exception as exc:  # written into the table
+                            cells.append(f"failed: {type(exc).__name__}: {str(exc)[:80]}")
+                ratios = []
+                for i in (3, 5):
+                    try:
+                        ratios.append(f"{float(cells[i + 1]) / float(cells[i]):.2f}x")
+                    except ValueError:
+                        ratios.append("-")
+                if "ours" in results and "ort" in results:
+                    diff = np.max(np.abs(_as_f64(results["ours"]["Y"]) - _as_f64(results["ort"]["Y"])))
+                    ratios.append(f"{diff:.3g}")
+                else:
+                    ratios.append("-")
+                rows.append(cells + ratios)
+    return rows
+
+
+ORT_HEADER = [
+    "op", "dtype", "shape", "ours us", "ORT us", "ours us (graph)", "ORT us (graph)", "ORT/ours", "ORT/ours (graph)",
+    "max |Y diff|",
+]  # fmt: skip
+ORT_NOTE = (
+    "Both through ONNX Runtime with IO binding (inputs and outputs on the device, bound once): mean time per "
+    "run_with_iobinding over the runs, so each includes ORT's per-run overhead; (graph): the session's CUDA graph "
+    "(enable_cuda_graph). ORT: LayerNormalization, SimplifiedLayerNormalization, SkipLayerNormalization, "
+    "SkipSimplifiedLayerNormalization (com.microsoft); the Skip ops write Y and the sum."
+)
+
+
 # --------------------------------------------------------------------------------------------- fake backend
 
 
@@ -887,47 +1095,77 @@ def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> 
             outcome.fail(f"[{label}] {case.name()}: {problem}")
 
 
-def check_graph_capture(backend: TorchHarnessBackend, outcome: Outcome) -> None:
-    """LaunchNorm inside torch.cuda.graph capture: launches only on the capturing stream, allocates nothing,
-    synchronises nothing (any of these breaks the capture); the replay must follow new input values."""
+# One capture per kernel path: register rows (prefill and decode sizes), shared-memory cache, re-read.
+CAPTURE_CASES = (
+    ("SkipLayerNorm", F16, (64, 4096)),
+    ("RMSNorm", BF16, (1, 4096)),
+    ("LayerNorm", F32, (3, 20000)),
+    ("SkipRMSNorm", F32, (2, 70001)),
+)
+
+
+def _capture_one(backend: TorchHarnessBackend, op: str, x_type: int, shape: tuple[int, int]) -> list[str]:
+    """One launch captured in a CUDA graph, replayed after new inputs were written: the mismatches."""
     torch = backend.torch
-    case = _default_case("SkipLayerNorm", F16, (64, 4096))
+    case = _default_case(op, x_type, shape)
     inputs = make_inputs(case, seed=1234)
     x = backend.to_device(inputs.x)
-    skip = backend.to_device(inputs.skip)
+    skip = backend.to_device(inputs.skip) if inputs.skip is not None else None
     scale = backend.to_device(inputs.scale)
-    bias = backend.to_device(inputs.bias)
-    y = torch.empty(case.shape, dtype=torch.float16, device=backend.device)
-    s = torch.empty_like(y)
+    bias = backend.to_device(inputs.bias) if inputs.bias is not None else None
+    y = torch.empty(case.shape, dtype=backend._torch_types[x_type], device=backend.device)
+    s = torch.empty_like(y) if skip is not None else None
 
     def launch() -> None:
         backend.harness.launch(
-            x=x.data_ptr(), y=y.data_ptr(), rows=case.rows, cols=case.cols, x_type=F16, y_type=F16,
-            stream=torch.cuda.current_stream(backend.device).cuda_stream, skip=skip.data_ptr(),
-            scale=scale.data_ptr(), bias=bias.data_ptr(), sum_out=s.data_ptr(), scale_size=case.cols,
-            scale_type=F16,
+            x=x.data_ptr(), y=y.data_ptr(), rows=case.rows, cols=case.cols, x_type=x_type, y_type=x_type,
+            stream=torch.cuda.current_stream(backend.device).cuda_stream,
+            skip=skip.data_ptr() if skip is not None else None, scale=scale.data_ptr(),
+            bias=bias.data_ptr() if bias is not None else None, sum_out=s.data_ptr() if s is not None else None,
+            scale_size=case.cols, scale_type=x_type, rms=case.rms, device=backend.device.index,
         )  # fmt: skip
 
-    try:
-        graph = torch.cuda.CUDAGraph()
-        warm = torch.cuda.Stream(device=backend.device)
-        warm.wait_stream(torch.cuda.current_stream(backend.device))
-        with torch.cuda.stream(warm):
-            launch()
-        torch.cuda.current_stream(backend.device).wait_stream(warm)
-        with torch.cuda.graph(graph):
-            launch()
-        fresh = make_inputs(case, seed=4321)
-        x.copy_(backend.to_device(fresh.x))
+    graph = torch.cuda.CUDAGraph()
+    warm = torch.cuda.Stream(device=backend.device)
+    warm.wait_stream(torch.cuda.current_stream(backend.device))
+    with torch.cuda.stream(warm):
+        launch()
+    torch.cuda.current_stream(backend.device).wait_stream(warm)
+    with torch.cuda.graph(graph):
+        launch()
+    fresh = make_inputs(case, seed=4321)
+    x.copy_(backend.to_device(fresh.x))
+    if skip is not None:
         skip.copy_(backend.to_device(fresh.skip))
-        graph.replay()
-        torch.cuda.synchronize(backend.device)
-        got = {"Y": backend.to_host(y), "Sum": backend.to_host(s)}
-        outcome.checked += 1
-        for problem in check_case(case, Inputs(fresh.x, fresh.skip, inputs.scale, inputs.bias), got):
-            outcome.fail(f"[graph] {problem}")
-    except Exception as exc:  # reported as a failed check
-        outcome.fail(f"[graph] capture/replay failed: {type(exc).__name__}: {exc}")
+    graph.replay()
+    torch.cuda.synchronize(backend.device)
+    got = {"Y": backend.to_host(y)}
+    if s is not None:
+        got["Sum"] = backend.to_host(s)
+    checked = dataclasses.replace(case, outputs=s is not None)
+    return check_case(checked, Inputs(fresh.x, fresh.skip, inputs.scale, inputs.bias), got)
+
+
+def check_graph_capture(backend: TorchHarnessBackend, outcome: Outcome) -> tuple[bool, str]:
+    """LaunchNorm inside torch.cuda.graph capture (torch's default "global" mode, the strictest): a launch
+    that queried the stream, allocated or synchronised would invalidate the capture. Each replay must follow
+    new input values. Returns (all captured, one line saying what happened) and records failures."""
+    failed = []
+    for op, x_type, shape in CAPTURE_CASES:
+        name = _default_case(op, x_type, shape).name()
+        try:
+            problems = _capture_one(backend, op, x_type, shape)
+            outcome.checked += 1
+        except Exception as exc:  # reported, then the run goes on without graphs
+            problems = [f"capture/replay failed: {type(exc).__name__}: {exc}"]
+            backend.torch.cuda.synchronize(backend.device)
+        for problem in problems:
+            outcome.fail(f"[graph] {name}: {problem}")
+        if problems:
+            failed.append(name)
+    if failed:
+        return False, f"CUDA graph capture FAILED for {', '.join(failed)}; timings fall back to CUDA events"
+    return True, f"CUDA graph capture: {len(CAPTURE_CASES)} kernel paths captured and replayed with new inputs"
 
 
 def check_other_device(harness: Harness, outcome: Outcome) -> None:
@@ -935,7 +1173,7 @@ def check_other_device(harness: Harness, outcome: Outcome) -> None:
     import torch
 
     if torch.cuda.device_count() < 2:
-        print("(one GPU: the stream-device check of cudaStreamGetDevice needs two and was skipped)")
+        print("(one GPU: the check of a launch on device 1 while device 0 is current needs two and was skipped)")
         return
     torch.cuda.set_device(0)
     backend = TorchHarnessBackend(harness, device=1)
@@ -944,6 +1182,13 @@ def check_other_device(harness: Harness, outcome: Outcome) -> None:
 
 
 # --------------------------------------------------------------------------------------------- bandwidth
+
+
+def bytes_moved(op: str, element_size: int, rows: int, cols: int) -> int:
+    """Bytes one call must read and write at least: X and Y (and Skip and Sum for the Skip ops) once, plus
+    Scale (and Bias for LayerNorm)."""
+    skip_op, rms = op.startswith("Skip"), "RMS" in op
+    return rows * cols * element_size * (2 + (2 if skip_op else 0)) + cols * element_size * (1 if rms else 2)
 
 
 @dataclasses.dataclass
@@ -955,10 +1200,14 @@ class BenchRow:
     ours_us: float
     copy_us: float
     torch_us: float
+    triton_us: float | None
+    timing: str  # "graph" or "events" (capture failed)
 
     def cells(self) -> list[str]:
         gbs = self.bytes_moved / (self.ours_us * 1e3)
         copy_gbs = self.bytes_moved / (self.copy_us * 1e3)
+        triton = "-" if self.triton_us is None else f"{self.triton_us:.1f}"
+        vs_triton = "-" if self.triton_us is None else f"{self.triton_us / self.ours_us:.2f}x"
         return [
             self.op,
             self.dtype,
@@ -970,42 +1219,80 @@ class BenchRow:
             f"{100 * gbs / copy_gbs:.0f}%",
             f"{self.torch_us:.1f}",
             f"{self.torch_us / self.ours_us:.2f}x",
+            triton,
+            vs_triton,
+            self.timing,
         ]
 
 
-def time_graph(torch: Any, calls: list[Callable[[], None]], replays: int = 15) -> float:
-    """Median microseconds per call: the calls are captured once in a CUDA graph (no Python or launch overhead
-    in the timing), the graph replayed `replays` times between CUDA events."""
+BENCH_HEADER = [
+    "op", "dtype", "shape", "MB", "ours us", "ours GB/s", "copy GB/s", "of copy", "torch us", "vs torch",
+    "triton us", "vs triton", "timing",
+]  # fmt: skip
+BENCH_NOTE = (
+    "MB: bytes read + written per call (X, Skip, Scale, Bias, Y, Sum). GB/s = MB / time. copy: a device-to-device "
+    "copy moving the same bytes. torch: F.layer_norm / F.rms_norm (Skip ops: x + skip first). triton: one row per "
+    "program (tools/gpu_harness/triton_norm.py). vs: their time / ours. timing: median over replays of a CUDA "
+    "graph of the calls (inputs rotated past L2), or CUDA events around eager calls where capture failed."
+)
+
+
+def time_calls(torch: Any, calls: list[Callable[[], None]], use_graph: bool, replays: int = 15) -> float:
+    """Median microseconds per call: the calls captured once in a CUDA graph and the graph replayed between
+    CUDA events (no Python or launch overhead in the timing), or, with use_graph False, the calls launched
+    eagerly between the events."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for call in calls:  # warm-up outside the capture (lazy init, attribute calls)
             call()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
+    run: Callable[[], None]
+    if use_graph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
+        run = graph.replay
+    else:
+
+        def run() -> None:
+            for call in calls:
+                call()
+
+    run()
     torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(calls))
     return statistics.median(times)
 
 
-def _bench_one(backend: TorchHarnessBackend, op: str, dtype: int, rows: int, cols: int, l2_bytes: int) -> BenchRow:
+def _load_triton() -> Any:
+    """tools/gpu_harness/triton_norm.py, or None when triton is missing or does not work here."""
+    try:
+        sys.path.insert(0, str(HARNESS.parent))
+        import triton_norm
+
+        return triton_norm if triton_norm.available() else None
+    except Exception:  # no triton, or a triton that cannot compile here: the column says "-"
+        return None
+
+
+def _bench_one(
+    backend: TorchHarnessBackend, op: str, dtype: int, rows: int, cols: int, l2_bytes: int, use_graph: bool
+) -> BenchRow:
     torch = backend.torch
     functional = torch.nn.functional
     tdtype = backend._torch_types[dtype]
     size = torch.tensor([], dtype=tdtype).element_size()
     skip_op, rms = op.startswith("Skip"), "RMS" in op
-    per_call = rows * cols * size * (2 + (2 if skip_op else 0)) + cols * size * (1 if rms else 2)
+    per_call = bytes_moved(op, size, rows, cols)
     # Enough input sets that one graph replay streams more than twice the L2 cache.
     sets = max(2, min(8, math.ceil(l2_bytes / per_call)))
     device = backend.device
@@ -1017,6 +1304,7 @@ def _bench_one(backend: TorchHarnessBackend, op: str, dtype: int, rows: int, col
     bias = None if rms else torch.randn(cols, device=device, dtype=tdtype)
     srcs = [torch.empty(per_call // 2, dtype=torch.uint8, device=device) for _ in range(sets)]
     dsts = [torch.empty_like(s) for s in srcs]
+    triton_norm = _load_triton()
 
     def ours(i: int) -> Callable[[], None]:
         def call() -> None:
@@ -1025,6 +1313,7 @@ def _bench_one(backend: TorchHarnessBackend, op: str, dtype: int, rows: int, col
                 stream=torch.cuda.current_stream().cuda_stream, skip=skips[i].data_ptr() if skip_op else None,
                 scale=weight.data_ptr(), bias=bias.data_ptr() if bias is not None else None,
                 sum_out=sums[i].data_ptr() if skip_op else None, scale_size=cols, scale_type=dtype, rms=rms,
+                device=device.index,
             )  # fmt: skip
 
         return call
@@ -1039,46 +1328,148 @@ def _bench_one(backend: TorchHarnessBackend, op: str, dtype: int, rows: int, col
 
         return call
 
+    def triton_call(i: int) -> Callable[[], None]:
+        return lambda: triton_norm.norm(
+            xs[i], skips[i] if skip_op else None, weight, bias, ys[i], sums[i] if skip_op else None, 1e-5, rms
+        )
+
     def copy(i: int) -> Callable[[], None]:
         return lambda: dsts[i].copy_(srcs[i])
 
     order = [i % sets for i in range(2 * sets)]
+    triton_us = None
+    if triton_norm is not None and triton_norm.supports(cols, size):
+        triton_us = time_calls(torch, [triton_call(i) for i in order], use_graph)
     return BenchRow(
         op,
         TYPE_NAMES[dtype],
         (rows, cols),
         per_call,
-        time_graph(torch, [ours(i) for i in order]),
-        time_graph(torch, [copy(i) for i in order]),
-        time_graph(torch, [eager(i) for i in order]),
+        time_calls(torch, [ours(i) for i in order], use_graph),
+        time_calls(torch, [copy(i) for i in order], use_graph),
+        time_calls(torch, [eager(i) for i in order], use_graph),
+        triton_us,
+        "graph" if use_graph else "events",
     )
 
 
-def bench(backend: TorchHarnessBackend, shapes: Iterable[tuple[int, int]], dtypes: Iterable[int]) -> list[BenchRow]:
+def bench(
+    backend: TorchHarnessBackend,
+    shapes: Iterable[tuple[int, int]],
+    dtypes: Iterable[int],
+    use_graph: bool,
+    deadline: float,
+) -> tuple[list[BenchRow], int]:
+    """The bandwidth rows, in order, until `deadline` (time.perf_counter()); also how many were left out."""
     torch = backend.torch
     l2_bytes = 2 * getattr(torch.cuda.get_device_properties(backend.device), "L2_cache_size", 64 << 20)
-    shapes, dtypes = list(shapes), list(dtypes)
+    plan = [(op, dtype, shape) for op in OPS for dtype in dtypes for shape in shapes]
+    rows = []
+    for op, dtype, (n_rows, cols) in plan:
+        if time.perf_counter() > deadline:
+            break
+        try:
+            rows.append(_bench_one(backend, op, dtype, n_rows, cols, l2_bytes, use_graph))
+        except Exception as exc:  # one shape that cannot be timed (memory, a capture) does not end the table
+            print(f"bench {op} {TYPE_NAMES[dtype]} {n_rows}x{cols}: {type(exc).__name__}: {exc}", flush=True)
+            torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return rows, len(plan) - len(rows)
+
+
+def format_table(header: list[str], rows: list[list[str]], markdown: bool = False) -> str:
+    """Right-aligned columns for the terminal, or a markdown table."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(widths[i]) for i, cell in enumerate(row)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- launch plan
+
+PLAN_SHAPES = (
+    (1, 4096), (64, 4096), (8192, 768), (8192, 4096), (32768, 1024), (4096, 16384), (2048, 32768),
+    (1024, 65536), (256, 262144), (65536, 128),
+)  # fmt: skip
+H200_SMS = 132
+
+
+def launch_plan(library: Path, shapes: Iterable[tuple[int, int]] = PLAN_SHAPES, sms: int = H200_SMS) -> list[list[str]]:
+    """Rows of (op, dtype, shape, MB moved, kernel, vectors per thread, threads per row, block, grid, shared
+    memory) as LaunchNorm chooses them for a GPU of `sms` SMs: the real launcher, run by the CPU emulator in
+    plan-only mode (it reads no tensor). Loads a private copy of the emulator library, whose per-device
+    attribute cache then holds `sms`."""
+    private = Path(tempfile.mkdtemp(prefix="onnx_norm_plan_")) / "libonnx_norm_plan.so"
+    shutil.copyfile(library, private)
+    harness = Harness(private)
+    harness._lib.onnx_norm_emulator_plan_only(ctypes.c_int(sms))
+    harness._lib.onnx_norm_emulator_last_launch.restype = ctypes.c_char_p
+    base = 1 << 32  # 256-byte aligned fake addresses, never read
     rows = []
     for op in OPS:
-        for dtype in dtypes:
+        for dtype in FLOAT_TYPES:
+            size = 4 if dtype == F32 else 2
             for n_rows, cols in shapes:
-                rows.append(_bench_one(backend, op, dtype, n_rows, cols, l2_bytes))
-                torch.cuda.empty_cache()
+                span = n_rows * cols * size + 4096
+                skip_op = op.startswith("Skip")
+                harness.launch(
+                    x=base, y=base + 2 * span, rows=n_rows, cols=cols, x_type=dtype, y_type=dtype, stream=0,
+                    skip=base + span if skip_op else None, sum_out=base + 3 * span if skip_op else None,
+                    scale=base + 4 * span, bias=None if "RMS" in op else base + 5 * span, scale_size=cols,
+                    scale_type=dtype, rms="RMS" in op, device=0,
+                )  # fmt: skip
+                kernel = harness.last_kernel() or "?"
+                launch = dict(
+                    item.split("=") for item in harness._lib.onnx_norm_emulator_last_launch().decode().split()
+                )
+                fields = dict(item.split("=") for item in kernel.split()[1:])
+                smem = f"{int(launch['shared']) // 1024} KiB" if kernel == "shared" else "-"
+                rows.append([
+                    op, TYPE_NAMES[dtype], f"{n_rows}x{cols}", f"{bytes_moved(op, size, n_rows, cols) / 1e6:.2f}",
+                    kernel.split()[0], fields.get("vpt", "-"), fields.get("group", launch["block"]),
+                    launch["block"], launch["grid"], smem,
+                ])  # fmt: skip
     return rows
 
 
-def print_table(rows: list[BenchRow]) -> None:
-    header = ["op", "dtype", "shape", "MB", "ours us", "ours GB/s", "copy GB/s", "of copy", "torch us", "vs torch"]
-    table = [header] + [r.cells() for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for j, row in enumerate(table):
-        print("  ".join(cell.rjust(widths[i]) for i, cell in enumerate(row)))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
-    print(
-        "MB: bytes read + written per call (X, Skip, Scale, Bias, Y, Sum). GB/s = MB / time. copy: a device-to-device"
-        " copy moving the same bytes. torch: F.layer_norm / F.rms_norm (Skip ops: x + skip first), same bytes."
-    )
+PLAN_HEADER = ["op", "dtype", "shape", "MB moved", "kernel", "vectors/thread", "threads/row", "block", "grid", "smem"]
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+class Results:
+    """What the run found, printed as it goes and, with --out, written as markdown and JSON files there."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.out = out
+        self.sections: list[tuple[str, str]] = []
+        self.data: dict[str, Any] = {}
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.sections.append(("", line))
+
+    def table(self, title: str, header: list[str], rows: list[list[str]], note: str = "") -> None:
+        print(f"\n{title}\n{format_table(header, rows)}\n{note}", flush=True)
+        self.sections.append((title, format_table(header, rows, markdown=True) + (f"\n\n{note}" if note else "")))
+        self.data[title] = [dict(zip(header, row, strict=True)) for row in rows]
+
+    def write(self) -> None:
+        if self.out is None:
+            return
+        text = []
+        for title, body in self.sections:
+            text.append(f"\n## {title}\n\n{body}\n" if title else body)
+        (self.out / "gpu_check.md").write_text("\n".join(text) + "\n")
+        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=1))
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -1129,11 +1520,21 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
         )
         if through_ort.failures:
             return 1
+        # The comparison with ONNX Runtime's own kernels, on its CPU provider (their CPU kernels exist too).
+        compared = compare_with_ort_kernels("CPUExecutionProvider", ((8, 64),), (F32,), 3, math.inf)
+        broken = [row for row in compared if any(cell.startswith("failed") for cell in row)]
+        print(
+            f"self-test: ours vs ONNX Runtime's kernels on the CPU provider: {len(compared)} rows, {len(broken)} failed"
+        )
+        if broken or len(compared) != len(OPS):
+            print(format_table(ORT_HEADER, compared))
+            return 1
     cuda_include = find_cuda_include(nvcc)
     if emulate and cuda_include is not None and shutil.which("g++"):
         started = time.perf_counter()
         out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_"))
-        backend = HostHarnessBackend(Harness(build_emulator(cuda_include, out)))
+        emulator = build_emulator(cuda_include, out)
+        backend = HostHarnessBackend(Harness(emulator))
         emulated = Outcome()
         run_cases(backend, cases, "emulated", emulated)
         print(
@@ -1143,6 +1544,8 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
         )
         if emulated.failures:
             return 1
+        plan = launch_plan(emulator)
+        print(f"self-test: launch plan for an H200, {len(plan)} rows (python tools/gpu_check.py --plan)")
     elif emulate:
         print("self-test: no CUDA headers or g++, the kernels were not emulated")
     if nvcc is None:
@@ -1160,12 +1563,69 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer hidden sizes and layouts (about a minute)")
     parser.add_argument("--no-bench", action="store_true", help="skip the bandwidth table")
     parser.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime even where onnxruntime-gpu is there")
+    parser.add_argument("--ort-only", action="store_true", help="only the ONNX Runtime parts (after installing it)")
     parser.add_argument("--nvcc", help="nvcc to build the harness with (default: PATH, CUDA_HOME, /usr/local/cuda)")
     parser.add_argument("--build-dir", type=Path, help="where to build the harness (default: a temporary folder)")
     parser.add_argument("--arch", help="compute capability to build for, e.g. 90 (default: the GPU's)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+        help="folder for gpu_check.md / gpu_check.json (default: $OUT when set, else none)",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=420.0, help="seconds after which the timing tables stop growing (default: 420)"
+    )
     parser.add_argument("--self-test", action="store_true", help="check this script without a GPU, then exit")
     parser.add_argument("--no-emulate", action="store_true", help="--self-test without the CPU emulator of the kernels")
+    parser.add_argument(
+        "--plan", action="store_true", help="print the launch configuration per op x dtype x shape for an H200 (no GPU)"
+    )
     return parser.parse_args(argv)
+
+
+def print_plan(nvcc: str | None) -> int:
+    cuda_include = find_cuda_include(nvcc)
+    if cuda_include is None or not shutil.which("g++"):
+        print("--plan needs the CUDA headers and g++ (it runs the launcher in the CPU emulator)")
+        return 2
+    library = build_emulator(cuda_include, Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_")))
+    print(format_table(PLAN_HEADER, launch_plan(library), markdown=True))
+    return 0
+
+
+def run_ort_parts(results: Results, outcome: Outcome, cases: list[Case], deadline: float) -> None:
+    why_not = OrtBackend.available()
+    if why_not:
+        results.say(f"ONNX Runtime CUDA provider: not run ({why_not})")
+        return
+    ort_backend = OrtBackend()
+    before = len(outcome.failures)
+    subset = ort_cases(cases)
+    run_cases(ort_backend, subset, "ort-cuda", outcome)
+    results.say(
+        f"ONNX Runtime CUDA provider: {len(subset)} cases, {len(outcome.failures) - before} failures, "
+        f"{ort_backend.profiles_checked} profiles show the node on CUDAExecutionProvider"
+    )
+    rows = compare_with_ort_kernels("CUDAExecutionProvider", ORT_SHAPES, (F16, F32), 50, deadline)
+    results.table("Ours vs ONNX Runtime's CUDA kernels", ORT_HEADER, rows, ORT_NOTE)
+
+
+def environment_line(torch: Any) -> str:
+    versions = [f"torch {torch.__version__} (CUDA {torch.version.cuda})"]
+    for name in ("triton", "onnxruntime"):
+        try:
+            versions.append(f"{name} {__import__(name).__version__}")
+        except Exception:  # not installed, or broken: just not listed
+            versions.append(f"{name} -")
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    smi = subprocess.run(query, check=False, capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+    driver = smi.stdout.strip() if smi is not None else "?"
+    props = torch.cuda.get_device_properties(0)
+    return (
+        f"GPU: {props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs), driver {driver}, "
+        + ", ".join(versions)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1173,7 +1633,11 @@ def main(argv: list[str] | None = None) -> int:
     nvcc = find_nvcc(args.nvcc)
     if args.self_test:
         return self_test(nvcc, args.build_dir, emulate=not args.no_emulate)
+    if args.plan:
+        return print_plan(nvcc)
     started = time.perf_counter()
+    deadline = started + args.budget
+    results = Results(args.out)
     try:
         import torch
     except ImportError:
@@ -1182,53 +1646,55 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device visible to torch: nothing checked")
         return 2
+    results.say(environment_line(torch))
+    outcome = Outcome()
+    cases = build_cases(quick=args.quick)
+    if args.ort_only:
+        run_ort_parts(results, outcome, cases, deadline)
+        return finish(results, outcome, started)
     if nvcc is None:
         print("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): cannot build the harness")
         return 2
     major, minor = torch.cuda.get_device_capability(0)
     arch = args.arch or f"{major}{minor}"
-    print(f"GPU: {torch.cuda.get_device_name(0)} (sm_{major}{minor}), torch {torch.__version__}, nvcc {nvcc}")
     build_dir = args.build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_harness_"))
     try:
         library = build_harness(nvcc, arch, build_dir)
     except RuntimeError as exc:
         print(f"harness build failed:\n{exc}")
         return 2
-    print(f"built {library} in {time.perf_counter() - started:.0f} s")
+    results.say(f"built {library.name} for sm_{arch} with {nvcc} in {time.perf_counter() - started:.0f} s")
     harness = Harness(library)
     backend = TorchHarnessBackend(harness)
 
-    outcome = Outcome()
-    cases = build_cases(quick=args.quick)
+    captured, capture_line = check_graph_capture(backend, outcome)
+    results.say(capture_line)
     run_cases(backend, cases, "harness", outcome)
-    check_graph_capture(backend, outcome)
     check_other_device(harness, outcome)
-    elapsed = time.perf_counter() - started
-    print(f"harness: {outcome.checked} checks, {len(outcome.failures)} failures ({elapsed:.0f} s)")
-
-    if not args.no_ort:
-        why_not = OrtBackend.available()
-        if why_not:
-            print(f"ONNX Runtime CUDA provider: not run ({why_not})")
-        else:
-            ort_backend = OrtBackend()
-            before = len(outcome.failures)
-            subset = ort_cases(cases)
-            run_cases(ort_backend, subset, "ort-cuda", outcome)
-            print(
-                f"ONNX Runtime CUDA provider: {len(subset)} cases, {len(outcome.failures) - before} failures, "
-                f"{ort_backend.profiles_checked} profiles show the node on CUDAExecutionProvider"
-            )
-
+    results.say(
+        f"kernels: {outcome.checked} checks over {len(cases)} cases (every op x dtype x shape, layouts, in-place), "
+        f"{len(outcome.failures)} failures ({time.perf_counter() - started:.0f} s)"
+    )
     if not args.no_bench:
-        rows = bench(backend, BENCH_SHAPES, FLOAT_TYPES)
-        print_table(rows)
-    print(f"total {time.perf_counter() - started:.0f} s")
+        rows, left_out = bench(backend, BENCH_SHAPES, FLOAT_TYPES, captured, deadline)
+        note = BENCH_NOTE + (
+            f" {left_out} rows left out: the --budget of {args.budget:.0f} s ran out." if left_out else ""
+        )
+        results.table("Bandwidth", BENCH_HEADER, [r.cells() for r in rows], note)
+    if not args.no_ort:
+        run_ort_parts(results, outcome, cases, deadline + 120)
+    return finish(results, outcome, started)
+
+
+def finish(results: Results, outcome: Outcome, started: float) -> int:
     if outcome.failures:
-        print(f"{len(outcome.failures)} FAILURES")
-        return 1
-    print("all checks passed")
-    return 0
+        results.table("Failures", ["failure"], [[f] for f in outcome.failures[:200]])
+    results.say(
+        f"total {time.perf_counter() - started:.0f} s; "
+        + (f"{len(outcome.failures)} FAILURES" if outcome.failures else "all checks passed")
+    )
+    results.write()
+    return 1 if outcome.failures else 0
 
 
 if __name__ == "__main__":

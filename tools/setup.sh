@@ -81,4 +81,8 @@ if grep -q 'ptxas info' "$log"; then
     exit 1
   fi
   echo "no spills in $(grep -c 'bytes spill stores' "$log") kernel compilations"
+  # tests/test_cuda_build.py reads the kernels' SASS with nvdisasm; nvcc-only toolkits lack it (5 MB wheel, ~3 s).
+  if ! command -v nvdisasm >/dev/null && [[ ! -x "$(dirname "$(command -v nvcc)")/nvdisasm" ]]; then
+    python -m pip install -q nvidia-cuda-nvdisasm
+  fi
 fi

@@ -9,8 +9,9 @@
 //   - __syncthreads waits for every live thread of the block; a block that can make no progress is
 //     reported as a deadlock;
 //   - block size, launch bounds and dynamic shared memory must be within the kernel's limits.
-// The launcher (launch.cu) and the ctypes entry (harness.cu) are the real ones, built with it; only
-// the CUDA runtime calls they make are answered here. Nothing about speed can be learnt from this.
+// The launcher (launch.cu), the choice of kernel for a configuration (kernel_dispatch.cuh) and the
+// ctypes entry (harness.cu) are the real ones, built with it; only the CUDA runtime calls they make
+// are answered here. Nothing about speed can be learnt from this.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -60,6 +61,8 @@ struct Machine {
   bool failed = false;
   std::string error;
   std::string last_kernel;
+  std::string last_launch;  // "grid=<blocks> block=<threads> shared=<bytes>"
+  int plan_only_sms = 0;    // > 0: record the configuration, run nothing, and report this many SMs
   std::vector<uint4> dynamic_shared;
   std::function<void()> kernel;
 };
@@ -210,22 +213,44 @@ inline float __uint_as_float(unsigned int u) {
 using std::memcpy;
 using std::min;
 
-#include "kernel_config.cuh"
-#include "norm_kernels.cuh"
+#include "kernel_dispatch.cuh"
 
 namespace onnx_norm {
 namespace cuda {
 namespace {
 
 constexpr int kEmulatedSharedOptin = 227 * 1024;  // an H100/H200's opt-in limit per block
+constexpr int kEmulatedSms = 3;
 
+std::string KernelName(const KernelConfig& config) {
+  switch (config.kind) {
+    case KernelKind::kRegisterRow:
+      return "register vpt=" + std::to_string(config.vectors_per_thread) + " flags=" + std::to_string(config.flags) +
+             " group=" + std::to_string(config.group);
+    case KernelKind::kSharedRowCached:
+      return "shared";
+    case KernelKind::kSharedRowUncached:
+      return "reread";
+  }
+  return "?";
+}
+
+// The launch of norm_launch.cuh, on the CPU: the same kernel (SelectNormKernel, shared with it) and the
+// checks that the hardware would make of the configuration.
 template <typename TX>
 cudaError_t Emulate(const NormArgs& args, const KernelConfig& config) {
   emu::Machine& m = emu::machine;
   m.failed = false;
   m.error.clear();
-  const int max_block = config.kind == KernelKind::kRegisterRow ? 512 : 1024;
-  if (config.block < 32 || config.block > max_block || config.block % 32 != 0 || config.grid == 0) {
+  const NormKernel kernel = SelectNormKernel<TX>(config);
+  if (kernel == nullptr) {
+    m.failed = true;
+    m.error = "no kernel for this configuration";
+    return cudaErrorInvalidConfiguration;
+  }
+  const int max_block = config.kind == KernelKind::kRegisterRow ? RegisterRowMaxBlock(config.vectors_per_thread) : 1024;
+  if (config.block < 32 || config.block > max_block || config.block % 32 != 0 || config.grid == 0 ||
+      config.block % config.group != 0) {
     m.failed = true;
     m.error = "block size outside the kernel's launch bounds";
     return cudaErrorInvalidConfiguration;
@@ -238,39 +263,11 @@ cudaError_t Emulate(const NormArgs& args, const KernelConfig& config) {
     return cudaErrorInvalidConfiguration;
   }
   m.dynamic_shared.assign((config.shared_bytes + 15) / 16, uint4{0, 0, 0, 0});
-  switch (config.kind) {
-    case KernelKind::kRegisterRow:
-      switch (config.vectors_per_thread) {
-        case 1:
-          m.kernel = [&] { RegisterRowKernel<TX, 1>(args); };
-          break;
-        case 2:
-          m.kernel = [&] { RegisterRowKernel<TX, 2>(args); };
-          break;
-        case 4:
-          m.kernel = [&] { RegisterRowKernel<TX, 4>(args); };
-          break;
-        case 8:
-          if constexpr (MaxVectorsPerThread(sizeof(TX)) >= 8) {
-            m.kernel = [&] { RegisterRowKernel<TX, 8>(args); };
-            break;
-          }
-          return cudaErrorInvalidConfiguration;
-        default:
-          return cudaErrorInvalidConfiguration;
-      }
-      break;
-    case KernelKind::kSharedRowCached:
-      m.kernel = [&] { SharedRowKernel<TX, true>(args); };
-      break;
-    case KernelKind::kSharedRowUncached:
-      m.kernel = [&] { SharedRowKernel<TX, false>(args); };
-      break;
-  }
-  m.last_kernel = config.kind == KernelKind::kRegisterRow
-                      ? "register vpt=" + std::to_string(config.vectors_per_thread) +
-                            " group=" + std::to_string(config.group)
-                      : config.kind == KernelKind::kSharedRowCached ? "shared" : "reread";
+  m.kernel = [&] { kernel(args); };
+  m.last_kernel = KernelName(config);
+  m.last_launch = "grid=" + std::to_string(config.grid) + " block=" + std::to_string(config.block) +
+                  " shared=" + std::to_string(config.shared_bytes);
+  if (m.plan_only_sms > 0) return cudaSuccess;
   m.grid_dim = emu::Index3{config.grid, 1, 1};
   m.block_dim = emu::Index3{static_cast<unsigned>(config.block), 1, 1};
   for (unsigned b = 0; b < config.grid; ++b) {
@@ -298,8 +295,10 @@ cudaError_t LaunchNormBFloat16(const NormArgs& args, const KernelConfig& config,
 // The CUDA runtime calls of launch.cu, answered for one emulated device.
 extern "C" {
 
-cudaError_t cudaStreamGetDevice(cudaStream_t, int* device) {
-  *device = 0;
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void*) {
+  *attributes = cudaPointerAttributes{};
+  attributes->type = cudaMemoryTypeDevice;
+  attributes->device = 0;
   return cudaSuccess;
 }
 
@@ -313,19 +312,38 @@ cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
-  if (attribute != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
-  *value = onnx_norm::cuda::kEmulatedSharedOptin;
-  return cudaSuccess;
+  switch (attribute) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = onnx_norm::cuda::kEmulatedSharedOptin;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      // Few SMs: the launcher's grid cap then gives blocks several rows each, as on a GPU with many rows.
+      *value = emu::machine.plan_only_sms > 0 ? emu::machine.plan_only_sms : onnx_norm::cuda::kEmulatedSms;
+      return cudaSuccess;
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 const char* cudaGetErrorString(cudaError_t) {
   return emu::machine.error.empty() ? "emulated CUDA error" : emu::machine.error.c_str();
 }
 
-// For tests: which kernel the last launch ran ("register vpt=<n> group=<threads>", "shared", "reread"),
+// For tests: which kernel the last launch ran ("register vpt=<n> flags=<f> group=<threads>", "shared",
+// "reread"),
 // so that a test can show its cases reach every path.
 __attribute__((visibility("default"))) const char* onnx_norm_emulator_last_kernel() {
   return emu::machine.last_kernel.c_str();
+}
+
+__attribute__((visibility("default"))) const char* onnx_norm_emulator_last_launch() {
+  return emu::machine.last_launch.c_str();
+}
+
+// For the launch plan of tools/gpu_check.py --plan: with sms > 0, launches only choose their
+// configuration for a GPU of that many SMs (pointers are never read); 0 runs kernels again.
+__attribute__((visibility("default"))) void onnx_norm_emulator_plan_only(int sms) {
+  emu::machine.plan_only_sms = sms;
 }
 
 }  // extern "C"

@@ -45,8 +45,9 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
     OrtCustomOp::InferOutputShapeFn = &InferShapes;
     // Sum may take X's buffer (the residual stream then stays in one buffer, as with ORT's own in-place Add:
     // writing over lines just read costs no read-for-ownership), and Y Skip's. CPU Skip ops only: their
-    // kernel reads a row of X and Skip before writing that row of Sum or Y (norm_cpu.cc); the CUDA kernels
-    // are not written for aliasing.
+    // kernel reads a row of X and Skip before writing that row of Sum or Y (norm_cpu.cc). The CUDA kernels
+    // are safe with Sum on X or Skip too (launch.h), but the CUDA ops declare no reuse, like ONNX Runtime's
+    // own CUDA SkipLayerNorm (docs/cuda_kernels.md says why).
     if (op.skip && std::strcmp(provider, "CPUExecutionProvider") == 0) {
       OrtCustomOp::GetMayInplace = &SkipMayInplace;
       OrtCustomOp::ReleaseMayInplace = &ReleaseMayInplace;

@@ -37,6 +37,11 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormA
   params.normalized_type = p.normalized_type;
   params.multiply_type = p.multiply_type;
 
+  // The device that holds the tensors, from X's memory info (a CUDA EP session places every input and
+  // output of this node on its device): the launch never asks the stream, which a CUDA graph capture
+  // could refuse.
+  params.device = ctx.GetInput(0).GetTensorMemoryInfo().GetDeviceId();
+
   // ORT's per-session compute stream; every ORT CUDA kernel of this run is ordered on it.
   void* stream = ctx.GetGPUComputeStream();
   const char* launch_error = nullptr;

@@ -14,9 +14,26 @@ namespace cuda {
 
 enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached };
 
+// Compile-time variants of the register-row kernel (RegisterRowKernel's kFlags): what would otherwise be
+// uniform runtime branches between a row's loads, which keep the compiler from issuing them back to back.
+enum RegisterRowFlags : int {
+  kSkipFlag = 1,    // SkipLayerNorm / SkipRMSNorm: X + Skip, optional Sum
+  kRmsFlag = 2,     // RMSNorm: no mean
+  kNativeFlag = 4,  // Y, Scale and Bias in X's type: Scale/Bias prefetched as words with the row's loads
+  kFlagCombinations = 8,
+};
+
+// Values of vectors_per_thread that are instantiated (16-byte vectors of X held per thread).
+constexpr int kMaxVectorsPerThread = 4;
+// Launch bounds of the register-row kernel: up to 512 threads per block, and with up to 2 vectors
+// per thread two such blocks per SM (64 registers, >= 32 warps per SM); 4 vectors need 128.
+constexpr int RegisterRowMaxBlock(int /*vectors_per_thread*/) { return 512; }
+constexpr int RegisterRowMinBlocks(int vectors_per_thread) { return vectors_per_thread >= 4 ? 1 : 2; }
+
 struct KernelConfig {
   KernelKind kind = KernelKind::kRegisterRow;
-  int vectors_per_thread = 1;  // kRegisterRow only: 1, 2, 4, or 8 for float32
+  int vectors_per_thread = 1;  // kRegisterRow only: 1, 2 or 4
+  int flags = 0;               // kRegisterRow only: RegisterRowFlags
   int group = 8;               // threads per row (NormArgs::group)
   int block = 128;
   unsigned grid = 1;
@@ -24,9 +41,6 @@ struct KernelConfig {
   int max_shared_bytes = 0;  // the device's opt-in limit, kSharedRowCached only
   int device = 0;
 };
-
-// Largest vectors_per_thread instantiated for an element size: 32 float32 values per thread.
-constexpr int MaxVectorsPerThread(int element_size) { return element_size == 4 ? 8 : 4; }
 
 // One translation unit per X type (norm_float32.cu, norm_float16.cu, norm_bfloat16.cu), so that
 // builds compile them in parallel. Each returns the launch status (cudaGetLastError).

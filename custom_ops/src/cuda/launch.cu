@@ -1,19 +1,16 @@
 // LaunchNorm (launch.h): validates the parameters, picks a kernel configuration from the row length
-// and the pointers' alignment, makes the stream's device current and launches on that stream.
-// No allocation, no synchronisation: safe inside CUDA graph capture.
+// and the pointers' alignment, makes the tensors' device current and launches on the given stream.
+// No allocation, no synchronisation, no stream query: safe inside CUDA graph capture.
 #include "launch.h"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
 #include "kernel_config.cuh"
-
-#if CUDART_VERSION < 12080
-#error "LaunchNorm needs cudaStreamGetDevice (CUDA 12.8 or newer)"
-#endif
 
 namespace onnx_norm {
 namespace cuda {
@@ -53,30 +50,50 @@ bool VectorAligned(const void* p, int size, int x_phase, int vector) {
   return (reinterpret_cast<uintptr_t>(p) - static_cast<uintptr_t>(x_phase) * size) % need == 0;
 }
 
-// Register-resident rows: warp-per-row (or 8/16 threads per row, several rows per block) while the
-// row fits in 32 threads, then one block of up to 512 threads per row, at most 32 values per thread
-// (no spills with 512-thread blocks). Longer rows, or pointers that cannot be read as vectors, go
-// to the shared-memory kernel (kSharedRowCached here; the launcher demotes it to kSharedRowUncached
-// when the row does not fit in the device's shared memory).
+// Device attributes a launch needs, read once per device (not per launch: cheaper, and nothing to
+// refuse inside a CUDA graph capture).
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  std::atomic<int> sm_count{0};
+  std::atomic<int> max_shared{0};
+};
+
+DeviceInfo& Info(int device) {
+  static DeviceInfo info[kMaxDevices];
+  return info[device];
+}
+
+cudaError_t CachedAttribute(std::atomic<int>& slot, cudaDeviceAttr attribute, int device, int* value) {
+  *value = slot.load(std::memory_order_relaxed);
+  if (*value > 0) return cudaSuccess;
+  const cudaError_t status = cudaDeviceGetAttribute(value, attribute, device);
+  if (status == cudaSuccess) slot.store(*value, std::memory_order_relaxed);
+  return status;
+}
+
+// Register-resident rows (the row in 16-byte vectors across `group` threads, up to 4 vectors each):
+//   - at most 32 vectors (256 16-bit or 128 float32 values): one vector per thread, 8 to 32 threads
+//     per row, 128-thread blocks of 4 to 16 rows;
+//   - up to 1024 vectors (8192 16-bit or 4096 float32 values): 2 vectors per thread, 16 to 512 threads
+//     per row (blocks of 128 threads, or one row per block); launch bounds of 64 registers keep at
+//     least 32 warps per SM, with X's and Skip's 2 + 2 loads per thread in flight;
+//   - up to 2048 vectors: 4 vectors per thread, 512 threads per row.
+// Longer rows, or pointers that cannot be read as vectors, go to the shared-memory kernel
+// (kSharedRowCached here; the launcher demotes it to kSharedRowUncached when the row does not fit in
+// the device's shared memory).
 KernelConfig ChooseConfig(const NormArgs& args, int element_size) {
   KernelConfig config;
   const int vector = 16 / element_size;
-  const int max_vpt = MaxVectorsPerThread(element_size);
   if (args.vector_ok) {
     const int64_t body = args.cols / vector;
-    int64_t group = 0;
-    if (body <= 32 * max_vpt) {
-      group = std::clamp<int64_t>(NextPowerOfTwo(body), 8, 32);
-    } else {
-      group = NextPowerOfTwo((body + max_vpt - 1) / max_vpt);
-    }
-    if (group <= 512) {
-      int vpt = 1;
-      while (vpt * group < body) vpt <<= 1;
+    const int vpt = body <= 32 ? 1 : body <= 1024 ? 2 : 4;
+    const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((body + vpt - 1) / vpt));
+    if (group <= RegisterRowMaxBlock(vpt)) {
       config.kind = KernelKind::kRegisterRow;
       config.vectors_per_thread = vpt;
       config.group = static_cast<int>(group);
-      config.block = group <= 32 ? 128 : static_cast<int>(group);
+      config.block = static_cast<int>(std::max<int64_t>(group, 128));
       const int64_t rows_per_block = config.block / group;
       config.grid = GridSize((args.rows + rows_per_block - 1) / rows_per_block);
       return config;
@@ -90,6 +107,18 @@ KernelConfig ChooseConfig(const NormArgs& args, int element_size) {
   // Body and scalars, padded so that the scalars never run past the buffer.
   config.shared_bytes = static_cast<size_t>(((static_cast<int64_t>(args.cols) + 2 * vector) * element_size + 15) / 16 * 16);
   return config;
+}
+
+int RegisterRowFlagsFor(const NormArgs& args, bool native) {
+  return (args.skip != nullptr ? kSkipFlag : 0) | (args.rms ? kRmsFlag : 0) | (native ? kNativeFlag : 0);
+}
+
+// Bytes [p, p + bytes) and [q, q + other) share an address.
+bool Overlap(const void* p, int64_t bytes, const void* q, int64_t other) {
+  if (p == nullptr || q == nullptr) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto b = reinterpret_cast<uintptr_t>(q);
+  return a < b + static_cast<uintptr_t>(other) && b < a + static_cast<uintptr_t>(bytes);
 }
 
 int Fail(int code, const char* message, const char** error) {
@@ -124,8 +153,8 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
   if (p.sum != nullptr && p.skip == nullptr) {
     return Fail(cudaErrorInvalidValue, "LaunchNorm: the Sum output needs a Skip input", error);
   }
-  if (p.rms && p.mean != nullptr) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: RMSNorm has no Mean output", error);
+  if (p.rms && (p.mean != nullptr || p.bias != nullptr)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: RMSNorm has no Mean output and no Bias input", error);
   }
   if (has_parameters && (p.scale_size <= 0 || p.scale_size > p.cols || p.cols % p.scale_size != 0)) {
     return Fail(cudaErrorInvalidValue, "LaunchNorm: scale_size must divide cols (Scale/Bias cover a suffix of the row)",
@@ -135,6 +164,17 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
       !AlignedTo(p.scale, parameter_size) || !AlignedTo(p.bias, parameter_size) || !AlignedTo(p.mean, 4) ||
       !AlignedTo(p.inv_std, 4)) {
     return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
+  }
+  // In-place: Sum may be X or Skip itself (each element is read before the thread that read it writes
+  // it, and the kernel that reads the row twice re-reads Sum, not X + Skip); any other overlap of an
+  // output with an input would read values already overwritten.
+  const int64_t x_bytes = p.rows * p.cols * x_size;
+  const int64_t y_bytes = p.rows * p.cols * y_size;
+  if ((p.sum != p.x && Overlap(p.sum, x_bytes, p.x, x_bytes)) ||
+      (p.sum != p.skip && Overlap(p.sum, x_bytes, p.skip, x_bytes)) || Overlap(p.y, y_bytes, p.x, x_bytes) ||
+      Overlap(p.y, y_bytes, p.skip, x_bytes) || Overlap(p.y, y_bytes, p.sum, x_bytes)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: outputs may not overlap the inputs (except Sum onto X or Skip)",
+                error);
   }
 
   NormArgs args{};
@@ -176,10 +216,20 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
   (void)cudaGetLastError();
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  // ONNX Runtime's CUDA runtime and ours (static) keep separate current devices: take the stream's.
-  int device = 0;
-  cudaError_t status = cudaStreamGetDevice(stream, &device);
-  if (status != cudaSuccess) return FailCuda(status, error);
+  // ONNX Runtime's CUDA runtime and ours (static) keep separate current devices: make the tensors'
+  // device ours. The stream is never asked (cudaStreamGetDevice can invalidate a capture).
+  int device = p.device;
+  cudaError_t status = cudaSuccess;
+  if (device < 0) {
+    cudaPointerAttributes attributes{};
+    status = cudaPointerGetAttributes(&attributes, p.x);
+    if (status != cudaSuccess) return FailCuda(status, error);
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+      return Fail(cudaErrorInvalidValue, "LaunchNorm: X is not CUDA device memory", error);
+    }
+    device = attributes.device;
+  }
+  if (device >= kMaxDevices) return Fail(cudaErrorInvalidDevice, "LaunchNorm: device id out of range", error);
   int current = -1;
   status = cudaGetDevice(&current);
   if (status != cudaSuccess) return FailCuda(status, error);
@@ -188,18 +238,30 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
     if (status != cudaSuccess) return FailCuda(status, error);
   }
 
+  const bool native = y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type);
   KernelConfig config = ChooseConfig(args, x_size);
+  config.device = device;
+  int sm_count = 0;
+  status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
+  if (status != cudaSuccess) return FailCuda(status, error);
+  // Blocks loop over rows: a few waves of resident blocks are enough, and a bounded grid.
+  config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * (2048 / config.block) * 4));
   args.group = config.group;
+  if (config.kind == KernelKind::kRegisterRow) config.flags = RegisterRowFlagsFor(args, native);
   if (config.kind == KernelKind::kSharedRowCached) {
     int max_shared = 0;
-    status = cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    status = CachedAttribute(Info(device).max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &max_shared);
     if (status != cudaSuccess) return FailCuda(status, error);
     // The kernel's static reduction scratch comes out of the same budget.
     config.max_shared_bytes = max_shared - static_cast<int>(sizeof(ReduceScratch));
-    config.device = device;
     if (config.shared_bytes > static_cast<size_t>(config.max_shared_bytes)) {
       config.kind = KernelKind::kSharedRowUncached;
       config.shared_bytes = 0;
+    } else {
+      // One wave of resident blocks, each looping over rows (their shared memory bounds them first).
+      const int by_memory = max_shared / static_cast<int>(config.shared_bytes + sizeof(ReduceScratch));
+      const int per_sm = std::max(1, std::min(2048 / config.block, by_memory));
+      config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * per_sm));
     }
   }
 

@@ -29,10 +29,15 @@ struct NormLaunchParams {
   int y_type = 0;
   int normalized_type = 0;
   int multiply_type = 0;
+  // The CUDA device that holds the tensors (ONNX Runtime: X's OrtMemoryInfo device id; torch: the
+  // tensor's device index). -1: taken from X's pointer attributes. Never asked of the stream, so
+  // nothing in a launch is a call that a CUDA graph capture can refuse.
+  int device = -1;
 };
 
-// Launches on `stream` (a cudaStream_t), after making the stream's device current. No allocation,
-// no synchronisation, nothing on the default stream. Returns 0 on success, otherwise a cudaError_t
+// Launches on `stream` (a cudaStream_t), after making `device` current. No allocation, no
+// synchronisation, nothing on the default stream, no stream query: safe inside CUDA graph capture.
+// Sum may be X or Skip itself (in-place); no other output may overlap an input. Returns 0 on success, otherwise a cudaError_t
 // value (or -1 for an unsupported type combination); `error` then points at a static message.
 int LaunchNorm(const NormLaunchParams& params, void* stream, const char** error);
 

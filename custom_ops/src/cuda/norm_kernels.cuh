@@ -5,7 +5,7 @@
 // get 16-byte accesses for all but at most 2 * (V - 1) elements. Every element of X (and Skip) is
 // read from global memory once: the row stays in registers (RegisterRowKernel) or, when it is too
 // long for them, in shared memory (SharedRowKernel). Rows that do not fit in shared memory either
-// are re-read (SharedRowKernel<..., false>), the only path that reads X more than once.
+// are re-read (SharedRowKernel<..., false>), the only path that reads the row more than once.
 //
 // Statistics are accumulated in float32; LayerNorm's variance is a second pass over the cached
 // row (sum of squared deviations from the mean), not E[x^2] - E[x]^2.
@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "element_types.cuh"
+#include "kernel_config.cuh"
 #include "norm_args.cuh"
 #include "reduce.cuh"
 #include "vector_io.cuh"
@@ -154,95 +155,170 @@ __device__ __forceinline__ void WriteStatistics(const NormArgs& a, int64_t row, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rows of up to group * VPT vectors (plus head and tail) held in registers.
+// Rows of up to group * VPT vectors (plus head and tail) held in registers, `blockDim.x / group` rows
+// per block. kFlags (RegisterRowFlags, kernel_config.cuh) makes Skip, RMS and the native types
+// compile-time, so that a thread issues every load of its row (X, then Skip, then the scalar ends,
+// then Scale and Bias) before it uses any: up to 2 * VPT + 2 * VPT 16-byte loads in flight.
 
-// Loads one vector of the row as X's bits (4 words) and as floats. With Skip, the words are the sum
-// rounded to X's type (exact, and also what Sum receives), so keeping words instead of floats loses
-// nothing and halves the registers a 16-bit row needs.
-template <typename TX, int V, int W>
-__device__ __forceinline__ void LoadInputWords(const NormArgs& a, int64_t offset, uint32_t (&w)[W], float (&v)[V]) {
-  LoadWords<W, true>(static_cast<const TX*>(a.x) + offset, w);
+// The 4 words of one 16-byte Scale or Bias vector (in X's type) for columns [col, col + V).
+template <typename TX>
+__device__ __forceinline__ void LoadParameterWords(const NormArgs& a, const void* p, int col, uint32_t (&w)[4]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  const TX* base = static_cast<const TX*>(p);
+  if (a.scale_vector) {
+    LoadWords<4, true>(base + (a.scale_size == a.cols ? col : col % a.scale_size), w);
+  } else {
+    // Scale is not aligned like X (or repeats inside a vector): element by element, repacked.
+    float v[V];
 #pragma unroll
-  for (int i = 0; i < W; ++i) WordCodec<TX>::Unpack(w[i], v + i * WordCodec<TX>::kValues);
-  if (a.skip != nullptr) {
-    float s[V];
-    LoadVector<TX, V>(static_cast<const TX*>(a.skip) + offset, s);
+    for (int i = 0; i < V; ++i) v[i] = LoadScalar(base + (col + i) % a.scale_size);
 #pragma unroll
-    for (int i = 0; i < V; ++i) v[i] += s[i];
-    RoundToType<TX, V>(v);
-#pragma unroll
-    for (int i = 0; i < W; ++i) w[i] = WordCodec<TX>::Pack(v + i * WordCodec<TX>::kValues);
-    if (a.sum != nullptr) StoreWords<W, true>(static_cast<TX*>(a.sum) + offset, w);
+    for (int j = 0; j < 4; ++j) w[j] = WordCodec<TX>::Pack(v + j * WordCodec<TX>::kValues);
   }
 }
 
-template <typename TX, int VPT>
-struct RegisterRow {
-  static constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  static constexpr int kWords = 4;  // 16 bytes
-  // group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar slots per thread suffice.
-  static constexpr int kScalarSlots = 2;
-  uint32_t w[VPT][kWords];  // the body vectors, as X's bits
-  float s[kScalarSlots];
-
-  __device__ __forceinline__ void Get(int i, float (&v)[V]) const {
+template <typename TX>
+__device__ __forceinline__ void UnpackWords(const uint32_t (&w)[4], float (&v)[16 / sizeof(TX)]) {
 #pragma unroll
-    for (int j = 0; j < kWords; ++j) WordCodec<TX>::Unpack(w[i][j], v + j * WordCodec<TX>::kValues);
-  }
-};
+  for (int j = 0; j < 4; ++j) WordCodec<TX>::Unpack(w[j], v + j * WordCodec<TX>::kValues);
+}
 
-// Registers hold up to 32 values per thread; more would spill in 512-thread blocks, and fewer
-// registers per thread (the default bound asks for two blocks per SM) are enough up to 16 values.
-template <typename TX, int VPT>
-__global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) > 16 ? 1 : 2)
-    RegisterRowKernel(NormArgs a) {
-  using Row = RegisterRow<TX, VPT>;
-  constexpr int V = Row::V;
-  constexpr int kSlots = Row::kScalarSlots;
+template <typename TX>
+__device__ __forceinline__ void PackWords(const float (&v)[16 / sizeof(TX)], uint32_t (&w)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = WordCodec<TX>::Pack(v + j * WordCodec<TX>::kValues);
+}
+
+// Every thread of a block runs the same iterations: a row slot past the last row is an empty row, so
+// block-wide reductions (group > 32) never miss a thread. Only the loads and stores of real rows
+// are issued, and each element is read (X, Skip) before the same thread writes it (Sum, Y): Sum may
+// be X or Skip itself (in-place).
+template <typename TX, int VPT, int kFlags>
+__global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks(VPT)) RegisterRowKernel(NormArgs a) {
+  constexpr bool kSkip = (kFlags & kSkipFlag) != 0;
+  constexpr bool kRms = (kFlags & kRmsFlag) != 0;
+  constexpr bool kNative = (kFlags & kNativeFlag) != 0;
+  constexpr bool kBias = !kRms;  // the RMS ops have no Bias input (the launcher rejects one)
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  constexpr int kWords = 4;
+  // group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar slots per thread suffice.
+  constexpr int kSlots = 2;
   __shared__ ReduceScratch scratch;
   int parity = 0;
   const int group = a.group;
   const int rank = threadIdx.x & (group - 1);
+  const int slot = threadIdx.x / group;
   const int rows_per_block = blockDim.x / group;
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * rows_per_block;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / group; row < a.rows;
-       row += row_step) {
-    const RowLayout layout = MakeRowLayout<V>(a, row);
+  const TX* x = static_cast<const TX*>(a.x);
+  const TX* skip = static_cast<const TX*>(a.skip);
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < a.rows; first += row_step) {
+    const int64_t row = first + slot;
+    const RowLayout layout = row < a.rows ? MakeRowLayout<V>(a, row) : RowLayout{0, 0, 0};
     const int64_t base = row * a.cols;
-    Row r;
+
+    // 1. Every load of the row, none used yet.
+    uint32_t xw[VPT][kWords];
+    uint32_t sw[kSkip ? VPT : 1][kWords];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int k = rank + i * group;
+      if (k < layout.body) {
+        LoadWords<kWords, true>(x + base + layout.head + k * V, xw[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kWords; ++j) xw[i][j] = 0u;
+      }
+    }
+    if constexpr (kSkip) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int k = rank + i * group;
+        if (k < layout.body) {
+          LoadWords<kWords, true>(skip + base + layout.head + k * V, sw[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWords; ++j) sw[i][j] = 0u;
+        }
+      }
+    }
+    float xs[kSlots];
+    float ss[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      const int e = rank + j * group;
+      xs[j] = ss[j] = 0.0f;
+      if (e < layout.scalars()) {
+        const int64_t offset = base + ScalarColumn<V>(layout, e);
+        xs[j] = LoadScalar(x + offset);
+        if constexpr (kSkip) ss[j] = LoadScalar(skip + offset);
+      }
+    }
+    // Scale and Bias for this thread's vectors, in flight with the row (native types only: otherwise
+    // their type is a runtime choice and they are loaded after the reduction).
+    uint32_t pw[kNative ? VPT : 1][kWords];
+    uint32_t bw[kNative && kBias ? VPT : 1][kWords];
+    if constexpr (kNative) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int k = rank + i * group;
+        if (k < layout.body) {
+          const int col = layout.head + k * V;
+          if (a.scale != nullptr) LoadParameterWords<TX>(a, a.scale, col, pw[i]);
+          if (kBias && a.bias != nullptr) LoadParameterWords<TX>(a, a.bias, col, bw[kBias ? i : 0]);
+        }
+      }
+    }
+
+    // 2. The row's sums; Skip's sum rounded to X's type (exact in the words) and stored as Sum.
     float sum = 0.0f;
     float sum_sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int k = rank + i * group;
       float v[V];
-      if (k < layout.body) {
-        LoadInputWords<TX, V, Row::kWords>(a, base + layout.head + k * V, r.w[i], v);
-      } else {
+      UnpackWords<TX>(xw[i], v);
+      if constexpr (kSkip) {
+        float s[V];
+        UnpackWords<TX>(sw[i], s);
 #pragma unroll
-        for (int j = 0; j < Row::kWords; ++j) r.w[i][j] = 0u;
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = 0.0f;
+        for (int j = 0; j < V; ++j) v[j] += s[j];
+        RoundToType<TX, V>(v);
+        PackWords<TX>(v, xw[i]);
+        const int k = rank + i * group;
+        if (a.sum != nullptr && k < layout.body) {
+          StoreWords<kWords, true>(static_cast<TX*>(a.sum) + base + layout.head + k * V, xw[i]);
+        }
       }
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        sum += v[j];
-        sum_sq = fmaf(v[j], v[j], sum_sq);
+        if constexpr (kRms) {
+          sum_sq = fmaf(v[j], v[j], sum_sq);
+        } else {
+          sum += v[j];
+        }
       }
     }
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
-      const int e = rank + j * group;
-      float one[1] = {0.0f};
-      if (e < layout.scalars()) LoadInput<TX, 1>(a, base + ScalarColumn<V>(layout, e), true, one);
-      r.s[j] = one[0];
-      sum += one[0];
-      sum_sq = fmaf(one[0], one[0], sum_sq);
+      if constexpr (kSkip) {
+        float one[1] = {xs[j] + ss[j]};
+        RoundToType<TX, 1>(one);
+        xs[j] = one[0];
+        const int e = rank + j * group;
+        if (a.sum != nullptr && e < layout.scalars()) {
+          StoreVector<TX, 1>(static_cast<TX*>(a.sum) + base + ScalarColumn<V>(layout, e), one);
+        }
+      }
+      if constexpr (kRms) {
+        sum_sq = fmaf(xs[j], xs[j], sum_sq);
+      } else {
+        sum += xs[j];
+      }
     }
 
     float mean = 0.0f;
     float inv;
-    if (a.rms) {
+    if constexpr (kRms) {
       inv = InverseRoot(GroupSum(sum_sq, group, scratch, parity) / a.cols, a.epsilon);
     } else {
       mean = GroupSum(sum, group, scratch, parity) / a.cols;
@@ -251,7 +327,7 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
       for (int i = 0; i < VPT; ++i) {
         if (rank + i * group < layout.body) {
           float v[V];
-          r.Get(i, v);
+          UnpackWords<TX>(xw[i], v);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
             const float d = v[j] - mean;
@@ -262,24 +338,46 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         if (rank + j * group < layout.scalars()) {
-          const float d = r.s[j] - mean;
+          const float d = xs[j] - mean;
           squares = fmaf(d, d, squares);
         }
       }
       inv = InverseRoot(GroupSum(squares, group, scratch, parity) / a.cols, a.epsilon);
     }
-    if (rank == 0) WriteStatistics(a, row, mean, inv);
+    if (rank == 0 && row < a.rows) WriteStatistics(a, row, mean, inv);
 
-    // One vector at a time: each is unpacked, normalised and stored before the next, so only one
-    // vector's floats are live. (The type and rounding branches are uniform across the grid.)
+    // 3. Normalise and store, one vector at a time (only one vector's floats live).
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int k = rank + i * group;
       if (k < layout.body) {
         float v[V];
-        r.Get(i, v);
+        UnpackWords<TX>(xw[i], v);
         const int col = layout.head + k * V;
-        NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
+        if constexpr (kNative) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
+          RoundTo<V>(v, a.normalized_type);
+          if (a.scale != nullptr) {
+            float s[V];
+            UnpackWords<TX>(pw[i], s);
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[j] *= s[j];
+            RoundTo<V>(v, a.multiply_type);
+          }
+          if (kBias && a.bias != nullptr) {
+            float b[V];
+            UnpackWords<TX>(bw[kBias ? i : 0], b);
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[j] += b[j];
+            RoundTo<V>(v, a.multiply_type);
+          }
+          uint32_t out[kWords];
+          PackWords<TX>(v, out);
+          StoreWords<kWords, true>(static_cast<TX*>(a.y) + base + col, out);
+        } else {
+          NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
+        }
       }
     }
 #pragma unroll
@@ -287,7 +385,7 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
       const int e = rank + j * group;
       if (e < layout.scalars()) {
         const int col = ScalarColumn<V>(layout, e);
-        float one[1] = {r.s[j]};
+        float one[1] = {xs[j]};
         NormalizeAndStore<1>(a, mean, inv, one, col, base + col);
       }
     }
@@ -296,8 +394,10 @@ __global__ void __launch_bounds__(512, VPT * 16 / static_cast<int>(sizeof(TX)) >
 
 // ---------------------------------------------------------------------------------------------
 // One row per block, any length. kCached: the row is kept in shared memory (dynamic, as X's type,
-// exact because Skip sums are already rounded to it); otherwise it is re-read from global memory.
-// Each thread reads back only the elements it wrote, so the cache needs no barriers.
+// exact because Skip sums are already rounded to it); otherwise it is re-read from global memory: from
+// Sum when there is one (it is the rounded X + Skip, and it may be X or Skip itself, in-place), else
+// X (+ Skip). Within a row each thread reads back only the elements it wrote; between rows a barrier
+// (the next row's layout can put its scalars where another thread's vectors of this row were).
 
 template <typename TX, bool kCached>
 struct SharedRow {
@@ -307,18 +407,28 @@ struct SharedRow {
   TX* cache;  // body vectors first, then the scalars
 
   template <int N>
+  __device__ __forceinline__ void Reread(const NormArgs& a, int64_t offset, float (&v)[N]) const {
+    if (a.sum != nullptr) {
+      // Written by this thread in this launch: a coherent load, not the read-only path.
+      LoadVectorCoherent<TX, N>(static_cast<const TX*>(a.sum) + offset, v);
+    } else {
+      LoadInput<TX, N>(a, offset, false, v);
+    }
+  }
+
+  template <int N>
   __device__ __forceinline__ void Vector(const NormArgs& a, int k, float (&v)[N]) const {
     if (kCached) {
       LoadVectorShared<TX, N>(cache + k * V, v);
     } else {
-      LoadInput<TX, N>(a, base + layout.head + k * V, false, v);
+      Reread<N>(a, base + layout.head + k * V, v);
     }
   }
 
   __device__ __forceinline__ float Scalar(const NormArgs& a, int e) const {
     if (kCached) return ToFloat(cache[layout.body * V + e]);
     float one[1];
-    LoadInput<TX, 1>(a, base + ScalarColumn<V>(layout, e), false, one);
+    Reread<1>(a, base + ScalarColumn<V>(layout, e), one);
     return one[0];
   }
 };
@@ -388,6 +498,8 @@ __global__ void __launch_bounds__(1024, 1) SharedRowKernel(NormArgs a) {
       const int col = ScalarColumn<V>(layout, e);
       NormalizeAndStore<1>(a, mean, inv, one, col, cached.base + col);
     }
+    // The next row's caching pass must not overwrite what a slower thread has still to read.
+    if (kCached) __syncthreads();
   }
 }
 

@@ -5,8 +5,7 @@
 
 #include <atomic>
 
-#include "kernel_config.cuh"
-#include "norm_kernels.cuh"
+#include "kernel_dispatch.cuh"
 
 namespace onnx_norm {
 namespace cuda {
@@ -28,40 +27,13 @@ cudaError_t AllowMaxSharedMemory(int device, int bytes) {
 
 template <typename TX>
 cudaError_t LaunchNormKernel(const NormArgs& args, const KernelConfig& config, cudaStream_t stream) {
-  const dim3 grid(config.grid);
-  const dim3 block(static_cast<unsigned>(config.block));
-  switch (config.kind) {
-    case KernelKind::kRegisterRow:
-      switch (config.vectors_per_thread) {
-        case 1:
-          RegisterRowKernel<TX, 1><<<grid, block, 0, stream>>>(args);
-          break;
-        case 2:
-          RegisterRowKernel<TX, 2><<<grid, block, 0, stream>>>(args);
-          break;
-        case 4:
-          RegisterRowKernel<TX, 4><<<grid, block, 0, stream>>>(args);
-          break;
-        case 8:
-          if constexpr (MaxVectorsPerThread(sizeof(TX)) >= 8) {
-            RegisterRowKernel<TX, 8><<<grid, block, 0, stream>>>(args);
-            break;
-          }
-          return cudaErrorInvalidConfiguration;
-        default:
-          return cudaErrorInvalidConfiguration;
-      }
-      break;
-    case KernelKind::kSharedRowCached: {
-      const cudaError_t status = AllowMaxSharedMemory<TX>(config.device, config.max_shared_bytes);
-      if (status != cudaSuccess) return status;
-      SharedRowKernel<TX, true><<<grid, block, config.shared_bytes, stream>>>(args);
-      break;
-    }
-    case KernelKind::kSharedRowUncached:
-      SharedRowKernel<TX, false><<<grid, block, 0, stream>>>(args);
-      break;
+  const NormKernel kernel = SelectNormKernel<TX>(config);
+  if (kernel == nullptr) return cudaErrorInvalidConfiguration;
+  if (config.kind == KernelKind::kSharedRowCached) {
+    const cudaError_t status = AllowMaxSharedMemory<TX>(config.device, config.max_shared_bytes);
+    if (status != cudaSuccess) return status;
   }
+  kernel<<<dim3(config.grid), dim3(static_cast<unsigned>(config.block)), config.shared_bytes, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -23,7 +23,8 @@ __device__ __forceinline__ float WarpSum(float v, unsigned mask, int width) {
 }
 
 // Sum of `v` over a row group of `group` threads. group <= 32: the group lies in one warp (no
-// barrier). group > 32: the whole block is one row group and every thread must call this.
+// barrier). group > 32: the group is group / 32 whole warps, and every thread of the block must call
+// this (one barrier), whichever row group it belongs to.
 // The summation order is fixed, so results are deterministic run to run.
 __device__ __forceinline__ float GroupSum(float v, int group, ReduceScratch& scratch, int& parity) {
   if (group <= 32) return WarpSum(v, GroupMask(group), group);
@@ -35,7 +36,8 @@ __device__ __forceinline__ float GroupSum(float v, int group, ReduceScratch& scr
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   const int warps = group >> 5;
-  v = lane < warps ? partial[lane] : 0.0f;
+  const int first = warp & ~(warps - 1);  // the group's first warp
+  v = lane < warps ? partial[first + lane] : 0.0f;
   return WarpSum(v, 0xffffffffu, 32);
 }
 

@@ -153,6 +153,12 @@ __device__ __forceinline__ void LoadVectorShared(const T* p, float (&out)[N]) {
   LoadConverted<T, N, false>(p, out);
 }
 
+// Global data written earlier in the same launch (the uncached kernel's Sum): an ordinary, coherent load.
+template <typename T, int N>
+__device__ __forceinline__ void LoadVectorCoherent(const T* p, float (&out)[N]) {
+  LoadConverted<T, N, false>(p, out);
+}
+
 template <typename T, int N, bool kGlobal>
 __device__ __forceinline__ void StoreConverted(T* p, const float (&in)[N]) {
   if constexpr (N * sizeof(T) < 4) {

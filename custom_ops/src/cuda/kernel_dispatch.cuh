@@ -1,0 +1,48 @@
+// From a KernelConfig to the kernel function it names. Shared by the GPU launch (norm_launch.cuh) and
+// the CPU emulator of the kernels (tools/gpu_harness/emulator.cc), so the emulator runs the very
+// instantiation that the GPU would.
+#pragma once
+
+#include <utility>
+
+#include "kernel_config.cuh"
+#include "norm_kernels.cuh"
+
+namespace onnx_norm {
+namespace cuda {
+
+using NormKernel = void (*)(NormArgs);
+
+template <typename TX, int VPT, int... kFlags>
+NormKernel RegisterRowKernelFor(int flags, std::integer_sequence<int, kFlags...>) {
+  NormKernel kernel = nullptr;
+  ((flags == kFlags ? (kernel = &RegisterRowKernel<TX, VPT, kFlags>, true) : false) || ...);
+  return kernel;
+}
+
+// The kernel for `config` with X of type TX, or nullptr when the configuration names none.
+template <typename TX>
+NormKernel SelectNormKernel(const KernelConfig& config) {
+  using AllFlags = std::make_integer_sequence<int, kFlagCombinations>;
+  switch (config.kind) {
+    case KernelKind::kRegisterRow:
+      switch (config.vectors_per_thread) {
+        case 1:
+          return RegisterRowKernelFor<TX, 1>(config.flags, AllFlags{});
+        case 2:
+          return RegisterRowKernelFor<TX, 2>(config.flags, AllFlags{});
+        case 4:
+          return RegisterRowKernelFor<TX, 4>(config.flags, AllFlags{});
+        default:
+          return nullptr;
+      }
+    case KernelKind::kSharedRowCached:
+      return &SharedRowKernel<TX, true>;
+    case KernelKind::kSharedRowUncached:
+      return &SharedRowKernel<TX, false>;
+  }
+  return nullptr;
+}
+
+}  // namespace cuda
+}  // namespace onnx_norm
