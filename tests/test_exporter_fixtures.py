@@ -27,37 +27,14 @@ from onnx_norm.zoo.detect import decomposed_norms, fused_norms, native_norms
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "exporters"
 
-# file (or backend test name) -> what the rewrite misses there (see /work/wt/misses/README.md in the session that
-# filed them; each reason says what `onnx-norm inspect --explain` reports).
-_GAP = (
-    "tf2onnx (opsets 13, 17) writes the row mean as GlobalAveragePool: nothing fused and no near-miss "
-    "(misses/tf2onnx-globalaveragepool-{}.onnx)"
-)
-_CASTLIKE_EPS = "epsilon written as CastLike(Constant, x): near-miss 'epsilon ... is not a constant' (issue 9 item 1)"
+# file -> what the rewrite still misses there (each reason says what `onnx-norm inspect --explain` reports). The
+# misses first filed here (tf2onnx's GlobalAveragePool mean, CastLike epsilons, RMSNormalization-23's expansion,
+# onnxconverter-common's per-consumer input Casts) are fused now and run as ordinary cases.
 KNOWN_MISSES: dict[str, str] = {
-    **{
-        f"tf2onnx-keras-{kind}-opset{opset}.onnx": _GAP.format("rmsnorm" if "rms" in kind else "layernorm")
-        for kind in ("layernorm", "layernorm-plain", "rmsnorm", "rmsnorm-keras")
-        for opset in (13, 17)
-    },
-    "jax2onnx-nnx-rmsnorm.onnx": f"{_CASTLIKE_EPS} (misses/jax2onnx-castlike-eps-rmsnorm.onnx)",
-    "onnxscript-script-rmsnorm.onnx": f"{_CASTLIKE_EPS} (misses/onnxscript-castlike-eps-rmsnorm.onnx)",
-    "onnxscript-script-layernorm.onnx": f"{_CASTLIKE_EPS} (misses/onnxscript-castlike-eps-layernorm.onnx)",
     "toolchains-block-ort-transformers.onnx": (
-        "take-over skips ORT's SkipSimplifiedLayerNormalization: 'its skip input has another element type than its "
-        "input', though the type is only unknown (misses/ort-transformers-skipsimplifiedlayernorm-native.onnx)"
+        "take-over skips ORT's SkipSimplifiedLayerNormalization: its skip input's shape is unknown to onnx's shape "
+        "inference (ORT's output lacks the com.microsoft opset import)"
     ),
-    "toolchains-block-float16-keep-io.onnx": (
-        "onnxconverter-common's keep_io_types writes one input Cast per consumer: near-miss 'the subgraph reads the "
-        "input both before and after a narrowing Cast' (misses/float16-keep-io-duplicate-input-casts.onnx)"
-    ),
-    **{
-        f"onnx-functions-rms_normalization_{case}_expanded.onnx": (
-            "RMSNormalization-23's function body (axes from Range(axis, Size(Shape(X)))): nothing fused and no "
-            "near-miss (issue 9; misses/onnx-function-rmsnormalization23-expanded.onnx)"
-        )
-        for case in ("2d_axis_negative_1", "3d_axis_negative_1_epsilon", "4d_axis1", "4d_axis0", "default_axis")
-    },
 }
 
 
