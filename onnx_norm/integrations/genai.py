@@ -54,7 +54,9 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise GenAIFolderError(f"{folder}: not a directory")
     if not path.is_file():
-        raise GenAIFolderError(f"{folder}: no {CONFIG_NAME}; not an ONNX Runtime GenAI model folder")
+        raise GenAIFolderError(
+            f"{folder}: is a directory with no {CONFIG_NAME}; not an ONNX Runtime GenAI model folder"
+        )
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
