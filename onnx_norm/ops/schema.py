@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from onnx import TensorProto
+from onnx_norm.dtypes import FLOAT_TYPES
+
+__all__ = ["DOMAIN", "FLOAT_TYPES", "OPS", "OPSET_VERSION", "NormAttributes", "OpSignature"]
 
 DOMAIN = "onnx_norm"
 OPSET_VERSION = 1
-
-#: Element types the kernels accept for X, Skip, Scale, Bias and Y.
-FLOAT_TYPES: tuple[int, ...] = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
 @dataclasses.dataclass(frozen=True)
