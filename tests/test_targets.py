@@ -13,13 +13,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 from onnxscript import rewriter
-from onnxscript.rewriter._context import TapeBuilder
 
 from onnx_norm import library
 from onnx_norm.ops import functions
 from onnx_norm.ops.reference import REFERENCES, elem_type, layer_norm, np_dtype, rms_norm
 from onnx_norm.ops.schema import DOMAIN, NormAttributes
 from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec
 
 NotImplementedError_ = ort.capi.onnxruntime_pybind11_state.NotImplemented
@@ -63,9 +63,9 @@ def _spec(
     )
 
 
-def _model(spec: NormSpec, target: str, opset: int) -> tuple[ir.Model, TapeBuilder]:
+def _model(spec: NormSpec, target: str, opset: int) -> tuple[ir.Model, Builder]:
     """A model whose inputs are the spec's inputs and whose outputs are what `emit` returned."""
-    op = TapeBuilder()
+    op = Builder()
     results = targets.emit(op, spec, target, opset)
     names = [n for n in ALL_OUTPUTS if n == "y" or getattr(spec, n) is not None]
     assert len(results) == len(names)
@@ -237,7 +237,7 @@ def test_emitted_nodes_match_reference(target: str, kind: str, layout: dict, dty
             stats_on_skip = layout["skip"] and set(layout["want"]) & {"mean", "inv_std"}
             assert stats_on_skip or "types Y like X" in reason, reason
         with pytest.raises(ValueError, match="cannot emit"):
-            targets.emit(TapeBuilder(), spec, target, opset)
+            targets.emit(Builder(), spec, target, opset)
         pytest.skip(reason)
     model = _check(spec, target, opset)
     for node in model.graph:

@@ -5,15 +5,15 @@ A norm is matched from its last node (the anchor) downwards:
 1. The tail: from the anchor's output down through Casts, one bias Add of a constant, and multiplies or divides
    by constants, to the junction, the first Mul/Div whose operands are both computed.
 2. The junction's value, flattened into a product of powers, must contain a leaf `stat + eps` with a negative
-   exponent, where `stat` is a recognised statistic (layer_norm.py, rms_norm.py) and `eps` a constant scalar.
+   exponent, where `stat` is a statistic a registered family recognises (families/) and `eps` a constant scalar.
 3. Flattened again with the statistic's input known, the value must be exactly `data^1 * (stat + eps)^-1/2` times
    constants, where `data` is the centred input (LayerNorm) or the input (RMSNorm).
 4. All nodes between the input and the anchor are removed: none may have consumers outside the match or be a
    graph output, except statistics the fused op also produces (mean, inverse std) and the input's own Casts,
    which are kept. Reductions cover exactly the normalised axes, scale and bias vary only along them.
 
-The anchor is the end of the norm only if the tail cannot be extended by its single consumer: the onnxscript
-driver visits nodes in order, so a norm is matched at its last node, not at an earlier one.
+The anchor is the end of the norm only if the tail cannot be extended by its single consumer: the driver visits
+nodes in order, so a norm is matched at its last node, not at an earlier one.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.ops.schema import FLOAT_TYPES, NormAttributes
-from onnx_norm.rewrite import casts, constants, distributed
-from onnx_norm.rewrite.layer_norm import Statistic, is_centred, layer_statistic
+from onnx_norm.rewrite import casts, constants, distributed, family
+from onnx_norm.rewrite.family import Statistic
 from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, row_mean
-from onnx_norm.rewrite.rms_norm import rms_statistic
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import (
     LAYOUT_OPS,
     Factors,
     NearMiss,
     flatten,
+    is_centred,
     same_data,
     strip_casts,
     strip_nonnegative_clamp,
@@ -60,12 +60,9 @@ class Candidate:
     nodes: list[ir.Node]  # nodes the fused op replaces
     axes: tuple[int, ...]  # reduced axes of the input (non-negative)
     perm: tuple[int, ...] | None  # channels-first: the Transpose that moves the normalised axes last
-    scale_array: np.ndarray | None  # scale as the fused op reads it (also when spec.scale is a graph value)
-    bias_array: np.ndarray | None
     new_constants: dict[str, np.ndarray]  # "scale"/"bias" that need a new constant in the graph
     variant: str
     cast_placement: str
-    anchor: ir.Node
     x_value: ir.Value  # the input of the norm before any residual Add was folded in
     proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
     kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
@@ -169,13 +166,13 @@ def _extends(y: ir.Value, tail: list[_TailOp]) -> bool:
 
 
 def _statistic(stat: ir.Value, kinds: frozenset[str]) -> Statistic | None:
+    """The first registered family's reading of `stat` as its statistic, among the families of `kinds`."""
     stat = strip_nonnegative_clamp(stat)
-    if "layer" in kinds:
-        found = layer_statistic(stat)
-        if found is not None:
-            return found
-    if "rms" in kinds:
-        return rms_statistic(stat)
+    for norm_family in family.families():
+        if norm_family.statistic is not None and norm_family.kind in kinds:
+            found = norm_family.statistic(stat)
+            if found is not None:
+                return found
     return None
 
 
@@ -210,7 +207,7 @@ def _data_classifier(statistic: Statistic, eps_sum: ir.Value):
     def classify(value: ir.Value) -> str | None:
         if value is eps_sum:
             return "stat"
-        if statistic.kind == "layer":
+        if statistic.centred:
             if is_centred(value, statistic.x, statistic.axes):
                 return "data"
         elif same_data(value, statistic.x):
@@ -379,10 +376,14 @@ def _tensor_fits(value: ir.Value, row: np.ndarray) -> bool:
 def find_norm(
     anchor: ir.Node,
     *,
-    kinds: frozenset[str] = frozenset({"layer", "rms"}),
+    kinds: frozenset[str] | None = None,
     channels_first: bool = True,
 ) -> Candidate | None:
-    """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse."""
+    """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse.
+
+    `kinds`: the families whose statistics to look for (default: every family with a statistic recogniser)."""
+    if kinds is None:
+        kinds = frozenset(f.kind for f in family.families() if f.statistic is not None)
     if anchor.op_type not in ANCHOR_OPS or anchor.domain not in ("", "ai.onnx") or len(anchor.outputs) != 1:
         return None
     y = anchor.outputs[0]
@@ -394,9 +395,9 @@ def find_norm(
         return None
     junction_node = junction.producer()
     if junction_node is not None and junction_node.op_type in ("Add", "Sub"):
-        if "layer" not in kinds or any(op.role != "cast" for op in tail):
+        if any(op.role != "cast" for op in tail):
             return None
-        return _find_distributed(anchor, y, junction, tail, channels_first)
+        return _find_distributed(anchor, y, junction, tail, kinds, channels_first)
     sums = _stat_leaves(junction)
     if not sums:
         return None
@@ -446,7 +447,7 @@ def _first_candidate(
 
 
 def _find_distributed(
-    anchor: ir.Node, y: ir.Value, junction: ir.Value, tail: list[_TailOp], channels_first: bool
+    anchor: ir.Node, y: ir.Value, junction: ir.Value, tail: list[_TailOp], kinds: frozenset[str], channels_first: bool
 ) -> Candidate | None:
     """The LayerNorm written as `x * s + (bias - mean * s)` (distributed.py), built as `(x - mean) * s + bias`."""
     terms = distributed.signed_terms(junction)
@@ -460,7 +461,7 @@ def _find_distributed(
     assert sum_node is not None
 
     def attempt(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
-        statistic = _statistic(stat, frozenset({"layer"}))
+        statistic = _statistic(stat, kinds)
         if statistic is None:
             return None
         form = distributed.analyse(terms, statistic, eps_sum)
@@ -595,7 +596,7 @@ def _build(
                     changed = True
                     break
                 if (
-                    statistic.kind == "layer"
+                    "mean" in family.get(statistic.kind).outputs
                     and rank is not None
                     and mean_out is None
                     and perm is None
@@ -730,12 +731,9 @@ def _build(
         nodes=nodes,
         axes=axes,
         perm=perm,
-        scale_array=None if row_scale is None else np.asarray(row_scale),
-        bias_array=None if row_bias is None else np.asarray(row_bias),
         new_constants=new_constants,
         variant=statistic.variant + ("" if perm is None else ", channels first"),
         cast_placement=casts.describe(x.dtype, x_prime.dtype, rounding),
-        anchor=anchor,
         x_value=x,
         aliases=aliases,
         proof_shape=proof_shape,

@@ -23,11 +23,11 @@ import logging
 from typing import Any
 
 import onnx_ir as ir
-from onnxscript.rewriter._context import TapeBuilder
 
 from onnx_norm.ops import functions
 from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, NormAttributes
 from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import TARGETS, NormSpec
 
 logger = logging.getLogger(__name__)
@@ -210,9 +210,9 @@ def take_over(model: ir.Model, target: str = "onnx-norm") -> list[dict[str, Any]
             record["reason"] = str(skipped)
             logger.info("not taking over %s %r: %s", source, node.name, skipped)
             continue
-        op = TapeBuilder()
+        op = Builder()
         new_values = targets.emit(op, spec, target, opset)
-        old_values = [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]
+        old_values = spec.replaced()
         new_nodes = list(op.nodes)
         for index, new in enumerate(new_nodes):
             new.name = f"{node.name}_{target}_{index}" if node.name else None

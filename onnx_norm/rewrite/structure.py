@@ -15,7 +15,7 @@ from fractions import Fraction
 import onnx_ir as ir
 
 from onnx_norm.rewrite import constants
-from onnx_norm.rewrite.reductions import is_float_cast
+from onnx_norm.rewrite.reductions import is_float_cast, row_mean
 
 _WIDTH = {
     ir.DataType.FLOAT16: 16,
@@ -118,6 +118,25 @@ def squared(value: ir.Value) -> ir.Value | None:
     if node.op_type == "Mul" and (a is b or same_data(a, b)):
         return a
     return None
+
+
+def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
+    """For `x - mean(x)` (up to Casts): (x, axes), else None."""
+    node = strip_casts(value).producer()
+    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
+        return None
+    a, m = node.inputs
+    if a is None or m is None:
+        return None
+    mean = row_mean(m)
+    if mean is None or mean.squared or not same_data(mean.input, a):
+        return None
+    return a, mean.axes
+
+
+def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
+    found = centred(value)
+    return found is not None and same_data(found[0], x) and found[1] == axes
 
 
 def narrow(dtype: ir.DataType | None) -> int:

@@ -20,6 +20,7 @@ in float32 on cast inputs. Where no exact form exists `unsupported_reason` says 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPSET_VERSION
+from onnx_norm.rewrite import family
+from onnx_norm.rewrite.family import Lowering
 from onnx_norm.rewrite.spec import TARGETS, NormSpec
 
 #: Key of the metadata property naming the rule that produced a node.
@@ -238,13 +241,37 @@ def _rank_of(value: ir.Value) -> int | None:
 
 def unsupported_reason(spec: NormSpec, target: str, opset_imports: dict[str, int]) -> str | None:
     """Why `spec` cannot be emitted exactly for `target` in a model with these opset imports; None if it can."""
+    if target not in TARGETS:
+        return f"unknown target {target!r}; expected one of {', '.join(TARGETS)}"
     opset = opset_imports.get("", opset_imports.get("ai.onnx", 0))
     if target == "onnx-norm" and opset and opset < 11:
         return f"the onnx_norm ops' model-local functions need default opset >= 11, the model imports {opset}"
     if spec.x_type in (_BF16,) and opset and opset < 13:
         return "bfloat16 needs default opset >= 13"
+    lowering = family.get(spec.kind).lowering(target)
+    if isinstance(lowering, str):
+        return lowering
+    return lowering.unsupported(spec, opset)
+
+
+def standard_lowerings() -> dict[str, Lowering]:
+    """The lowerings of the built-in LayerNorm and RMSNorm families, for every target."""
+    return {
+        target: Lowering(emit=functools.partial(_emit_builtin, target), unsupported=functools.partial(_reason, target))
+        for target in TARGETS
+    }
+
+
+def _reason(target: str, spec: NormSpec, opset: int) -> str | None:
     plan = _plan(spec, target, opset)
     return plan if isinstance(plan, str) else None
+
+
+def _emit_builtin(target: str, op: Any, spec: NormSpec, opset: int) -> list[ir.Value]:
+    plan = _plan(spec, target, opset)
+    if isinstance(plan, str):
+        raise ValueError(f"cannot emit {spec.kind} norm for target {target!r}: {plan}")
+    return _emit_onnx_norm(op, spec) if target == "onnx-norm" else _emit_standard(op, spec, plan)
 
 
 def opset_requirements(target: str, specs: Sequence[NormSpec]) -> dict[str, int]:
@@ -265,8 +292,8 @@ def opset_requirements(target: str, specs: Sequence[NormSpec]) -> dict[str, int]
 
 
 def emit(op: Any, spec: NormSpec, target: str, opset: int | None = None) -> list[ir.Value]:
-    """Builds the nodes for `spec` with the rewriter's builder `op`; returns the values replacing
-    [spec.y, then spec.sum, spec.mean, spec.inv_std for those that are not None].
+    """Builds the nodes for `spec` with the builder `op` (builder.Builder, or onnxscript's rewriter builder);
+    returns the values replacing `spec.replaced()`.
 
     `opset` is the model's default-domain opset (it picks between ORT's contrib and the standard
     LayerNormalization); by default the opset imported by the graph holding spec.x, else 17. Raises ValueError
@@ -275,15 +302,13 @@ def emit(op: Any, spec: NormSpec, target: str, opset: int | None = None) -> list
     if opset is None:
         graph = spec.x.graph
         opset = graph.opset_imports.get("", 17) if graph is not None else 17
-    plan = _plan(spec, target, opset)
-    reason = plan if isinstance(plan, str) else None
+    lowering = family.get(spec.kind).lowering(target)
+    reason = lowering if isinstance(lowering, str) else lowering.unsupported(spec, opset)
     if reason is not None:
         raise ValueError(f"cannot emit {spec.kind} norm for target {target!r}: {reason}")
-    assert isinstance(plan, _Plan)
-    results = _emit_onnx_norm(op, spec) if target == "onnx-norm" else _emit_standard(op, spec, plan)
-    for new, old in zip(
-        results, [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None], strict=True
-    ):
+    assert isinstance(lowering, Lowering)
+    results = lowering.emit(op, spec, opset)
+    for new, old in zip(results, spec.replaced(), strict=True):
         if new.type is None and old.type is not None:
             new.type = old.type
         if new.shape is None and old.shape is not None:
