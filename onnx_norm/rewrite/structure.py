@@ -177,12 +177,23 @@ def flatten(
     Constants are leaves of their own. Raises NearMiss when a non-constant operand is not a named leaf. With
     `negation`, `Neg` is looked through and counted in `sign` (the distributed LayerNorm's `-mean * inv`).
     """
-    factors = Factors()
+    flattener = _Flattener(classify, max_nodes, negation)
+    flattener.visit(value, Fraction(1))
+    return flattener.factors
 
-    def visit(current: ir.Value, exponent: Fraction) -> None:
-        if len(factors.nodes) > max_nodes:
+
+class _Flattener:
+    def __init__(self, classify: Callable[[ir.Value], str | None], max_nodes: int, negation: bool) -> None:
+        self.factors = Factors()
+        self.classify = classify
+        self.max_nodes = max_nodes
+        self.negation = negation
+
+    def visit(self, current: ir.Value, exponent: Fraction) -> None:
+        factors = self.factors
+        if len(factors.nodes) > self.max_nodes:
             raise NearMiss("subgraph too large")
-        name = classify(current)
+        name = self.classify(current)
         if name is not None:
             factors.add_leaf(name, exponent)
             return
@@ -197,33 +208,34 @@ def flatten(
         op = node.op_type
         if is_float_cast(node) or op == "Identity" or op in LAYOUT_OPS:
             factors.nodes.append(node)
-            visit(node.inputs[0], exponent)  # type: ignore[arg-type]
+            self.visit(node.inputs[0], exponent)  # type: ignore[arg-type]
             return
-        if op == "Neg" and negation and exponent.numerator % 2 == 1 and exponent.denominator == 1:
+        if op == "Neg" and self.negation and exponent.numerator % 2 == 1 and exponent.denominator == 1:
             factors.nodes.append(node)
             factors.sign = -factors.sign
-            visit(node.inputs[0], exponent)  # type: ignore[arg-type]
+            self.visit(node.inputs[0], exponent)  # type: ignore[arg-type]
             return
         if op not in _TRANSPARENT or len(node.outputs) != 1:
             raise NearMiss(
                 f"operand {current.name!r} ({op}) is neither the normalised input, the statistic nor a constant", node
             )
         factors.nodes.append(node)
+        self._operands(node, exponent)
+
+    def _operands(self, node: ir.Node, exponent: Fraction) -> None:
+        """Visits the operands of a Mul, Div, Sqrt, Reciprocal or Pow with their exponents."""
+        op = node.op_type
         a = node.inputs[0]
         b = node.inputs[1] if len(node.inputs) > 1 else None
         assert a is not None
-        if op == "Mul":
+        if op in ("Mul", "Div"):
             assert b is not None
-            visit(a, exponent)
-            visit(b, exponent)
-        elif op == "Div":
-            assert b is not None
-            visit(a, exponent)
-            visit(b, -exponent)
+            self.visit(a, exponent)
+            self.visit(b, exponent if op == "Mul" else -exponent)
         elif op == "Sqrt":
-            visit(a, exponent / 2)
+            self.visit(a, exponent / 2)
         elif op == "Reciprocal":
-            visit(a, -exponent)
+            self.visit(a, -exponent)
         else:  # Pow
             power = constants.scalar(b)
             if power is None:
@@ -231,7 +243,4 @@ def flatten(
             fraction = Fraction(power).limit_denominator(8)
             if abs(float(fraction) - power) > 1e-6:
                 raise NearMiss(f"Pow with exponent {power}", node)
-            visit(a, exponent * fraction)
-
-    visit(value, Fraction(1))
-    return factors
+            self.visit(a, exponent * fraction)
