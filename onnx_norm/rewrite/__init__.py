@@ -19,7 +19,8 @@ from onnx_norm import model_io
 from onnx_norm.rewrite.passes import FuseNormsPass
 from onnx_norm.rewrite.report import NearMissRecord, NormRecord, OptimizeReport
 from onnx_norm.rewrite.rules import RULE_NAMES
-from onnx_norm.rewrite.spec import TARGETS, NormSpec
+from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.targets import TARGETS
 
 __all__ = [
     "RULE_NAMES",

@@ -28,11 +28,12 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 import onnxscript.optimizer
 
+from onnx_norm.dtypes import onnx_opset
 from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import family, rules, targets
 from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.casts import type_name
-from onnx_norm.rewrite.family import FusionRule
+from onnx_norm.rewrite.family import Emitter, FusionRule
 from onnx_norm.rewrite.match import Candidate, find_norm
 from onnx_norm.rewrite.report import NormRecord
 from onnx_norm.rewrite.session import GraphLike, Session, graph_label
@@ -112,19 +113,23 @@ class _Walk:
     def _apply(self, rule: FusionRule, candidate: Candidate, node: ir.Node, graph: GraphLike) -> bool:
         """Rewrites `candidate` with `rule` if it selects it; False (and a near-miss) when it does not apply."""
         try:
-            selected = rules.select(rule, candidate, node, graph, self.session)
+            selected = rules.select(rule, candidate, node, graph, self._opset(graph), self.session)
             return selected is not None and self._replace(rule, selected, node, graph)
         except Exception as err:  # a match that cannot be applied is skipped and reported, never fatal
             logger.warning("not fused at %s: %s", node.name, err, exc_info=logger.isEnabledFor(logging.DEBUG))
             self.session.near_miss(node, graph, NearMiss(f"not applied ({type(err).__name__}: {err})"))
             return False
 
-    def _replace(self, rule: FusionRule, candidate: Candidate, node: ir.Node, graph: GraphLike) -> bool:
+    def _opset(self, graph: GraphLike) -> int:
+        """The default-domain opset of `graph`; a function without its own import inherits the model's."""
+        return onnx_opset(graph.opset_imports) or onnx_opset(self.model.graph.opset_imports) or 0
+
+    def _replace(self, rule: FusionRule, selected: rules.Selected, node: ir.Node, graph: GraphLike) -> bool:
+        candidate = selected.candidate
         spec = dataclasses.replace(candidate.spec, rule=rule.name)
         op = Builder()
-        opset = graph.opset_imports.get("", self.model.graph.opset_imports.get("", 17))
         try:
-            outputs = _emit(op, candidate, spec, self.session.target, opset, graph)
+            outputs = _emit(op, candidate, spec, selected.emitter, graph)
         except ValueError as err:  # the target cannot express this norm exactly
             self.session.near_miss(node, graph, NearMiss(f"target {self.session.target}: {err}"))
             return False
@@ -154,12 +159,12 @@ def _subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
             yield from attr.value
 
 
-def _emit(op: Builder, candidate: Candidate, spec: NormSpec, target: str, opset: int, graph: GraphLike):
+def _emit(op: Builder, candidate: Candidate, spec: NormSpec, emitter: Emitter, graph: GraphLike):
     """The new values replacing `spec.replaced()` and then the outputs of `candidate.recast`."""
     spec = _with_constants(op, candidate, spec, graph)
     if candidate.perm is not None:
-        return _emit_transposed(op, candidate.perm, spec, target, opset)
-    results = targets.emit(op, spec, target, opset)
+        return _emit_transposed(op, candidate.perm, spec, emitter)
+    results = targets.emit(op, spec, "", prepared=emitter)
     if candidate.recast:
         made = {spec.sum: results[1]}
         for node in candidate.recast:
@@ -186,7 +191,7 @@ def _with_constants(op: Builder, candidate: Candidate, spec: NormSpec, graph: Gr
     return dataclasses.replace(spec, scale=made.get("scale", spec.scale), bias=made.get("bias", spec.bias))
 
 
-def _emit_transposed(op: Builder, perm: tuple[int, ...], spec: NormSpec, target: str, opset: int):
+def _emit_transposed(op: Builder, perm: tuple[int, ...], spec: NormSpec, emitter: Emitter):
     """A channels-first norm: its input transposed so the normalised axes come last, the output transposed back."""
     inverse = [int(i) for i in np.argsort(perm)]
     x_t = op.Transpose(spec.x, perm=list(perm))
@@ -194,7 +199,7 @@ def _emit_transposed(op: Builder, perm: tuple[int, ...], spec: NormSpec, target:
     if spec.x.dtype is not None:
         x_t.type = ir.TensorType(spec.x.dtype)
     y_t = ir.Value(name=None, type=spec.y.type)
-    results = targets.emit(op, dataclasses.replace(spec, x=x_t, skip=skip_t, y=y_t), target, opset)
+    results = targets.emit(op, dataclasses.replace(spec, x=x_t, skip=skip_t, y=y_t), "", prepared=emitter)
     return [op.Transpose(results[0], perm=inverse), *results[1:]]
 
 

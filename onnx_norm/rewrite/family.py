@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from onnx_norm.rewrite.match import Candidate
     from onnx_norm.rewrite.spec import NormSpec
 
+#: A checked lowering, ready to build the nodes of one spec: (builder, spec) -> values replacing spec.replaced().
+Emitter = Callable[[Any, "NormSpec"], list[ir.Value]]
 #: The float64 reference of a family: (x, params, attrs) -> (y, inv_std, mean or None). `params` holds "scale" and
 #: "bias" (None when absent) and each of the spec's `extra_inputs` by name, as arrays broadcastable against x.
 Reference = Callable[[np.ndarray, Mapping[str, np.ndarray | None], NormAttributes], tuple[np.ndarray, ...]]
@@ -83,6 +85,14 @@ class Lowering:
 
     emit: Callable[[Any, NormSpec, int], list[ir.Value]]
     unsupported: Callable[[NormSpec, int], str | None] = _always
+
+    def prepare(self, spec: NormSpec, opset: int) -> Emitter | str:
+        """Checks `spec` once: why it cannot be emitted, or an emitter `(op, spec) -> values` for it (the driver
+        checks when it selects a candidate and emits later, once). Lowerings that plan override this."""
+        reason = self.unsupported(spec, opset)
+        if reason is not None:
+            return reason
+        return lambda op, emitted: self.emit(op, emitted, opset)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,11 +24,12 @@ from typing import Any
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset
 from onnx_norm.ops import functions
-from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, NormAttributes
+from onnx_norm.ops.schema import DOMAIN, NormAttributes
 from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.builder import Builder
-from onnx_norm.rewrite.spec import TARGETS, NormSpec
+from onnx_norm.rewrite.spec import NormSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +48,6 @@ _NATIVE = {
     ("ms", "SimplifiedLayerNormalization"): ("rms", False),
     ("ms", "SkipLayerNormalization"): ("layer", True),
     ("ms", "SkipSimplifiedLayerNormalization"): ("rms", True),
-}
-# Ops each target already has: taking them over for that target would change nothing.
-_TARGET_OPS = {
-    "onnx": {("onnx", "LayerNormalization"), ("onnx", "RMSNormalization")},
-    "ort": {
-        ("onnx", "LayerNormalization"),
-        ("onnx", "SimplifiedLayerNormalization"),
-        ("ms", "SkipLayerNormalization"),
-        ("ms", "SkipSimplifiedLayerNormalization"),
-    },
-    "onnx-norm": set(),
 }
 
 
@@ -189,46 +179,45 @@ def _owners(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
     return found
 
 
-def take_over(model: ir.Model, target: str = "onnx-norm") -> list[dict[str, Any]]:
+def take_over(model: ir.Model, target: str = "onnx-norm", *, attach_functions: bool = True) -> list[dict[str, Any]]:
     """Replaces native norm ops with `target`'s ops, in place. Returns one record per native norm node:
-    {"name", "from", "to", "converted", "reason"}; "to" lists the emitted ops, "reason" says why a node stayed."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
-    records: list[dict[str, Any]] = []
-    converted = 0
-    for owner, node in _owners(model):
-        graph = node.graph
-        assert graph is not None
-        key = (_group(node.domain), node.op_type)
-        source = f"{node.domain or 'ai.onnx'}::{node.op_type}"
-        record: dict[str, Any] = {"name": node.name, "from": source, "to": None, "converted": False, "reason": None}
-        records.append(record)
-        opset = owner.opset_imports.get("", model.opset_imports.get("", 0))
-        try:
-            if key in _TARGET_OPS[target]:
-                raise _Skip(f"it is already an op of the {target!r} target")
-            spec = _spec(node, opset)
-            reason = targets.unsupported_reason(spec, target, {"": opset})
-            if reason is not None:
-                raise _Skip(reason)
-        except _Skip as skipped:
-            record["reason"] = str(skipped)
-            logger.info("not taking over %s %r: %s", source, node.name, skipped)
-            continue
-        op = Builder()
-        new_values = targets.emit(op, spec, target, opset)
-        old_values = spec.replaced()
-        new_nodes = list(op.nodes)
-        for index, new in enumerate(new_nodes):
-            new.name = f"{node.name}_{target}_{index}" if node.name else None
-        ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, old_values, new_values)
-        for domain, version in op.used_opsets:
-            if domain and version is not None:
-                owner.opset_imports.setdefault(domain, version)
-                model.opset_imports.setdefault(domain, version)
-        record["to"] = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in new_nodes if n.op_type != "Constant")
-        record["converted"] = True
-        converted += 1
-    if converted and target == "onnx-norm":
+    {"name", "from", "to", "converted", "reason"}; "to" lists the emitted ops, "reason" says why a node stayed.
+
+    `attach_functions`: add the model-local functions the target's ops need (FuseNormsPass does it once itself)."""
+    chosen = targets.get(target)
+    records = [_take_over_one(model, owner, node, chosen) for owner, node in _owners(model)]
+    if attach_functions and chosen.attaches_functions and any(r["converted"] for r in records):
         functions.attach_functions(model)
     return records
+
+
+def _take_over_one(model: ir.Model, owner: ir.Graph | ir.Function, node: ir.Node, target: targets.Target) -> dict:
+    graph = node.graph
+    assert graph is not None
+    source = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+    record: dict[str, Any] = {"name": node.name, "from": source, "to": None, "converted": False, "reason": None}
+    opset = onnx_opset(owner.opset_imports) or onnx_opset(model.opset_imports) or 0
+    try:
+        if (_group(node.domain), node.op_type) in target.native_ops:
+            raise _Skip(f"it is already an op of the {target.name!r} target")
+        spec = _spec(node, opset)
+        prepared = targets.prepare(spec, target.name, opset)
+        if isinstance(prepared, str):
+            raise _Skip(prepared)
+    except _Skip as skipped:
+        record["reason"] = str(skipped)
+        logger.info("not taking over %s %r: %s", source, node.name, skipped)
+        return record
+    op = Builder()
+    new_values = targets.emit(op, spec, target.name, opset, prepared=prepared)
+    new_nodes = list(op.nodes)
+    for index, new in enumerate(new_nodes):
+        new.name = f"{node.name}_{target.name}_{index}" if node.name else None
+    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, spec.replaced(), new_values)
+    for domain, version in op.used_opsets:
+        if domain and version is not None:
+            owner.opset_imports.setdefault(domain, version)
+            model.opset_imports.setdefault(domain, version)
+    record["to"] = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in new_nodes if n.op_type != "Constant")
+    record["converted"] = True
+    return record

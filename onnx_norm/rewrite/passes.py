@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from onnx_norm.rewrite import constants, driver, silent
+from onnx_norm.rewrite import constants, driver, silent, targets
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import enabled_rules
@@ -27,8 +27,9 @@ class FuseNormsPass(ir.passes.InPlacePass):
     """Replaces decomposed LayerNorm/RMSNorm subgraphs with fused ops, in place.
 
     Runs shape inference first (ranks and static normalised dims are needed to prove a match), then the driver
-    (driver.py) over the main graph, If/Loop/Scan bodies and model-local functions, then (target `onnx-norm`) attaches
-    the model-local functions that keep the model runnable without our library, and removes what became unused.
+    (driver.py) over the main graph, If/Loop/Scan bodies and model-local functions, then removes what became
+    unused and (for targets whose ops need them) attaches the model-local functions that keep the model runnable
+    without our library.
     `self.report` describes the last run.
     """
 
@@ -66,13 +67,13 @@ class FuseNormsPass(ir.passes.InPlacePass):
         if self.take_over_native:
             from onnx_norm.rewrite import native
 
-            taken_over = list(native.take_over(model, session.target))
+            taken_over = list(native.take_over(model, session.target, attach_functions=False))
         modified = bool(count) or any(record.get("converted") for record in taken_over)
         if modified:
             progress.step(f"removing what the {count} fused norm(s) replaced")
             common_passes.RemoveUnusedNodesPass()(model)
             common_passes.RemoveUnusedOpsetsPass()(model)
-            if session.target == "onnx-norm":
+            if targets.get(session.target).attaches_functions:
                 from onnx_norm.ops.functions import attach_functions
 
                 attach_functions(model)

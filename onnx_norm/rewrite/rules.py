@@ -14,12 +14,13 @@ cannot take a candidate passes in silence (the plain rule reports the norm); a p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import onnx_ir as ir
 
 from onnx_norm.rewrite import family, targets
-from onnx_norm.rewrite.family import FusionRule
+from onnx_norm.rewrite.family import Emitter, FusionRule
 from onnx_norm.rewrite.match import Candidate
 from onnx_norm.rewrite.session import GraphLike, Session
 from onnx_norm.rewrite.skip import fold_residual
@@ -39,20 +40,34 @@ def enabled_rules(disabled: Iterable[str]) -> list[FusionRule]:
     return [rule for rule in family.rules() if rule.name not in disabled]
 
 
-def select(rule: FusionRule, candidate: Candidate, node: ir.Node, graph: GraphLike, session: Session):
-    """The candidate `rule` rewrites (the residual variant for a residual rule), or None."""
+@dataclasses.dataclass
+class Selected:
+    """A candidate a rule takes, with the target's checked emitter for it."""
+
+    candidate: Candidate
+    emitter: Emitter
+
+
+def select(
+    rule: FusionRule, candidate: Candidate, node: ir.Node, graph: GraphLike, opset: int, session: Session
+) -> Selected | None:
+    """What `rule` rewrites of `candidate` at its anchor `node` (the residual variant for a residual rule), or
+    None; `opset` is the graph's default-domain opset."""
     if candidate.spec.kind != rule.kind or (candidate.perm is not None) != rule.channels_first:
         return None
     if rule.residual:
-        return _select_residual(candidate, node, graph, session)
-    return _select_plain(candidate, node, graph, session)
+        return _select_residual(candidate, node, graph, opset, session)
+    return _select_plain(candidate, node, graph, opset, session)
 
 
-def _select_residual(candidate: Candidate, node: ir.Node, graph: GraphLike, session: Session) -> Candidate | None:
+def _select_residual(
+    candidate: Candidate, node: ir.Node, graph: GraphLike, opset: int, session: Session
+) -> Selected | None:
     folded = fold_residual(candidate)
     if folded is None:
         return None
-    if targets.unsupported_reason(folded.spec, session.target, dict(graph.opset_imports)) is not None:
+    emitter = targets.prepare(folded.spec, session.target, opset)
+    if isinstance(emitter, str):
         return None
     node_set = set(folded.nodes)
     readers = _outside_readers(folded.spec.sum, node_set)
@@ -62,13 +77,15 @@ def _select_residual(candidate: Candidate, node: ir.Node, graph: GraphLike, sess
         return None
     if session.proven(folded) is not None:
         return None  # the plain rule proves (and reports) the norm without the residual
-    return folded
+    return Selected(folded, emitter)
 
 
-def _select_plain(candidate: Candidate, node: ir.Node, graph: GraphLike, session: Session) -> Candidate | None:
-    reason = targets.unsupported_reason(candidate.spec, session.target, dict(graph.opset_imports))
-    if reason is not None:
-        session.near_miss(node, graph, NearMiss(f"target {session.target}: {reason}"))
+def _select_plain(
+    candidate: Candidate, node: ir.Node, graph: GraphLike, opset: int, session: Session
+) -> Selected | None:
+    emitter = targets.prepare(candidate.spec, session.target, opset)
+    if isinstance(emitter, str):
+        session.near_miss(node, graph, NearMiss(f"target {session.target}: {emitter}"))
         return None
     node_set = set(candidate.nodes)
     spec = candidate.spec
@@ -80,7 +97,7 @@ def _select_plain(candidate: Candidate, node: ir.Node, graph: GraphLike, session
     if failure is not None:
         session.near_miss(node, graph, NearMiss(failure))
         return None
-    return candidate
+    return Selected(candidate, emitter)
 
 
 def _after(graph: GraphLike, anchor: ir.Node, readers: Iterable[ir.Node]) -> bool:

@@ -11,8 +11,8 @@ import onnx_ir as ir
 from onnx_norm.rewrite.match import Candidate
 from onnx_norm.rewrite.prove import prove
 from onnx_norm.rewrite.report import NearMissRecord, NormRecord
-from onnx_norm.rewrite.spec import TARGETS
 from onnx_norm.rewrite.structure import NearMiss
+from onnx_norm.rewrite.targets import TARGETS
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,6 @@ import onnx_ir as ir
 
 from onnx_norm.ops.schema import NormAttributes
 
-#: The targets, by name (the CLI's --target choices).
-TARGETS: tuple[str, ...] = ("onnx-norm", "onnx", "ort")
 #: The norm families' kinds ("layer", "rms", ...): the key of the family registry (family.py).
 Kind = str
 
@@ -45,3 +43,12 @@ class NormSpec:
     def replaced(self) -> list[ir.Value]:
         """The values the fused op's outputs replace, in the order an emitter returns them."""
         return [v for v in (self.y, self.sum, self.mean, self.inv_std) if v is not None]
+
+
+def __getattr__(name: str) -> object:
+    """`TARGETS`, kept here for callers that import it from this module; the registry is targets.py's."""
+    if name == "TARGETS":
+        from onnx_norm.rewrite.targets import TARGETS
+
+        return TARGETS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
