@@ -16,20 +16,18 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm.defaults import OptLevel, Provider
 from onnx_norm.model_io import proto_nodes
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
 
 logger = logging.getLogger(__name__)
 
-Provider = Literal["cpu", "cuda"]
-OptLevel = Literal["all", "extended", "basic", "disabled"]
 
 PROVIDERS: dict[str, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -83,9 +82,9 @@ def print_near_misses(console: Console, report: OptimizeReport) -> None:
 
 
 def write_report(path: Path, report: OptimizeReport) -> None:
-    from onnx_norm.paths import write_text_atomic
+    from onnx_norm.paths import write_json_atomic
 
     try:
-        write_text_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
+        write_json_atomic(path, report.to_dict())
     except OSError as err:
         raise UsageError(f"cannot write the report {path}: {err.strerror or err}") from err
