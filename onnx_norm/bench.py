@@ -46,8 +46,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm import defaults
 from onnx_norm import inputs as model_inputs
-from onnx_norm.paths import write_text_atomic
+from onnx_norm.paths import json_safe, write_json_atomic
 from onnx_norm.sessions import (
     OptLevel,
     Provider,
@@ -219,20 +220,10 @@ class BenchReport:
             for name, split in self.profile.items():
                 data["profile"][name]["norm_share"] = split.norm_share
         data["variants"] = VARIANT_LABELS
-        return _json_safe(data)
+        return json_safe(data)
 
     def write_json(self, path: str | Path) -> None:
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    return value
+        write_json_atomic(path, self.to_dict())
 
 
 def interleave(
@@ -355,13 +346,13 @@ def bench(
     input_files: Sequence[str | Path] = (),
     shapes: Mapping[str, Sequence[int]] | None = None,
     sweep: tuple[str, Sequence[int]] | None = None,
-    seed: int = 0,
-    provider: Provider = "cpu",
+    seed: int = defaults.SEED,
+    provider: Provider = defaults.PROVIDER,
     threads: int | None = None,
-    device_id: int = 0,
-    warmup: int = 5,
-    repeat: int = 20,
-    sessions_per_variant: int = 1,
+    device_id: int = defaults.DEVICE_ID,
+    warmup: int = defaults.WARMUP,
+    repeat: int = defaults.REPEAT,
+    sessions_per_variant: int = defaults.SESSIONS_PER_VARIANT,
     include_unoptimized: bool = True,
     profile: bool = False,
     progress: Progress | None = None,
@@ -487,70 +478,3 @@ def bench(
         optimized_in_memory=in_memory,
         environment=_environment(provider, threads),
     )
-
-
-def plot(report: BenchReport, path: str | Path, *, title: str | None = None) -> None:
-    """Speedup against the swept dim (error bars: 10th-90th percentile of the per-round ratios); with a single
-    point, median latency per variant (whiskers to the 90th percentile)."""
-    swept = [p for p in report.points if p.dims]
-    title = title or f"onnx-norm bench ({report.provider}), speedup {report.speedup:.2f}x"
-    if len(swept) >= 2:
-        dim = next(iter(swept[0].dims))
-        plot_speedups([p.dims[dim] for p in swept], swept, path, xlabel=dim, title=title)
-        return
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    point = report.points[0]
-    names = list(point.latency)
-    medians = [point.latency[n].median_ms for n in names]
-    whiskers = [[0] * len(names), [point.latency[n].p90_ms - point.latency[n].median_ms for n in names]]
-    ax.bar([VARIANT_LABELS.get(n, n) for n in names], medians, yerr=whiskers, capsize=3)
-    ax.set_ylabel("median latency (ms)")
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot_speedups(
-    xs: Sequence[float], points: Sequence[BenchPoint], path: str | Path, *, xlabel: str, title: str
-) -> None:
-    """Speedup of each point against `xs` (a sequence length, a hidden size...), error bars p10-p90."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ys = [p.speedup.median for p in points]
-    err = [
-        [y - p.speedup.p10 for y, p in zip(ys, points, strict=True)],
-        [p.speedup.p90 - y for y, p in zip(ys, points, strict=True)],
-    ]
-    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label="original (ORT_ENABLE_ALL) / optimized")
-    noopt = [p.speedup_vs_noopt for p in points]
-    if all(s is not None for s in noopt):
-        ax.plot(
-            xs,
-            [s.median for s in noopt if s],
-            marker="s",
-            linestyle="--",
-            label="original (ORT_DISABLE_ALL) / optimized",
-        )
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("speedup (x)")
-    ax.legend(fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise RuntimeError("--plot needs matplotlib: pip install 'onnx-norm[plot]'") from err
-
-    matplotlib.use("Agg")  # files only: no display is needed or wanted
-    import matplotlib.pyplot as plt
-
-    return plt

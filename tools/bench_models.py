@@ -21,7 +21,8 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from onnx_norm.bench import BenchReport, bench, plot_speedups
+from onnx_norm.bench import BenchReport, bench
+from onnx_norm.bench_plot import plot_speedups
 from onnx_norm.cli.bench import print_report
 from onnx_norm.zoo.export import output_names_of, to_torch, write_onnx
 from onnx_norm.zoo.models import ZooModel, build_model, example_inputs

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         report.write_json(args.report)
         console.print(f"report written to {args.report}")
     if args.plot:
-        from onnx_norm.bench import plot
+        from onnx_norm.bench_plot import plot
 
         plot(report, args.plot)
         console.print(f"plot written to {args.plot}")
