@@ -17,6 +17,21 @@ from rich.table import Table
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 
+PATHS = common.PathArgs(
+    [
+        ("original", "the original ONNX model"),
+        ("optimized", "the optimized model (default: optimize ORIGINAL in memory)"),
+    ],
+    [
+        common.Output("--report", "write the bench report as JSON to PATH"),
+        common.Output("--plot", "plot the speedup (against the swept dim) to PNG", "PNG"),
+    ],
+    optional="optimized",
+)
+INPUTS = common.InputArgs(samples=False)
+RUNTIME = common.RuntimeArgs()
+MEASUREMENT = common.BenchSessionArgs()
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -26,12 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "optimized one, interleaved, on the same inputs, provider and threads. With one model, it is optimized "
         "in memory first.",
     )
-    parser.add_argument("original", help="the original ONNX model")
-    parser.add_argument("optimized", nargs="?", help="the optimized model (default: optimize ORIGINAL in memory)")
-    common.add_input_args(parser, samples=False)
-    common.add_runtime_args(parser)
-    group = parser.add_argument_group("measurement")
-    common.add_timing_args(group, warmup=5, repeat=20)
+    PATHS.add(parser)
+    INPUTS.add(parser)
+    RUNTIME.add(parser)
+    group = MEASUREMENT.add(parser)
     group.add_argument(
         "--sweep",
         metavar="DIM:V1,V2,...",
@@ -44,8 +57,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument(
         "--min-speedup", type=float, default=None, help="exit 1 if the median speedup is below this ratio (for CI)"
     )
-    common.add_report_args(parser, "bench report")
-    parser.add_argument("--plot", metavar="PNG", help="plot the speedup (against the swept dim) to PNG")
     parser.set_defaults(func=run)
     return parser
 
@@ -63,30 +74,20 @@ def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
 
 
 def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    common.check_timing(args)
+    """bench() keyword arguments from the parsed flags of the input, runtime and measurement groups, validated."""
+    measurement = MEASUREMENT.parse(args)
     return {
-        "input_files": args.inputs,
-        "shapes": common.shapes(args) or None,
+        **INPUTS.parse(args),
         "sweep": parse_sweep(args.sweep),
-        "seed": args.seed,
-        "provider": args.provider,
-        "threads": args.threads,
-        "device_id": args.device_id,
-        "warmup": args.warmup,
-        "repeat": args.repeat,
-        "sessions_per_variant": args.sessions,
+        **RUNTIME.parse(args),
+        **measurement,
         "include_unoptimized": not args.no_noopt,
         "profile": args.profile,
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    common.check_model_path(args.original, "original model")
-    models = [args.original]
-    if args.optimized is not None:
-        common.check_model_path(args.optimized, "optimized model")
-        models.append(args.optimized)
-    common.check_outputs([("--report", args.report), ("--plot", args.plot)], models, input_data=args.inputs)
+    PATHS.parse(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:

@@ -9,8 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
-from onnx_norm.rewrite.report import OptimizeReport
-from onnx_norm.rewrite.spec import TARGETS
+from onnx_norm.rewrite import TARGETS, OptimizeReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

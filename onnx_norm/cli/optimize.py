@@ -13,9 +13,7 @@ from rich.table import Table
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
-from onnx_norm.rewrite.report import OptimizeReport
-from onnx_norm.rewrite.rules import RULE_NAMES
-from onnx_norm.rewrite.spec import TARGETS
+from onnx_norm.rewrite import RULE_NAMES, TARGETS, OptimizeReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
