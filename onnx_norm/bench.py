@@ -48,6 +48,7 @@ import onnxruntime as ort
 
 from onnx_norm import defaults
 from onnx_norm import inputs as model_inputs
+from onnx_norm.ops.schema import OPS
 from onnx_norm.paths import json_safe, write_json_atomic
 from onnx_norm.sessions import (
     OptLevel,
@@ -58,6 +59,7 @@ from onnx_norm.sessions import (
     create_session,
     model_label,
 )
+from onnx_norm.zoo.detect import NATIVE_NORM_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +72,7 @@ VARIANT_LABELS = {
     UNOPTIMIZED: "original (ORT_DISABLE_ALL)",
 }
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
-NORM_OP_TYPES = frozenset(
-    {
-        "LayerNorm",
-        "RMSNorm",
-        "SkipLayerNorm",
-        "SkipRMSNorm",
-        "LayerNormalization",
-        "RMSNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-    }
-)
+NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
 _PROFILE_RUNS = 10
 
 Clock = Callable[[], float]

@@ -168,6 +168,12 @@ def normalize_shapes(shapes: Mapping[str, object] | None) -> dict[str, tuple[int
     return normalized
 
 
+def is_float(dtype: np.dtype) -> bool:
+    """Whether a numpy dtype is a floating-point type, bfloat16 (an ml_dtypes type numpy does not call floating)
+    included."""
+    return np.issubdtype(dtype, np.floating) or dtype == np_dtype(onnx.TensorProto.BFLOAT16)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -408,7 +414,7 @@ def _generate_one(spec: InputSpec, shape: tuple[int, ...], bound: int | None, rn
             )
         high = bound if bound else _FALLBACK_INT_HIGH
         return rng.integers(0, max(high, 1), size=shape).astype(dtype)
-    if np.issubdtype(dtype, np.floating) or dtype == np_dtype(onnx.TensorProto.BFLOAT16):
+    if is_float(dtype):
         if _MASK_NAMES.search(spec.name):
             return _mask(shape, rng).astype(dtype)
         return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype)

@@ -24,6 +24,7 @@ from rich.table import Table
 from onnx_norm.bench import BenchReport, bench
 from onnx_norm.bench_plot import plot_speedups
 from onnx_norm.cli.bench import print_report
+from onnx_norm.dtypes import type_name
 from onnx_norm.zoo.export import output_names_of, to_torch, write_onnx
 from onnx_norm.zoo.models import ZooModel, build_model, example_inputs
 
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary (small: the embedding is not measured)")
     parser.add_argument("--sequence", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
+    dtypes = [type_name(t) for t in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]  # the zoo's dtype names
+    parser.add_argument("--dtype", nargs="+", choices=dtypes, default=dtypes)
     parser.add_argument(
         "--exporter",
         default="torchscript-17",

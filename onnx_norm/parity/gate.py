@@ -14,7 +14,6 @@ import onnx
 
 from onnx_norm import defaults
 from onnx_norm import inputs as model_inputs
-from onnx_norm.ops.reference import np_dtype
 from onnx_norm.parity.golden import GoldenEvaluator
 from onnx_norm.parity.mapping import FusedNorm, find_fused_norms, with_outputs
 from onnx_norm.parity.metrics import Comparison, compare
@@ -52,7 +51,7 @@ def _nonfinite_inputs(samples: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
     for index, sample in enumerate(samples):
         for name, array in sample.items():
             values = np.asarray(array)
-            if values.dtype.kind == "f" or values.dtype == np_dtype(onnx.TensorProto.BFLOAT16):
+            if model_inputs.is_float(values.dtype):
                 count = int(values.size - np.isfinite(values.astype(np.float32)).sum())
                 if count:
                     warnings.append(f"sample {index}: input {name!r} holds {count} NaN/Inf value(s)")

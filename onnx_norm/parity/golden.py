@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain
-from onnx_norm.ops.reference import np_dtype
+from onnx_norm.inputs import is_float
 from onnx_norm.parity.tolerances import GoldenMethod
 from onnx_norm.sessions import RuntimeConfig, SessionError, create_session, run_model
 
@@ -163,7 +163,7 @@ class GoldenEvaluator:
 
     def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray] | None:
         upcast_feeds = {
-            name: (value.astype(np.float64) if _is_float(value.dtype) else value) for name, value in feeds.items()
+            name: (value.astype(np.float64) if is_float(value.dtype) else value) for name, value in feeds.items()
         }
         if self._session is not None:
             try:
@@ -184,7 +184,3 @@ class GoldenEvaluator:
                 return None
             return dict(zip(names, values, strict=True))
         return None
-
-
-def _is_float(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.floating) or dtype == np_dtype(TensorProto.BFLOAT16)
