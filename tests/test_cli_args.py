@@ -83,3 +83,13 @@ def test_a_group_rejects_its_bad_values_by_flag_name(group, flags, message):
     parsed = build_parser().parse_args(["bench", "a.onnx", *flags])
     with pytest.raises(UsageError, match=message):
         group.parse(parsed)
+
+
+@pytest.mark.parametrize("command", [["inspect", "a.onnx"], ["optimize", "a.onnx", "-o", "b.onnx"]])
+def test_the_target_flag_offers_the_rewrites_registry_and_its_default(command):
+    from onnx_norm.rewrite import TARGETS, optimize
+
+    parser = build_parser()
+    assert parser.parse_args(command).target == _api_defaults(optimize)["target"]
+    for target in TARGETS:
+        assert parser.parse_args([*command, "--target", target]).target == target

@@ -245,6 +245,26 @@ class ToleranceArgs(ArgGroup):
         }
 
 
+class TargetArgs(ArgGroup):
+    """What a rewrite emits -> target (`inspect`, `optimize`): the choices are the rewrite's registry
+    (`onnx_norm.rewrite.TARGETS`) and the default is `optimize()`'s."""
+
+    def __init__(self, help_text: str) -> None:
+        self.help_text = help_text
+
+    def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        import inspect
+
+        from onnx_norm.rewrite import TARGETS, optimize
+
+        default = inspect.signature(optimize).parameters["target"].default
+        parser.add_argument("--target", choices=TARGETS, default=default, help=f"{self.help_text} (default: {default})")
+        return parser
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"target": args.target}
+
+
 class BenchSessionArgs(ArgGroup):
     """The bench's rounds and sessions -> warmup, repeat, sessions_per_variant (`onnx-norm bench`, and the bench
     step of `onnx-norm demo`, which times millisecond models and so takes more rounds by default)."""

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
-from onnx_norm.rewrite import TARGETS, OptimizeReport
+from onnx_norm.cli import args as common
+from onnx_norm.rewrite import OptimizeReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,14 +22,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("model", help="ONNX model to inspect")
     parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
-    parser.add_argument("--target", choices=TARGETS, default="onnx-norm", help="target to check against")
+    common.TargetArgs("target to check against").add(parser)
     parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnx_norm.cli import args as common
     from onnx_norm.rewrite import inspect
 
     common.check_outputs([("--report", args.report)], [args.model])
