@@ -265,6 +265,18 @@ class TargetArgs(ArgGroup):
         return {"target": args.target}
 
 
+class RewriteReportArgs(ArgGroup):
+    """What a rewrite reports -> explain (`inspect`), and the report file (`inspect`, `optimize`)."""
+
+    def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
+        parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
+        return parser
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"explain": args.explain}
+
+
 class BenchSessionArgs(ArgGroup):
     """The bench's rounds and sessions -> warmup, repeat, sessions_per_variant (`onnx-norm bench`, and the bench
     step of `onnx-norm demo`, which times millisecond models and so takes more rounds by default)."""

@@ -21,9 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "epsilon, axes, cast placement, residual. --explain also lists the near-misses and why they are left.",
     )
     parser.add_argument("model", help="ONNX model to inspect")
-    parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
     common.TargetArgs("target to check against").add(parser)
-    parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
+    common.RewriteReportArgs().add(parser)
     parser.set_defaults(func=run)
     return parser
 

@@ -38,8 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="also convert native LayerNormalization/RMSNormalization/SimplifiedLayerNormalization/Skip* nodes",
     )
-    parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
-    parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
+    common.RewriteReportArgs().add(parser)
     parser.add_argument(
         "--force",
         action="store_true",

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +74,11 @@ def model_sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
 
 
 def optimize_folder(
-    source: str | os.PathLike,
-    output: str | os.PathLike,
-    *,
-    target: str = "onnx-norm",
-    disable: Iterable[str] = (),
-    take_over_native: bool = False,
-    verify_rewrites: bool = True,
-    overwrite: bool = False,
+    source: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False, **options: Any
 ) -> FolderReport:
     """Writes the optimized copy of the GenAI folder `source` to `output` (a new directory; an existing one only
-    with `overwrite`). Written next to `output` first and moved into place at the end."""
+    with `overwrite`). Written next to `output` first and moved into place at the end. `options` are those of
+    `onnx_norm.optimize` (target, disable, take_over_native, verify_rewrites), with its defaults."""
     from onnx_norm.library import LIBRARY_NAME, get_library_path
     from onnx_norm.rewrite import optimize
 
@@ -104,9 +98,7 @@ def optimize_folder(
 
     def rewrite(model: ir.Model, file: str) -> ir.Model:
         name = files[file]
-        model, report.models[name] = optimize(
-            model, target=target, disable=disable, take_over_native=take_over_native, verify_rewrites=verify_rewrites
-        )
+        model, report.models[name] = optimize(model, **options)
         report.files[name] = file
         if any(node.domain == DOMAIN for node in ir.traversal.RecursiveGraphIterator(model.graph)):
             config["model"][name].setdefault("session_options", {})[LIBRARY_KEY] = LIBRARY_NAME

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,10 @@ class ExportFolderError(ValueError):
     """The folder holds no ONNX model, or the output cannot be written; the message says why."""
 
 
-def optimize_folder(
-    source: str | os.PathLike,
-    output: str | os.PathLike,
-    *,
-    target: str = "onnx-norm",
-    disable: Iterable[str] = (),
-    take_over_native: bool = False,
-    verify_rewrites: bool = True,
-) -> dict[str, OptimizeReport]:
+def optimize_folder(source: str | os.PathLike, output: str | os.PathLike, **options: Any) -> dict[str, OptimizeReport]:
     """Writes `output` (a new directory): `source` with every `*.onnx` model in it optimized, the other files
-    copied. Returns the report of each model, by file name."""
+    copied. Returns the report of each model, by file name. `options` are those of `onnx_norm.optimize` (target,
+    disable, take_over_native, verify_rewrites), with its defaults."""
     from onnx_norm.rewrite import optimize
 
     source, output = Path(source), Path(output)
@@ -55,9 +47,7 @@ def optimize_folder(
     reports: dict[str, OptimizeReport] = {}
 
     def rewrite(model: ir.Model, name: str) -> ir.Model:
-        model, reports[name] = optimize(
-            model, target=target, disable=disable, take_over_native=take_over_native, verify_rewrites=verify_rewrites
-        )
+        model, reports[name] = optimize(model, **options)
         return model
 
     write_rewritten_folder(source, output, [path.name for path in models], rewrite)
