@@ -18,6 +18,9 @@ OPT_LEVELS: tuple[OptLevel, ...] = ("all", "extended", "basic", "disabled")
 STATS: tuple[Stat, ...] = ("elementwise", "max", "mean", "quantile")
 GOLDEN_METHODS: tuple[GoldenMethod, ...] = ("auto", "ort", "reference", "none")
 
+#: What the rewrite emits (a name in onnx_norm.rewrite.TARGETS); the default of optimize(), which the rewrite owns.
+TARGET = "onnx-norm"
+
 PROVIDER: Provider = "cpu"
 DEVICE_ID = 0
 SEED = 0

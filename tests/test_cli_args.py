@@ -90,6 +90,6 @@ def test_the_target_flag_offers_the_rewrites_registry_and_its_default(command):
     from onnx_norm.rewrite import TARGETS, optimize
 
     parser = build_parser()
-    assert parser.parse_args(command).target == _api_defaults(optimize)["target"]
+    assert parser.parse_args(command).target == defaults.TARGET == _api_defaults(optimize)["target"]
     for target in TARGETS:
         assert parser.parse_args([*command, "--target", target]).target == target

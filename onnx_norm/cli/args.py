@@ -247,17 +247,15 @@ class ToleranceArgs(ArgGroup):
 
 class TargetArgs(ArgGroup):
     """What a rewrite emits -> target (`inspect`, `optimize`): the choices are the rewrite's registry
-    (`onnx_norm.rewrite.TARGETS`) and the default is `optimize()`'s."""
+    (`onnx_norm.rewrite.TARGETS`), the default `defaults.TARGET` (`optimize()`'s, tests/test_cli_args.py checks)."""
 
     def __init__(self, help_text: str) -> None:
         self.help_text = help_text
 
     def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        import inspect
+        from onnx_norm.rewrite import TARGETS
 
-        from onnx_norm.rewrite import TARGETS, optimize
-
-        default = inspect.signature(optimize).parameters["target"].default
+        default = defaults.TARGET
         parser.add_argument("--target", choices=TARGETS, default=default, help=f"{self.help_text} (default: {default})")
         return parser
 
