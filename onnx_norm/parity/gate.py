@@ -4,6 +4,7 @@ of onnx_norm.parity)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from onnx_norm.sessions import (
 )
 
 Results = list[dict[str, np.ndarray]]
+#: verify()'s options that check_options validates (all but the models and the given inputs).
+_CHECKED = frozenset(inspect.signature(check_options).parameters)
 
 
 def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
@@ -228,24 +231,8 @@ def verify(
     or that ONNX Runtime rejects or fails to run, is a failed report.
     """
     start = time.perf_counter()
-    tolerances, shapes = check_options(
-        input_files=input_files,
-        samples=samples,
-        seed=seed,
-        per_node=per_node,
-        threads=threads,
-        device_id=device_id,
-        provider=provider,
-        golden=golden,
-        original_optimization=original_optimization,
-        optimized_optimization=optimized_optimization,
-        shapes=shapes,
-        atol=atol,
-        rtol=rtol,
-        check_error_stat=check_error_stat,
-        error_quantile=error_quantile,
-        allow_nonfinite=allow_nonfinite,
-    )
+    # Every option check_options takes, by name: verify() validates exactly what the CLI validates.
+    tolerances, shapes = check_options(**{name: value for name, value in locals().items() if name in _CHECKED})
     original_label = model_label("original", original)
     original_proto = model_inputs.load_model(original, load_external_data=True)
     optimized_proto, optimized_failure = _load_optimized(optimized)
