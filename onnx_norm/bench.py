@@ -46,8 +46,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm import defaults
 from onnx_norm import inputs as model_inputs
-from onnx_norm.paths import write_text_atomic
+from onnx_norm.ops.schema import OPS
+from onnx_norm.paths import json_safe, write_json_atomic
 from onnx_norm.sessions import (
     OptLevel,
     Provider,
@@ -57,6 +59,7 @@ from onnx_norm.sessions import (
     create_session,
     model_label,
 )
+from onnx_norm.zoo.detect import NATIVE_NORM_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +72,7 @@ VARIANT_LABELS = {
     UNOPTIMIZED: "original (ORT_DISABLE_ALL)",
 }
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
-NORM_OP_TYPES = frozenset(
-    {
-        "LayerNorm",
-        "RMSNorm",
-        "SkipLayerNorm",
-        "SkipRMSNorm",
-        "LayerNormalization",
-        "RMSNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-    }
-)
+NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
 _PROFILE_RUNS = 10
 
 Clock = Callable[[], float]
@@ -219,20 +210,10 @@ class BenchReport:
             for name, split in self.profile.items():
                 data["profile"][name]["norm_share"] = split.norm_share
         data["variants"] = VARIANT_LABELS
-        return _json_safe(data)
+        return json_safe(data)
 
     def write_json(self, path: str | Path) -> None:
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    return value
+        write_json_atomic(path, self.to_dict())
 
 
 def interleave(
@@ -347,6 +328,148 @@ def _environment(provider: str, threads: int | None) -> dict[str, str]:
     }
 
 
+@dataclasses.dataclass
+class _Models:
+    """The models a bench times: the original, the optimized one, labels for messages, and the variants (model and
+    ORT optimization level, by variant name)."""
+
+    original: onnx.ModelProto
+    optimized: onnx.ModelProto
+    in_memory: bool
+    labels: dict[str, str]
+    variants: dict[str, tuple[onnx.ModelProto, OptLevel]]
+
+
+def _load_models(original: Any, optimized: Any, include_unoptimized: bool) -> _Models:
+    original_proto = model_inputs.load_model(original, load_external_data=True)
+    in_memory = optimized is None
+    labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
+    labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
+    if optimized is None:
+        from onnx_norm.rewrite import optimize
+
+        optimized, _ = optimize(original_proto)
+    optimized_proto = model_inputs.load_model(optimized, load_external_data=True)
+    model_inputs.check_same_inputs(original_proto, optimized_proto)
+    variants: dict[str, tuple[onnx.ModelProto, OptLevel]] = {
+        ORIGINAL: (original_proto, "all"),
+        OPTIMIZED: (optimized_proto, "all"),
+    }
+    if include_unoptimized:
+        variants[UNOPTIMIZED] = (original_proto, "disabled")
+    return _Models(original_proto, optimized_proto, in_memory, labels, variants)
+
+
+@dataclasses.dataclass
+class _Point:
+    """One measurement: the swept dim's value (when sweeping), the shapes asked for, and the inputs."""
+
+    dims: dict[str, int]
+    shapes: Mapping[str, Sequence[int]] | None
+    sample: dict[str, np.ndarray]
+
+
+def _points(
+    model: onnx.ModelProto,
+    inputs: Mapping[str, np.ndarray] | None,
+    input_files: Sequence[str | Path],
+    shapes: Mapping[str, Sequence[int]] | None,
+    sweep: tuple[str, Sequence[int]] | None,
+    seed: int,
+) -> list[_Point]:
+    """One point per value of the swept dim, else one point; each with its input sample, given or generated."""
+    if sweep is not None:
+        dim, values = sweep
+        asked = [({dim: int(value)}, {**(shapes or {}), dim: [int(value)]}) for value in values]
+    else:
+        asked = [({}, shapes)]
+    specs = model_inputs.input_specs(model)
+    points = []
+    for dims, point_shapes in asked:
+        if inputs is not None:
+            sample = dict(inputs)
+            model_inputs.validate(specs, sample)
+        else:
+            sample = model_inputs.prepare(model, files=input_files, shapes=point_shapes, seed=seed)[0]
+        points.append(_Point(dims, point_shapes, sample))
+    return points
+
+
+@dataclasses.dataclass
+class _Timing:
+    """How a bench times: rounds, sessions, clock, and whether the inputs were generated (for the hint a failed run
+    gets)."""
+
+    warmup: int
+    repeat: int
+    sessions_per_variant: int
+    seed: int
+    clock: Clock
+    generated: bool
+
+
+def _measure(
+    models: _Models,
+    sessions: Mapping[str, Sequence[Any]],
+    point: _Point,
+    config: RuntimeConfig,
+    timing: _Timing,
+    progress: Progress | None,
+) -> BenchPoint:
+    """Times every variant on one point's inputs, round by round."""
+    runners = {
+        name: _rotating([Runner(s, point.sample, config, label=models.labels[name]).run_bound for s in group])
+        for name, group in sessions.items()
+    }
+    try:
+        times = interleave(
+            runners, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock, progress=progress, seed=timing.seed
+        )
+    except SessionError as err:
+        hint = model_inputs.shape_hint(models.original, point.shapes) if timing.generated else ""
+        raise SessionError(f"{err}{hint}") from err
+    # The runners cycle through their sessions in lockstep from the first warm-up round on.
+    session_of = [(timing.warmup + i) % timing.sessions_per_variant for i in range(timing.repeat)]
+    return BenchPoint(
+        shapes={name: list(array.shape) for name, array in point.sample.items()},
+        dims=point.dims,
+        latency={name: LatencyStats.of(values) for name, values in times.items()},
+        speedup=Speedup.of(times[ORIGINAL], times[OPTIMIZED], session_of),
+        speedup_vs_noopt=(
+            Speedup.of(times[UNOPTIMIZED], times[OPTIMIZED], session_of) if UNOPTIMIZED in times else None
+        ),
+    )
+
+
+def _profiles(models: _Models, config: RuntimeConfig, feeds: Mapping[str, np.ndarray]) -> dict[str, ProfileSplit]:
+    """Kernel time of every variant split into norm nodes and the rest: in the original, the nodes the rewrite
+    removed count as norm nodes (with ORT's own norm ops)."""
+    removed = _removed_node_names(models.original, models.optimized)
+    profiles = {}
+    for name, (proto, level) in models.variants.items():
+        norm_nodes = frozenset() if name == OPTIMIZED else removed
+
+        def factory(prefix: str, proto: onnx.ModelProto = proto, level: OptLevel = level) -> Any:
+            return create_session(proto, config.replace(optimization=level), profile_prefix=prefix)
+
+        profiles[name] = profile_split(factory, feeds, norm_nodes)
+    return profiles
+
+
+def _headline(points: Sequence[BenchPoint]) -> tuple[float, tuple[float, float], tuple[float, float], str]:
+    """The report's speedup, spread, interval and verdict: the point's, or over a sweep the geometric mean of the
+    medians, the widest spread and interval, and one verdict only when every point agrees."""
+    if len(points) == 1:
+        headline = points[0].speedup.median
+        spread = (points[0].speedup.p10, points[0].speedup.p90)
+    else:
+        headline = float(np.exp(np.mean([np.log(p.speedup.median) for p in points])))
+        spread = (min(p.speedup.p10 for p in points), max(p.speedup.p90 for p in points))
+    interval = (min(p.speedup.ci_low for p in points), max(p.speedup.ci_high for p in points))
+    verdicts = {p.speedup.verdict for p in points}
+    return headline, spread, interval, verdicts.pop() if len(verdicts) == 1 else "mixed across the sweep"
+
+
 def bench(
     original: str | Path | onnx.ModelProto | Any,
     optimized: str | Path | onnx.ModelProto | Any | None = None,
@@ -355,13 +478,13 @@ def bench(
     input_files: Sequence[str | Path] = (),
     shapes: Mapping[str, Sequence[int]] | None = None,
     sweep: tuple[str, Sequence[int]] | None = None,
-    seed: int = 0,
-    provider: Provider = "cpu",
+    seed: int = defaults.SEED,
+    provider: Provider = defaults.PROVIDER,
     threads: int | None = None,
-    device_id: int = 0,
-    warmup: int = 5,
-    repeat: int = 20,
-    sessions_per_variant: int = 1,
+    device_id: int = defaults.DEVICE_ID,
+    warmup: int = defaults.WARMUP,
+    repeat: int = defaults.REPEAT,
+    sessions_per_variant: int = defaults.SESSIONS_PER_VARIANT,
     include_unoptimized: bool = True,
     profile: bool = False,
     progress: Progress | None = None,
@@ -374,183 +497,41 @@ def bench(
         raise model_inputs.InputError(f"need --warmup >= 0 and --repeat >= 1, got {warmup} and {repeat}")
     if sessions_per_variant < 1:
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
-    shapes = model_inputs.normalize_shapes(shapes)
-    original_proto = model_inputs.load_model(original, load_external_data=True)
-    in_memory = optimized is None
-    labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
-    labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
-    if optimized is None:
-        from onnx_norm.rewrite import optimize
-
-        optimized, _ = optimize(original_proto)
-    optimized_proto = model_inputs.load_model(optimized, load_external_data=True)
-    model_inputs.check_same_inputs(original_proto, optimized_proto)
-
-    points_shapes: list[tuple[dict[str, int], Mapping[str, Sequence[int]] | None]] = []
-    if sweep is not None:
-        dim, values = sweep
-        for value in values:
-            points_shapes.append(({dim: int(value)}, {**(shapes or {}), dim: [int(value)]}))
-    else:
-        points_shapes.append(({}, shapes))
-
-    samples: list[dict[str, np.ndarray]] = []
-    specs = model_inputs.input_specs(original_proto)
-    for _, point_shapes in points_shapes:
-        if inputs is not None:
-            sample = dict(inputs)
-            model_inputs.validate(specs, sample)
-        else:
-            sample = model_inputs.prepare(original_proto, files=input_files, shapes=point_shapes, seed=seed)[0]
-        samples.append(sample)
-
+    models = _load_models(original, optimized, include_unoptimized)
+    points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
     config = RuntimeConfig(provider, threads, "all", device_id, spinning=False)
-    models: dict[str, tuple[onnx.ModelProto, OptLevel]] = {
-        ORIGINAL: (original_proto, "all"),
-        OPTIMIZED: (optimized_proto, "all"),
-    }
-    if include_unoptimized:
-        models[UNOPTIMIZED] = (original_proto, "disabled")
     sessions = {
         name: [
-            create_session(proto, config.replace(optimization=level), label=labels[name])
+            create_session(proto, config.replace(optimization=level), label=models.labels[name])
             for _ in range(sessions_per_variant)
         ]
-        for name, (proto, level) in models.items()
+        for name, (proto, level) in models.variants.items()
     }
+    generated = inputs is None and not input_files
+    timing = _Timing(warmup, repeat, sessions_per_variant, seed, clock, generated)
+    rounds = warmup + repeat
+    measured: list[BenchPoint] = []
+    for index, point in enumerate(points):
 
-    total_rounds = (warmup + repeat) * len(samples)
-    done_before = 0
-    points: list[BenchPoint] = []
-    for (dims, point_shapes), sample in zip(points_shapes, samples, strict=True):
-        runners = {
-            name: _rotating([Runner(session, sample, config, label=labels[name]).run_bound for session in group])
-            for name, group in sessions.items()
-        }
-
-        def point_progress(done: int, _total: int, offset: int = done_before) -> None:
+        def point_progress(done: int, _total: int, offset: int = index * rounds) -> None:
             if progress is not None:
-                progress(offset + done, total_rounds)
+                progress(offset + done, rounds * len(points))
 
-        try:
-            times = interleave(runners, warmup=warmup, repeat=repeat, clock=clock, progress=point_progress, seed=seed)
-        except SessionError as err:
-            hint = "" if inputs is not None or input_files else model_inputs.shape_hint(original_proto, point_shapes)
-            raise SessionError(f"{err}{hint}") from err
-        # The runners cycle through their sessions in lockstep from the first warm-up round on.
-        session_of = [(warmup + i) % sessions_per_variant for i in range(repeat)]
-        done_before += warmup + repeat
-        points.append(
-            BenchPoint(
-                shapes={name: list(array.shape) for name, array in sample.items()},
-                dims=dims,
-                latency={name: LatencyStats.of(values) for name, values in times.items()},
-                speedup=Speedup.of(times[ORIGINAL], times[OPTIMIZED], session_of),
-                speedup_vs_noopt=(
-                    Speedup.of(times[UNOPTIMIZED], times[OPTIMIZED], session_of) if include_unoptimized else None
-                ),
-            )
-        )
-
-    profiles = None
-    if profile:
-        removed = _removed_node_names(original_proto, optimized_proto)
-        profiles = {}
-        for name, (proto, level) in models.items():
-            norm_nodes = frozenset() if name == OPTIMIZED else removed
-
-            def factory(prefix: str, proto: onnx.ModelProto = proto, level: OptLevel = level) -> Any:
-                return create_session(proto, config.replace(optimization=level), profile_prefix=prefix)
-
-            profiles[name] = profile_split(factory, samples[-1], norm_nodes)
-
-    if len(points) == 1:
-        headline = points[0].speedup.median
-        spread = (points[0].speedup.p10, points[0].speedup.p90)
-    else:
-        headline = float(np.exp(np.mean([np.log(p.speedup.median) for p in points])))
-        spread = (min(p.speedup.p10 for p in points), max(p.speedup.p90 for p in points))
-    interval = (min(p.speedup.ci_low for p in points), max(p.speedup.ci_high for p in points))
-    verdicts = {p.speedup.verdict for p in points}
+        measured.append(_measure(models, sessions, point, config, timing, point_progress))
+    profiles = _profiles(models, config, points[-1].sample) if profile else None
+    headline, spread, interval, verdict = _headline(measured)
     return BenchReport(
         speedup=headline,
         speedup_spread=spread,
         speedup_ci95=interval,
-        verdict=verdicts.pop() if len(verdicts) == 1 else "mixed across the sweep",
+        verdict=verdict,
         provider=provider,
         threads=threads,
         warmup=warmup,
         repeat=repeat,
         sessions_per_variant=sessions_per_variant,
-        points=points,
+        points=measured,
         profile=profiles,
-        optimized_in_memory=in_memory,
+        optimized_in_memory=models.in_memory,
         environment=_environment(provider, threads),
     )
-
-
-def plot(report: BenchReport, path: str | Path, *, title: str | None = None) -> None:
-    """Speedup against the swept dim (error bars: 10th-90th percentile of the per-round ratios); with a single
-    point, median latency per variant (whiskers to the 90th percentile)."""
-    swept = [p for p in report.points if p.dims]
-    title = title or f"onnx-norm bench ({report.provider}), speedup {report.speedup:.2f}x"
-    if len(swept) >= 2:
-        dim = next(iter(swept[0].dims))
-        plot_speedups([p.dims[dim] for p in swept], swept, path, xlabel=dim, title=title)
-        return
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    point = report.points[0]
-    names = list(point.latency)
-    medians = [point.latency[n].median_ms for n in names]
-    whiskers = [[0] * len(names), [point.latency[n].p90_ms - point.latency[n].median_ms for n in names]]
-    ax.bar([VARIANT_LABELS.get(n, n) for n in names], medians, yerr=whiskers, capsize=3)
-    ax.set_ylabel("median latency (ms)")
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot_speedups(
-    xs: Sequence[float], points: Sequence[BenchPoint], path: str | Path, *, xlabel: str, title: str
-) -> None:
-    """Speedup of each point against `xs` (a sequence length, a hidden size...), error bars p10-p90."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ys = [p.speedup.median for p in points]
-    err = [
-        [y - p.speedup.p10 for y, p in zip(ys, points, strict=True)],
-        [p.speedup.p90 - y for y, p in zip(ys, points, strict=True)],
-    ]
-    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label="original (ORT_ENABLE_ALL) / optimized")
-    noopt = [p.speedup_vs_noopt for p in points]
-    if all(s is not None for s in noopt):
-        ax.plot(
-            xs,
-            [s.median for s in noopt if s],
-            marker="s",
-            linestyle="--",
-            label="original (ORT_DISABLE_ALL) / optimized",
-        )
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("speedup (x)")
-    ax.legend(fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise RuntimeError("--plot needs matplotlib: pip install 'onnx-norm[plot]'") from err
-
-    matplotlib.use("Agg")  # files only: no display is needed or wanted
-    import matplotlib.pyplot as plt
-
-    return plt

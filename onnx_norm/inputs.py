@@ -168,6 +168,12 @@ def normalize_shapes(shapes: Mapping[str, object] | None) -> dict[str, tuple[int
     return normalized
 
 
+def is_float(dtype: np.dtype) -> bool:
+    """Whether a numpy dtype is a floating-point type, bfloat16 (an ml_dtypes type numpy does not call floating)
+    included."""
+    return np.issubdtype(dtype, np.floating) or dtype == np_dtype(onnx.TensorProto.BFLOAT16)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -227,6 +233,21 @@ def resolve_shapes(
     """Concrete shapes for every input: `overrides` by input name or by symbolic dim, then defaults (non-batch
     dims capped at `limit`)."""
     overrides = dict(overrides or {})
+    symbols = _symbol_overrides(specs, overrides)
+    shapes: dict[str, tuple[int, ...]] = {}
+    # Inputs given in full fix their symbolic dims first, so other inputs sharing a symbol agree with them.
+    for spec in specs:
+        if spec.name in overrides:
+            shapes[spec.name] = _given_shape(spec, overrides[spec.name], symbols)
+    for spec in specs:
+        if spec.name not in shapes:
+            shapes[spec.name] = _default_shape(spec, specs, symbols, limit)
+    return shapes
+
+
+def _symbol_overrides(specs: Sequence[InputSpec], overrides: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The values `overrides` gives symbolic dims (keys that are no input name); InputError for a key that is
+    neither an input nor a symbol of the model."""
     by_name = {spec.name: spec for spec in specs}
     # Symbols, also those inside exporters' dim expressions such as `past_sequence_length + 1`.
     symbols_in_model = {
@@ -245,51 +266,51 @@ def resolve_shapes(
         raise InputError(
             f"--shape names {key!r}, which is neither an input nor a symbolic dim of the model (inputs: {known})"
         )
+    return symbols
 
-    shapes: dict[str, tuple[int, ...]] = {}
-    # Inputs given in full fix their symbolic dims first, so other inputs sharing a symbol agree with them.
-    for spec in specs:
-        if spec.name not in overrides:
-            continue
-        dims = tuple(int(d) for d in overrides[spec.name])
-        if spec.shape is not None:
-            if len(dims) != len(spec.shape):
-                raise InputError(f"--shape {spec.name}: rank {len(dims)} given, the model expects {spec.describe()}")
-            for axis, (given, declared) in enumerate(zip(dims, spec.shape, strict=True)):
-                if isinstance(declared, int) and declared != given:
-                    raise InputError(
-                        f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} "
-                        f"({spec.describe()})"
-                    )
-                if isinstance(declared, str) and _eval_dim_expression(declared, {}) is None:
-                    previous = symbols.setdefault(declared, given)
-                    if previous != given:
-                        raise InputError(
-                            f"--shape {spec.name}: dim {axis} ({declared}) is {given} but {declared} is {previous} "
-                            "elsewhere"
-                        )
-        shapes[spec.name] = dims
 
-    for spec in specs:
-        if spec.name in shapes:
+def _given_shape(spec: InputSpec, given_dims: Sequence[int], symbols: dict[str, int]) -> tuple[int, ...]:
+    """An input's shape given in full, checked against its declaration; fixes the symbols it names in `symbols`."""
+    dims = tuple(int(d) for d in given_dims)
+    if spec.shape is None:
+        return dims
+    if len(dims) != len(spec.shape):
+        raise InputError(f"--shape {spec.name}: rank {len(dims)} given, the model expects {spec.describe()}")
+    for axis, (given, declared) in enumerate(zip(dims, spec.shape, strict=True)):
+        if isinstance(declared, int) and declared != given:
+            raise InputError(
+                f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} ({spec.describe()})"
+            )
+        if isinstance(declared, str) and _eval_dim_expression(declared, {}) is None:
+            previous = symbols.setdefault(declared, given)
+            if previous != given:
+                raise InputError(
+                    f"--shape {spec.name}: dim {axis} ({declared}) is {given} but {declared} is {previous} elsewhere"
+                )
+    return dims
+
+
+def _default_shape(
+    spec: InputSpec, specs: Sequence[InputSpec], symbols: dict[str, int], limit: int | None
+) -> tuple[int, ...]:
+    """An input's shape from its declaration: fixed dims as declared, symbols as given or defaulted (recorded in
+    `symbols`, so that every input sharing one agrees), dim expressions evaluated."""
+    if spec.shape is None:
+        raise InputError(f"input {spec.name!r} has no declared shape; give it with --shape {spec.name}:D0,D1,...")
+    dims_out = []
+    for position, dim in enumerate(spec.shape):
+        if isinstance(dim, int):
+            dims_out.append(dim)
             continue
-        if spec.shape is None:
-            raise InputError(f"input {spec.name!r} has no declared shape; give it with --shape {spec.name}:D0,D1,...")
-        dims_out = []
-        for position, dim in enumerate(spec.shape):
-            if isinstance(dim, int):
-                dims_out.append(dim)
+        if dim is not None:
+            expr_value = _eval_dim_expression(dim, {**_defaults_for(specs, limit), **symbols})
+            if expr_value is not None:
+                dims_out.append(expr_value)
                 continue
-            if dim is not None:
-                expr_value = _eval_dim_expression(dim, {**_defaults_for(specs, limit), **symbols})
-                if expr_value is not None:
-                    dims_out.append(expr_value)
-                    continue
-                dims_out.append(symbols.setdefault(dim, _default_dim(dim, position, limit)))
-            else:
-                dims_out.append(_default_dim(None, position, limit))
-        shapes[spec.name] = tuple(dims_out)
-    return shapes
+            dims_out.append(symbols.setdefault(dim, _default_dim(dim, position, limit)))
+        else:
+            dims_out.append(_default_dim(None, position, limit))
+    return tuple(dims_out)
 
 
 def guessed_dims(model: onnx.ModelProto, shapes: Mapping[str, object] | None = None) -> dict[str, int]:
@@ -408,7 +429,7 @@ def _generate_one(spec: InputSpec, shape: tuple[int, ...], bound: int | None, rn
             )
         high = bound if bound else _FALLBACK_INT_HIGH
         return rng.integers(0, max(high, 1), size=shape).astype(dtype)
-    if np.issubdtype(dtype, np.floating) or dtype == np_dtype(onnx.TensorProto.BFLOAT16):
+    if is_float(dtype):
         if _MASK_NAMES.search(spec.name):
             return _mask(shape, rng).astype(dtype)
         return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype)

@@ -20,6 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_norm import paths
+from onnx_norm.dtypes import is_onnx_domain, onnx_opset
 
 logger = logging.getLogger(__name__)
 
@@ -150,10 +151,10 @@ def _stand_in(tensor: onnx.TensorProto) -> None:
 def _hide_ort_ops(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
     """Moves ONNX Runtime's ONNX-domain ops that ONNX lacks at the model's opset into a custom domain (the checker
     skips those); returns what to move back."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = onnx_opset({o.domain: o.version for o in model.opset_import}) or 0
     moved = []
     for node in proto_nodes(model):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ORT_ONNX_DOMAIN_OPS:
+        if not is_onnx_domain(node.domain) or node.op_type not in ORT_ONNX_DOMAIN_OPS:
             continue
         try:
             onnx.defs.get_schema(node.op_type, opset, "")

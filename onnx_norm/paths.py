@@ -8,11 +8,15 @@ or one of its data files) unless forced, so that no run can destroy the model it
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 
 
@@ -153,20 +157,29 @@ def check_outputs(
                 raise OutputError(f"{what} {path} is {whose}{hint}")
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes `text` to a temporary file next to `path` and renames it into place: a reader never sees half a
-    file, and a failed write leaves the old file as it was."""
+@contextlib.contextmanager
+def staged_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path next to `path` (same suffix, so writers that go by it pick the same format) and,
+    when the block succeeds, renames it into place: a reader never sees half a file, and a failed write leaves
+    the old file as it was and no temporary behind."""
     path = Path(path)
-    handle, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or Path("."))
+    os.close(handle)
+    staged = Path(name)
     try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
+        yield staged
         os.chmod(staged, _file_mode(path))
         os.replace(staged, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(staged)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to a temporary file next to `path` and renames it into place (see staged_file)."""
+    with staged_file(path) as staged:
+        staged.write_text(text)
 
 
 def _file_mode(path: Path) -> int:
@@ -176,3 +189,22 @@ def _file_mode(path: Path) -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with what JSON cannot hold made writable: NaN/Inf as the strings "nan"/"inf" (JSON has no
+    Infinity/NaN), numpy scalars as Python numbers, tuples as lists."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Writes `data` (made JSON-safe) as indented JSON, atomically (see write_text_atomic)."""
+    write_text_atomic(path, json.dumps(json_safe(data), indent=2) + "\n")

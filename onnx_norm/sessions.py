@@ -16,28 +16,36 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm import defaults
+from onnx_norm.defaults import OptLevel, Provider
 from onnx_norm.model_io import proto_nodes
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
 
 logger = logging.getLogger(__name__)
 
-Provider = Literal["cpu", "cuda"]
-OptLevel = Literal["all", "extended", "basic", "disabled"]
 
-PROVIDERS: dict[str, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-}
+#: ONNX Runtime's name of each provider and level the options offer (defaults.PROVIDERS, defaults.OPT_LEVELS).
+PROVIDERS: dict[str, str] = dict(
+    zip(defaults.PROVIDERS, ("CPUExecutionProvider", "CUDAExecutionProvider"), strict=True)
+)
+OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = dict(
+    zip(
+        defaults.OPT_LEVELS,
+        (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ),
+        strict=True,
+    )
+)
 # Protobuf refuses to serialize a message of 2 GiB or more; such models go to ORT through a file.
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -55,10 +63,10 @@ class RuntimeUnavailableError(SessionError):
 class RuntimeConfig:
     """How to run a model: provider, threads and ORT's own graph optimizations."""
 
-    provider: Provider = "cpu"
+    provider: Provider = defaults.PROVIDER
     threads: int | None = None
     optimization: OptLevel = "all"
-    device_id: int = 0
+    device_id: int = defaults.DEVICE_ID
     # Idle intra-op threads spin-wait by default; the bench turns that off so that one session's spinning
     # threads do not steal cycles from the session timed next.
     spinning: bool = True

@@ -194,7 +194,7 @@ def test_bench_report_fields_for_one_shape_and_a_sweep():
     assert data["points"][0]["latency"]["optimized"]["runs"] == 3
     assert 0 <= data["profile"]["optimized"]["norm_share"] <= 1
 
-    assert report.sessions_per_variant == 1
+    assert report.sessions_per_variant == 3  # the API's default, as the CLI's --sessions
     pooled = bench.bench(original, optimized, warmup=0, repeat=4, sessions_per_variant=2, include_unoptimized=False)
     assert pooled.sessions_per_variant == 2
     assert len(pooled.points[0].speedup.per_session) == 2
@@ -208,6 +208,31 @@ def test_bench_report_fields_for_one_shape_and_a_sweep():
     assert all(set(p.latency) == {bench.ORIGINAL, bench.OPTIMIZED} for p in swept.points)
     expected = float(np.exp(np.mean([np.log(p.speedup.median) for p in swept.points])))
     assert swept.speedup == pytest.approx(expected)
+
+
+def test_a_plot_that_fails_half_way_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch):
+    """--plot writes like every other output: staged next to PNG and renamed into place only when complete."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from onnx_norm import bench_plot
+
+    original, optimized = _ln_models()
+    report = bench.bench(original, optimized, warmup=0, repeat=2, sessions_per_variant=1, include_unoptimized=False)
+    target = tmp_path / "speedup.png"
+    bench_plot.plot(report, target)
+    first = target.read_bytes()
+    assert first[:4] == b"\x89PNG"
+
+    def savefig_fails(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"half a PNG")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", savefig_fails)
+    with pytest.raises(OSError, match="No space"):
+        bench_plot.plot(report, target)
+    assert target.read_bytes() == first
+    assert [p.name for p in tmp_path.iterdir()] == ["speedup.png"]
 
 
 def _cli(argv: list[str]) -> int:

@@ -18,6 +18,7 @@ from tiny_llama import PROMPT, save_tiny_llama
 
 from onnx_norm.integrations import optimum as integration
 from onnx_norm.library import library_available
+from onnx_norm.model_io import ModelLoadError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama-rmsnorm-fp32.onnx"
 
@@ -42,6 +43,19 @@ def test_folder_rewrite_keeps_the_other_files(tmp_path: Path) -> None:
     assert _our_ops(tmp_path / "opt" / "model.onnx") == {"RMSNorm": 1, "SkipRMSNorm": 4}
     assert json.loads((tmp_path / "opt" / "config.json").read_text()) == {"model_type": "llama"}
     assert (tmp_path / "opt" / "sub" / "tokenizer.json").is_file()
+
+
+def test_a_folder_that_fails_half_way_leaves_no_output_and_no_staging(tmp_path: Path) -> None:
+    """The shared folder writer (integrations/folder.py) stages next to the output and moves it into place only
+    when every model is written: a model that does not load after one that did leaves nothing behind."""
+    export = tmp_path / "export"
+    export.mkdir()
+    shutil.copy(EXAMPLE, export / "a_model.onnx")
+    (export / "b_model.onnx").write_bytes(b"not a model")
+    (export / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match=r"b_model\.onnx"):
+        integration.optimize_folder(export, tmp_path / "opt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_folder_errors_are_clear(tmp_path: Path) -> None:

@@ -115,6 +115,50 @@ def test_external_data_always_puts_the_weights_in_the_data_file(tmp_path: Path, 
     np.testing.assert_allclose(_run(out), _run_reference(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_rerun_that_writes_no_data_file_removes_the_old_outputs_one(tmp_path: Path, capsys):
+    """OUT.data of an earlier run must not linger beside an OUT that no longer reads it (stale weights, wasted
+    disk, and a file a later `--external-data auto` run would mistake for the model's)."""
+    source, out = tmp_path / "small.onnx", tmp_path / "small.opt.onnx"
+    onnx.save(layer_norm_model(), source)
+    assert main(["optimize", str(source), "-o", str(out), "--external-data", "always"]) == 0
+    assert (tmp_path / "small.opt.onnx.data").is_file()
+    assert main(["optimize", str(source), "-o", str(out), "--force"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.onnx", "small.opt.onnx"]
+    assert _external(out) == []
+    np.testing.assert_allclose(_run(out), _run_reference(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_model_optimized_over_itself_drops_its_old_data_file(tmp_path: Path, capsys):
+    """`optimize m.onnx -o m.onnx --force --external-data never`: the old m.onnx.data was the input's, read
+    before it was replaced; the new m.onnx holds every weight, so the data file goes."""
+    model = tmp_path / "m.onnx"
+    _save_external(layer_norm_model(), model, location="m.onnx.data")
+    expected = _run(model)
+    assert main(["optimize", str(model), "-o", str(model), "--force", "--external-data", "never"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    np.testing.assert_allclose(_run(model), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_data_file_the_old_output_did_not_read_or_an_input_still_reads_is_kept(tmp_path: Path, capsys):
+    source, out = tmp_path / "small.onnx", tmp_path / "small.opt.onnx"
+    onnx.save(layer_norm_model(), source)
+    unrelated = tmp_path / "small.opt.onnx.data"
+    unrelated.write_bytes(b"not the output's")
+    onnx.save(layer_norm_model(), out)  # an OUT that reads no data file
+    assert main(["optimize", str(source), "-o", str(out), "--force"]) == 0
+    assert unrelated.read_bytes() == b"not the output's"
+    # The old OUT read it, and so does the input: it stays (the input keeps its weights).
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    original, target = shared / "a.onnx", shared / "b.onnx"
+    _save_external(layer_norm_model(), original, location="b.onnx.data")
+    shutil.copy(original, target)
+    expected = _run(original)
+    assert main(["optimize", str(original), "-o", str(target), "--force", "--external-data", "never"]) == 0
+    assert (shared / "b.onnx.data").is_file()
+    np.testing.assert_array_equal(_run(original), expected)
+
+
 def test_an_external_save_with_nothing_to_externalize_writes_no_empty_data_file(tmp_path: Path):
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

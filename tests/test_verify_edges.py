@@ -261,14 +261,14 @@ def test_demo_echoes_the_exact_bench_command_it_runs(tmp_path: Path, capsys, mon
 
 
 def test_a_golden_evaluation_that_fails_at_run_time_leaves_the_models_compared_with_each_other(models, monkeypatch):
-    real = parity.run_model
+    real = parity.golden.run_model
 
     def golden_fails(session, feeds, names=None, *, label="the model"):
         if label == "the float64 copy":
             raise SessionError("ONNX Runtime failed to run the float64 copy: out of memory")
         return real(session, feeds, names, label=label)
 
-    monkeypatch.setattr(parity, "run_model", golden_fails)
+    monkeypatch.setattr(parity.golden, "run_model", golden_fails)
     report = parity.verify(*models, shapes={"sequence": 8})
     assert report.passed and report.golden == "none"
     assert "the float64 golden evaluation failed; compared with the original only" in report.warnings

@@ -13,19 +13,13 @@ def save_tiny_llama(directory: Path) -> None:
     import torch
     import transformers
 
+    from onnx_norm.zoo import ZOO
+
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    # The zoo's toy LLaMA (the size every test exports), with the vocabulary and token ids of the tokenizer below.
+    spec = ZOO["llama"]
+    tokens = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    config = getattr(transformers, spec.config_class)(**{**spec.config, "vocab_size": VOCAB, **tokens})
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))

@@ -21,8 +21,10 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from onnx_norm.bench import BenchReport, bench, plot_speedups
+from onnx_norm.bench import OPTIMIZED, ORIGINAL, BenchReport, bench
+from onnx_norm.bench_plot import plot_speedups
 from onnx_norm.cli.bench import print_report
+from onnx_norm.dtypes import type_name
 from onnx_norm.zoo.export import output_names_of, to_torch, write_onnx
 from onnx_norm.zoo.models import ZooModel, build_model, example_inputs
 
@@ -53,7 +55,20 @@ def export_model(spec: ZooModel, dtype: str, exporter: str, path: Path, console:
     console.print(f"exported {path.name} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f}s")
 
 
+Row = tuple[str, int, str, int, BenchReport]  # model file, hidden size, dtype, norms fused, bench report
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    console = Console()
+    rows = _measure(args, console)
+    console.print(_summary(args, rows))
+    if args.plot:
+        _plot(args, rows, console)
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[2048], help="one or more hidden sizes")
     parser.add_argument("--layers", type=int, default=2)
@@ -61,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary (small: the embedding is not measured)")
     parser.add_argument("--sequence", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
+    dtypes = [type_name(t) for t in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]  # the zoo's dtype names
+    parser.add_argument("--dtype", nargs="+", choices=dtypes, default=dtypes)
     parser.add_argument(
         "--exporter",
         default="torchscript-17",
@@ -82,11 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if any(h < 1 or h % args.heads for h in args.hidden):
         parser.error(f"every --hidden must be a positive multiple of --heads {args.heads}, got {args.hidden}")
+    return args
 
+
+def _measure(args: argparse.Namespace, console: Console) -> list[Row]:
+    """Exports (or reuses) each model, optimizes it and benches it against the original."""
     from onnx_norm.rewrite import optimize
 
-    console = Console()
-    rows: list[tuple[str, int, str, int, BenchReport]] = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="onnx_norm_bench_") as tmp:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print_report(result, console, title=path.name)
                 rows.append((path.name, hidden, dtype, report.fused, result))
+    return rows
 
+
+def _summary(args: argparse.Namespace, rows: list[Row]) -> Table:
     table = Table(
         title=f"LLaMA-style, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, "
         f"threads {args.threads or 'default'}, {args.exporter}",
@@ -135,26 +157,28 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(
             name,
             str(fused),
-            f"{point.latency['original'].median_ms:.1f}",
-            f"{point.latency['optimized'].median_ms:.1f}",
+            f"{point.latency[ORIGINAL].median_ms:.1f}",
+            f"{point.latency[OPTIMIZED].median_ms:.1f}",
             f"{point.speedup.median:.3f}x ({point.speedup.p10:.2f}-{point.speedup.p90:.2f})",
             f"{point.speedup.ci_low:.3f}-{point.speedup.ci_high:.3f} ({point.speedup.verdict})",
             "-" if noopt is None else f"{noopt.median:.3f}x",
         )
-    console.print(table)
-    if args.plot:
-        for dtype in args.dtype:
-            series = [(hidden, result.points[0]) for _, hidden, d, _, result in rows if d == dtype]
-            target = args.plot if len(args.dtype) == 1 else args.plot.with_stem(f"{args.plot.stem}-{dtype}")
-            plot_speedups(
-                [h for h, _ in series],
-                [p for _, p in series],
-                target,
-                xlabel="hidden size",
-                title=f"LLaMA-style {dtype}, sequence {args.sequence} ({args.exporter})",
-            )
-            console.print(f"plot written to {target}")
-    return 0
+    return table
+
+
+def _plot(args: argparse.Namespace, rows: list[Row], console: Console) -> None:
+    """One plot per dtype: the speedup against the hidden size."""
+    for dtype in args.dtype:
+        series = [(hidden, result.points[0]) for _, hidden, d, _, result in rows if d == dtype]
+        target = args.plot if len(args.dtype) == 1 else args.plot.with_stem(f"{args.plot.stem}-{dtype}")
+        plot_speedups(
+            [h for h, _ in series],
+            [p for _, p in series],
+            target,
+            xlabel="hidden size",
+            title=f"LLaMA-style {dtype}, sequence {args.sequence} ({args.exporter})",
+        )
+        console.print(f"plot written to {target}")
 
 
 if __name__ == "__main__":

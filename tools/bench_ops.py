@@ -39,18 +39,29 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from onnx_norm.dtypes import type_name
 from onnx_norm.library import session_options
-from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION
+from onnx_norm.ops.reference import np_dtype as numpy_dtype
+from onnx_norm.ops.schema import (
+    DOMAIN,
+    LAYER_NORM,
+    OPS,
+    OPSET_VERSION,
+    RMS_NORM,
+    SKIP_LAYER_NORM,
+    SKIP_RMS_NORM,
+    OpSignature,
+)
 
 FULL_SHAPES = ((8192, 768), (8192, 4096), (32768, 1024))
 QUICK_SHAPES = ((2048, 768), (1024, 4096))
-DTYPES = {"fp32": (TensorProto.FLOAT, np.float32), "fp16": (TensorProto.FLOAT16, np.float16)}
+DTYPES = {type_name(t): (t, numpy_dtype(t).type) for t in (TensorProto.FLOAT, TensorProto.FLOAT16)}
 EPS = 1e-5
 
 
 @dataclasses.dataclass
 class Variant:
-    family: str  # "LayerNorm" or "RMSNorm"
+    family: str  # the name of our op it is compared with (a key of OPS)
     name: str
     model: onnx.ModelProto
     ours: bool = False
@@ -91,6 +102,16 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     two = _const("two", np.array(2.0, np_dtype))
     one = _const("one", np.array(1.0, np_dtype))
     mk = helper.make_node
+    bench_names = {"X": "X", "Skip": "S", "Scale": "scale", "Bias": "bias"}
+
+    def ours(op: OpSignature) -> Variant:
+        """Our op on the bench's tensors, its inputs and outputs in the order of its signature (Y, and Sum)."""
+        outputs = [name if name in ("Y", "Sum") else "" for name in op.outputs]
+        while outputs and not outputs[-1]:
+            outputs.pop()
+        node = mk(op.name, [bench_names[name] for name in op.inputs], outputs, domain=DOMAIN, epsilon=EPS)
+        inits = [scale] if "Bias" not in op.inputs else [scale, bias]
+        return Variant(op.name, f"onnx_norm.{op.name}", _model([node], inits, elem, 17, skip=op.skip), ours=True)
 
     def decomposed_ln(x: str) -> list[onnx.NodeProto]:
         return [
@@ -119,21 +140,14 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     residual = mk("Add", ["X", "S"], ["Sum"])
     ms = "com.microsoft"
     variants = [
+        ours(LAYER_NORM),
         Variant(
-            "LayerNorm",
-            "onnx_norm.LayerNorm",
-            _model(
-                [mk("LayerNorm", ["X", "scale", "bias"], ["Y"], domain=DOMAIN, epsilon=EPS)], [scale, bias], elem, 17
-            ),
-            ours=True,
-        ),
-        Variant(
-            "LayerNorm",
+            LAYER_NORM.name,
             "LayerNormalization (opset 17)",
             _model([mk("LayerNormalization", ["X", "scale", "bias"], ["Y"], epsilon=EPS)], [scale, bias], elem, 17),
         ),
         Variant(
-            "LayerNorm",
+            LAYER_NORM.name,
             "decomposed, ORT_DISABLE_ALL",
             _model(
                 decomposed_ln("X"),
@@ -143,24 +157,19 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
             ),
             opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         ),
+        ours(RMS_NORM),
         Variant(
-            "RMSNorm",
-            "onnx_norm.RMSNorm",
-            _model([mk("RMSNorm", ["X", "scale"], ["Y"], domain=DOMAIN, epsilon=EPS)], [scale], elem, 17),
-            ours=True,
-        ),
-        Variant(
-            "RMSNorm",
+            RMS_NORM.name,
             "SimplifiedLayerNormalization (ORT contrib)",
             _model([mk("SimplifiedLayerNormalization", ["X", "scale"], ["Y"], epsilon=EPS)], [scale], elem, 17),
         ),
         Variant(
-            "RMSNorm",
+            RMS_NORM.name,
             "RMSNormalization (opset 23)",
             _model([mk("RMSNormalization", ["X", "scale"], ["Y"], epsilon=EPS)], [scale], elem, 23),
         ),
         Variant(
-            "RMSNorm",
+            RMS_NORM.name,
             "decomposed rsqrt-style, ORT_ENABLE_ALL",
             _model(
                 decomposed_rms("X"),
@@ -169,20 +178,9 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
                 18,
             ),
         ),
+        ours(SKIP_LAYER_NORM),
         Variant(
-            "SkipLayerNorm",
-            "onnx_norm.SkipLayerNorm",
-            _model(
-                [mk("SkipLayerNorm", ["X", "S", "scale", "bias"], ["Y", "Sum"], domain=DOMAIN, epsilon=EPS)],
-                [scale, bias],
-                elem,
-                17,
-                skip=True,
-            ),
-            ours=True,
-        ),
-        Variant(
-            "SkipLayerNorm",
+            SKIP_LAYER_NORM.name,
             "SkipLayerNormalization (ORT contrib)",
             _model(
                 [
@@ -201,25 +199,14 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
             ),
         ),
         Variant(
-            "SkipLayerNorm",
+            SKIP_LAYER_NORM.name,
             "Add + decomposed, ORT_DISABLE_ALL",
             _model([residual, *decomposed_ln("Sum")], [scale, bias, axes, eps, two], elem, 18, skip=True),
             opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         ),
+        ours(SKIP_RMS_NORM),
         Variant(
-            "SkipRMSNorm",
-            "onnx_norm.SkipRMSNorm",
-            _model(
-                [mk("SkipRMSNorm", ["X", "S", "scale"], ["Y", "Sum"], domain=DOMAIN, epsilon=EPS)],
-                [scale],
-                elem,
-                17,
-                skip=True,
-            ),
-            ours=True,
-        ),
-        Variant(
-            "SkipRMSNorm",
+            SKIP_RMS_NORM.name,
             "SkipSimplifiedLayerNormalization (ORT contrib)",
             _model(
                 [
@@ -238,7 +225,7 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
             ),
         ),
         Variant(
-            "SkipRMSNorm",
+            SKIP_RMS_NORM.name,
             "Add + decomposed rsqrt-style, ORT_ENABLE_ALL",
             _model([residual, *decomposed_rms("Sum")], [scale, axes, eps, two], elem, 18, skip=True),
         ),
@@ -339,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                     if seconds is None:
                         print(f"{label} n/a | | {note} |")
                         continue
-                    params = 1 if "RMS" in variant.family else 2
-                    tensors = 4 if variant.family.startswith("Skip") else 2  # X (+ S) read, Y (+ Sum) written
+                    op = OPS[variant.family]
+                    params = len(op.optional_inputs)  # Scale (and Bias)
+                    tensors = 4 if op.skip else 2  # X (+ S) read, Y (+ Sum) written
                     traffic = (tensors * rows * cols + params * cols) * elem_size
                     ratio = "" if variant.ours else f"{ours[variant.family] / seconds:.2f}"
                     print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")

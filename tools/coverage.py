@@ -48,6 +48,7 @@ import onnx
 import onnxruntime as ort
 
 from onnx_norm import zoo
+from onnx_norm.dtypes import onnx_opset
 from onnx_norm.zoo.compare import TOLERANCES, Parity, Tolerance, compare_outputs
 from onnx_norm.zoo.detect import fused_norms, native_norms
 
@@ -151,7 +152,7 @@ def run_onnxscript_onnx(original: onnx.ModelProto, _model_type: str) -> ToolOutp
     import onnx_ir as ir
     from onnxscript.rewriter.rules.fusion import _layer_norm, _rms_normalization
 
-    opset = next(o.version for o in original.opset_import if o.domain in ("", "ai.onnx"))
+    opset = onnx_opset({o.domain: o.version for o in original.opset_import})
     converted = onnx.version_converter.convert_version(original, 23) if opset < 23 else original
     model = ir.from_proto(converted)
     _layer_norm.fuse_layer_normalization(model)

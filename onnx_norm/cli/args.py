@@ -1,9 +1,11 @@
-"""Argument groups shared by the subcommands (Polygraphy-style): model inputs, runtime, tolerances, report."""
+"""Argument groups shared by the subcommands (Polygraphy's shape): model and output paths, model inputs, runtime,
+tolerances, bench sessions; each owns its flags and their parsing into the API's keyword arguments."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
@@ -12,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
+from onnx_norm import defaults
 from onnx_norm.cli import UsageError
 
 #: Width of tables written to a file or a pipe (CI logs, README excerpts), where rich would assume 80 columns.
@@ -24,69 +27,287 @@ def console() -> Console:
     return out if out.is_terminal else Console(width=PIPE_WIDTH)
 
 
-def add_input_args(parser: argparse.ArgumentParser, *, samples: bool = True) -> None:
-    group = parser.add_argument_group("model inputs")
-    group.add_argument(
-        "--inputs",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="FILE",
-        help="input data instead of random inputs: each FILE.npz is one sample (keys are input names); "
-        "NAME:FILE.npy files together make one sample (a bare FILE.npy for a single-input model)",
-    )
+class ArgGroup:
+    """A group of flags that owns both its flags and their parsing (Polygraphy's shape): `add` registers the flags
+    on a parser, `parse` turns the parsed flags into the keyword arguments of the API call they configure,
+    validated (UsageError, exit 2, before any work). Flag defaults are the API's defaults (`onnx_norm.defaults`),
+    so that a command line without flags and a call without arguments do the same thing."""
+
+    title = ""
+
+    def add(self, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        group = parser.add_argument_group(self.title)
+        self.add_flags(group)
+        return group
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        raise NotImplementedError
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """An output file flag: `--report PATH` and its kind."""
+
+    flag: str
+    help: str
+    metavar: str = "PATH"
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+class PathArgs(ArgGroup):
+    """The model files a command reads (positional) and the files it writes (`--report`, ...): `parse` checks,
+    before any work, that every model is a file and every output can be written without clobbering an input."""
+
+    def __init__(self, models: Sequence[tuple[str, str]], outputs: Sequence[Output] = (), *, optional: str = ""):
+        self.models = models  # (name, help); `optional` names the one that may be left out
+        self.outputs = outputs
+        self.optional = optional
+
+    def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        for name, help_text in self.models:
+            parser.add_argument(name, nargs="?" if name == self.optional else None, help=help_text)
+        for output in self.outputs:
+            parser.add_argument(output.flag, type=Path, metavar=output.metavar, help=output.help)
+        return parser
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        """{name: Path or None} of every model and output, checked."""
+        models = {name: getattr(args, name) for name, _ in self.models}
+        for name, path in models.items():
+            if path is not None:
+                check_model_path(path, f"{name} model")
+        outputs = {output.dest: getattr(args, output.dest) for output in self.outputs}
+        given = [path for path in models.values() if path is not None]
+        pairs = [(output.flag, outputs[output.dest]) for output in self.outputs]
+        check_outputs(pairs, given, input_data=getattr(args, "inputs", ()))
+        return {**{name: None if path is None else Path(path) for name, path in models.items()}, **outputs}
+
+
+class InputArgs(ArgGroup):
+    """Model inputs: data files or generated samples of given shapes -> input_files, shapes, samples, seed."""
+
+    title = "model inputs"
+
+    def __init__(self, *, samples: bool = True, shape_help: str | None = None) -> None:
+        self.samples = samples
+        self.shape_help = shape_help
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--inputs",
+            nargs="+",
+            action="extend",
+            default=[],
+            metavar="FILE",
+            help="input data instead of random inputs: each FILE.npz is one sample (keys are input names); "
+            "NAME:FILE.npy files together make one sample (a bare FILE.npy for a single-input model)",
+        )
+        add_shape_flag(group, self.shape_help)
+        if self.samples:
+            group.add_argument(
+                "--samples",
+                type=int,
+                default=defaults.SAMPLES,
+                help=f"number of generated input samples (default: {defaults.SAMPLES})",
+            )
+        group.add_argument(
+            "--seed", type=int, default=defaults.SEED, help=f"seed of the generated inputs (default: {defaults.SEED})"
+        )
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        parsed = {"input_files": list(args.inputs), "shapes": shapes(args) or None, "seed": args.seed}
+        if self.samples:
+            parsed["samples"] = args.samples
+        return parsed
+
+
+def add_shape_flag(group: argparse._ActionsContainer, help_text: str | None = None) -> None:
     group.add_argument(
         "--shape",
         nargs="+",
         action="extend",
         default=[],
         metavar="NAME:DIMS",
-        help="shape of an input (input_ids:1,128) or value of a symbolic dim (sequence:512) for generated inputs; "
+        help=help_text
+        or "shape of an input (input_ids:1,128) or value of a symbolic dim (sequence:512) for generated inputs; "
         "unset dims default to 1 (batch) and 128 (others)",
     )
-    if samples:
-        group.add_argument("--samples", type=int, default=2, help="number of generated input samples (default: 2)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default: 0)")
 
 
-def add_runtime_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("runtime")
-    group.add_argument(
-        "--provider",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="ONNX Runtime execution provider for both models (default: cpu); a CUDA run that ORT moved to the "
-        "CPU is refused",
-    )
-    group.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's choice)")
-    group.add_argument("--device-id", type=int, default=0, help="CUDA device (default: 0)")
+class RuntimeArgs(ArgGroup):
+    """Where the models run -> provider, threads, device_id."""
+
+    title = "runtime"
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--provider",
+            choices=defaults.PROVIDERS,
+            default=defaults.PROVIDER,
+            help=f"ONNX Runtime execution provider for both models (default: {defaults.PROVIDER}); a CUDA run that "
+            "ORT moved to the CPU is refused",
+        )
+        group.add_argument(
+            "--threads", type=int, default=None, help="intra-op threads (default: ONNX Runtime's choice)"
+        )
+        group.add_argument(
+            "--device-id", type=int, default=defaults.DEVICE_ID, help=f"CUDA device (default: {defaults.DEVICE_ID})"
+        )
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        check_positive(args.threads, "--threads")
+        check_positive(args.device_id, "--device-id", zero_ok=True)
+        return {"provider": args.provider, "threads": args.threads, "device_id": args.device_id}
+
+    @staticmethod
+    def flags(args: argparse.Namespace) -> list[str]:
+        """The flags that reproduce these settings on another subcommand's command line."""
+        flags = ["--provider", args.provider]
+        if args.threads is not None:
+            flags += ["--threads", str(args.threads)]
+        if args.provider == "cuda":
+            flags += ["--device-id", str(args.device_id)]
+        return flags
 
 
-def add_timing_args(group: argparse._ActionsContainer, *, warmup: int, repeat: int) -> None:
-    """The bench's rounds and sessions (`onnx-norm bench`, and the bench step of `onnx-norm demo`)."""
-    group.add_argument(
-        "--warmup", type=int, default=warmup, help=f"unrecorded rounds before timing (default: {warmup})"
-    )
-    group.add_argument("--repeat", type=int, default=repeat, help=f"timed rounds per variant (default: {repeat})")
-    group.add_argument(
-        "--sessions",
-        type=int,
-        default=3,
-        metavar="N",
-        help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
-        "differ on a CPU (default: 3; 1 for models too large to hold three times)",
-    )
+class ToleranceArgs(ArgGroup):
+    """How outputs are compared -> atol, rtol, check_error_stat, error_quantile, golden, original_optimization,
+    allow_nonfinite, per_node (verify(), and `optimize --verify`)."""
+
+    title = "comparison"
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        per_output = "[OUTPUT:]VALUE"
+        group.add_argument(
+            "--atol",
+            nargs="+",
+            metavar=per_output,
+            help="absolute tolerance, for all outputs or per output (default by dtype: fp32 1e-4, fp16 1e-2, "
+            "bf16 5e-2)",
+        )
+        group.add_argument("--rtol", nargs="+", metavar=per_output, help="relative tolerance (defaults as --atol)")
+        group.add_argument(
+            "--check-error-stat",
+            nargs="+",
+            metavar="[OUTPUT:]STAT",
+            help=f"statistic compared with the tolerances: {', '.join(defaults.STATS)} (default: elementwise)",
+        )
+        group.add_argument(
+            "--error-quantile",
+            type=float,
+            default=defaults.ERROR_QUANTILE,
+            help="quantile for --check-error-stat quantile",
+        )
+        self._add_choices(group)
+
+    @staticmethod
+    def _add_choices(group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--golden",
+            choices=defaults.GOLDEN_METHODS,
+            default=defaults.GOLDEN,
+            help="float64 evaluation of the original: an upcast copy in ONNX Runtime, onnx's ReferenceEvaluator, "
+            "or none (default: auto, ORT then the reference evaluator)",
+        )
+        group.add_argument(
+            "--original-opt-level",
+            choices=defaults.OPT_LEVELS,
+            default=defaults.ORIGINAL_OPTIMIZATION,
+            help="ONNX Runtime graph optimizations for the original model (default: all, as users run it)",
+        )
+        group.add_argument(
+            "--allow-nonfinite",
+            action="store_true",
+            help="pass an output that is NaN/Inf everywhere in both models (by default it fails: nothing to compare)",
+        )
+        group.add_argument(
+            "--per-node",
+            action="store_true",
+            help="also compare every fused norm with the subgraph it replaced, to name the norm that diverged",
+        )
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {
+            "atol": per_output_values(args.atol, "--atol"),
+            "rtol": per_output_values(args.rtol, "--rtol"),
+            "check_error_stat": per_output_values(args.check_error_stat, "--check-error-stat", str),
+            "error_quantile": args.error_quantile,
+            "golden": args.golden,
+            "original_optimization": args.original_opt_level,
+            "allow_nonfinite": args.allow_nonfinite,
+            "per_node": args.per_node,
+        }
 
 
-def check_timing(args: argparse.Namespace) -> None:
-    check_positive(args.warmup, "--warmup", zero_ok=True)
-    check_positive(args.repeat, "--repeat")
-    check_positive(args.sessions, "--sessions")
-    check_positive(args.threads, "--threads")
+class TargetArgs(ArgGroup):
+    """What a rewrite emits -> target (`inspect`, `optimize`): the choices are the rewrite's registry
+    (`onnx_norm.rewrite.TARGETS`), the default `defaults.TARGET` (`optimize()`'s, tests/test_cli_args.py checks)."""
+
+    def __init__(self, help_text: str) -> None:
+        self.help_text = help_text
+
+    def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        from onnx_norm.rewrite import TARGETS
+
+        default = defaults.TARGET
+        parser.add_argument("--target", choices=TARGETS, default=default, help=f"{self.help_text} (default: {default})")
+        return parser
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"target": args.target}
 
 
-def add_report_args(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--report", type=Path, metavar="PATH", help=f"write the {what} as JSON to PATH")
+class RewriteReportArgs(ArgGroup):
+    """What a rewrite reports -> explain (`inspect`), and the report file (`inspect`, `optimize`)."""
+
+    def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
+        parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
+        return parser
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"explain": args.explain}
+
+
+class BenchSessionArgs(ArgGroup):
+    """The bench's rounds and sessions -> warmup, repeat, sessions_per_variant (`onnx-norm bench`, and the bench
+    step of `onnx-norm demo`, which times millisecond models and so takes more rounds by default)."""
+
+    title = "measurement"
+
+    def __init__(self, *, title: str = "measurement", warmup: int = defaults.WARMUP, repeat: int = defaults.REPEAT):
+        self.title = title
+        self.warmup = warmup
+        self.repeat = repeat
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--warmup", type=int, default=self.warmup, help=f"unrecorded rounds before timing (default: {self.warmup})"
+        )
+        group.add_argument(
+            "--repeat", type=int, default=self.repeat, help=f"timed rounds per variant (default: {self.repeat})"
+        )
+        sessions = defaults.SESSIONS_PER_VARIANT
+        group.add_argument(
+            "--sessions",
+            type=int,
+            default=sessions,
+            metavar="N",
+            help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
+            f"differ on a CPU (default: {sessions}; 1 for models too large to hold {sessions} times)",
+        )
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        check_positive(args.warmup, "--warmup", zero_ok=True)
+        check_positive(args.repeat, "--repeat")
+        check_positive(args.sessions, "--sessions")
+        return {"warmup": args.warmup, "repeat": args.repeat, "sessions_per_variant": args.sessions}
 
 
 def shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:

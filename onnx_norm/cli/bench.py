@@ -17,6 +17,21 @@ from rich.table import Table
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 
+PATHS = common.PathArgs(
+    [
+        ("original", "the original ONNX model"),
+        ("optimized", "the optimized model (default: optimize ORIGINAL in memory)"),
+    ],
+    [
+        common.Output("--report", "write the bench report as JSON to PATH"),
+        common.Output("--plot", "plot the speedup (against the swept dim) to PNG", "PNG"),
+    ],
+    optional="optimized",
+)
+INPUTS = common.InputArgs(samples=False)
+RUNTIME = common.RuntimeArgs()
+MEASUREMENT = common.BenchSessionArgs()
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -26,12 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "optimized one, interleaved, on the same inputs, provider and threads. With one model, it is optimized "
         "in memory first.",
     )
-    parser.add_argument("original", help="the original ONNX model")
-    parser.add_argument("optimized", nargs="?", help="the optimized model (default: optimize ORIGINAL in memory)")
-    common.add_input_args(parser, samples=False)
-    common.add_runtime_args(parser)
-    group = parser.add_argument_group("measurement")
-    common.add_timing_args(group, warmup=5, repeat=20)
+    PATHS.add(parser)
+    INPUTS.add(parser)
+    RUNTIME.add(parser)
+    group = MEASUREMENT.add(parser)
     group.add_argument(
         "--sweep",
         metavar="DIM:V1,V2,...",
@@ -44,8 +57,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument(
         "--min-speedup", type=float, default=None, help="exit 1 if the median speedup is below this ratio (for CI)"
     )
-    common.add_report_args(parser, "bench report")
-    parser.add_argument("--plot", metavar="PNG", help="plot the speedup (against the swept dim) to PNG")
     parser.set_defaults(func=run)
     return parser
 
@@ -63,30 +74,20 @@ def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
 
 
 def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    common.check_timing(args)
+    """bench() keyword arguments from the parsed flags of the input, runtime and measurement groups, validated."""
+    measurement = MEASUREMENT.parse(args)
     return {
-        "input_files": args.inputs,
-        "shapes": common.shapes(args) or None,
+        **INPUTS.parse(args),
         "sweep": parse_sweep(args.sweep),
-        "seed": args.seed,
-        "provider": args.provider,
-        "threads": args.threads,
-        "device_id": args.device_id,
-        "warmup": args.warmup,
-        "repeat": args.repeat,
-        "sessions_per_variant": args.sessions,
+        **RUNTIME.parse(args),
+        **measurement,
         "include_unoptimized": not args.no_noopt,
         "profile": args.profile,
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    common.check_model_path(args.original, "original model")
-    models = [args.original]
-    if args.optimized is not None:
-        common.check_model_path(args.optimized, "optimized model")
-        models.append(args.optimized)
-    common.check_outputs([("--report", args.report), ("--plot", args.plot)], models, input_data=args.inputs)
+    PATHS.parse(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         report.write_json(args.report)
         console.print(f"report written to {args.report}")
     if args.plot:
-        from onnx_norm.bench import plot
+        from onnx_norm.bench_plot import plot
 
         plot(report, args.plot)
         console.print(f"plot written to {args.plot}")
@@ -132,56 +133,10 @@ def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], conso
 
 
 def print_report(report: Any, console: Console, *, title: str) -> None:
-    from onnx_norm.bench import VARIANT_LABELS
-
-    threads = report.threads or "default"
     for point in report.points:
-        shape_text = ", ".join(f"{name} {'x'.join(map(str, dims))}" for name, dims in point.shapes.items())
-        table = Table(
-            title=f"{title}: {report.provider}, threads {threads}, {report.repeat} timed rounds ({shape_text})",
-            title_justify="left",
-        )
-        for column in ("variant", "median ms", "p90 ms", "min ms", "speedup of optimized"):
-            table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=column == "variant")
-        for name, stats in point.latency.items():
-            if name == "optimized":
-                ratio = "-"
-            elif name == "original":
-                ratio = f"{point.speedup.median:.2f}x ({point.speedup.p10:.2f}-{point.speedup.p90:.2f})"
-            elif point.speedup_vs_noopt is not None:
-                s = point.speedup_vs_noopt
-                ratio = f"{s.median:.2f}x ({s.p10:.2f}-{s.p90:.2f})"
-            else:
-                ratio = "-"
-            table.add_row(
-                VARIANT_LABELS.get(name, name),
-                f"{stats.median_ms:.3f}",
-                f"{stats.p90_ms:.3f}",
-                f"{stats.min_ms:.3f}",
-                ratio,
-            )
-        console.print(table)
+        console.print(_latency_table(report, point, title))
     if report.profile:
-        table = Table(title="Kernel time per run (ORT profiler)", title_justify="left")
-        for column in ("variant", "norm nodes", "norm ms", "other ms", "norm share"):
-            table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=column == "variant")
-        for name, split in report.profile.items():
-            table.add_row(
-                VARIANT_LABELS.get(name, name),
-                str(split.norm_nodes),
-                f"{split.norm_ms:.3f}",
-                f"{split.other_ms:.3f}",
-                f"{100 * split.norm_share:.1f}%",
-            )
-        console.print(table)
-        baseline = report.profile.get("original")
-        if baseline is not None and baseline.norm_ms + baseline.other_ms > 0:
-            total = baseline.norm_ms + baseline.other_ms
-            console.print(
-                f"norms are {100 * baseline.norm_share:.1f}% of the original's kernel time: even free norms would "
-                f"make it at most {total / max(baseline.other_ms, 1e-9):.3f}x faster",
-                highlight=False,
-            )
+        _print_profile(report.profile, console)
     lo, hi = report.speedup_spread
     ci_lo, ci_hi = report.speedup_ci95
     per_session = report.points[0].speedup.per_session if len(report.points) == 1 else []
@@ -191,3 +146,52 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
         f"(p10-p90 {lo:.3f}-{hi:.3f}; 95% CI of the median {ci_lo:.3f}-{ci_hi:.3f}{sessions}: {report.verdict})",
         highlight=False,
     )
+
+
+def _latency_table(report: Any, point: Any, title: str) -> Table:
+    from onnx_norm.bench import ORIGINAL, UNOPTIMIZED, VARIANT_LABELS
+
+    shape_text = ", ".join(f"{name} {'x'.join(map(str, dims))}" for name, dims in point.shapes.items())
+    table = Table(
+        title=f"{title}: {report.provider}, threads {report.threads or 'default'}, {report.repeat} timed rounds "
+        f"({shape_text})",
+        title_justify="left",
+    )
+    for column in ("variant", "median ms", "p90 ms", "min ms", "speedup of optimized"):
+        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=column == "variant")
+    for name, stats in point.latency.items():
+        speedup = {ORIGINAL: point.speedup, UNOPTIMIZED: point.speedup_vs_noopt}.get(name)
+        ratio = "-" if speedup is None else f"{speedup.median:.2f}x ({speedup.p10:.2f}-{speedup.p90:.2f})"
+        table.add_row(
+            VARIANT_LABELS.get(name, name),
+            f"{stats.median_ms:.3f}",
+            f"{stats.p90_ms:.3f}",
+            f"{stats.min_ms:.3f}",
+            ratio,
+        )
+    return table
+
+
+def _print_profile(profile: dict[str, Any], console: Console) -> None:
+    from onnx_norm.bench import ORIGINAL, VARIANT_LABELS
+
+    table = Table(title="Kernel time per run (ORT profiler)", title_justify="left")
+    for column in ("variant", "norm nodes", "norm ms", "other ms", "norm share"):
+        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=column == "variant")
+    for name, split in profile.items():
+        table.add_row(
+            VARIANT_LABELS.get(name, name),
+            str(split.norm_nodes),
+            f"{split.norm_ms:.3f}",
+            f"{split.other_ms:.3f}",
+            f"{100 * split.norm_share:.1f}%",
+        )
+    console.print(table)
+    baseline = profile.get(ORIGINAL)
+    if baseline is not None and baseline.norm_ms + baseline.other_ms > 0:
+        total = baseline.norm_ms + baseline.other_ms
+        console.print(
+            f"norms are {100 * baseline.norm_share:.1f}% of the original's kernel time: even free norms would "
+            f"make it at most {total / max(baseline.other_ms, 1e-9):.3f}x faster",
+            highlight=False,
+        )

@@ -26,6 +26,11 @@ EXAMPLES = (
 )
 
 
+RUNTIME = common.RuntimeArgs()
+# The examples run in about a millisecond: enough rounds for an interval that can tell 5% apart is cheap.
+MEASUREMENT = common.BenchSessionArgs(title="bench", warmup=10, repeat=300)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "demo",
@@ -40,17 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="run only this example (repeatable; default: all)",
     )
     parser.add_argument("--out", type=Path, help="keep the optimized models in this directory (default: temporary)")
-    common.add_runtime_args(parser)
-    # The examples run in about a millisecond: enough rounds for an interval that can tell 5% apart is cheap.
-    common.add_timing_args(parser.add_argument_group("bench"), warmup=10, repeat=300)
-    parser.add_argument(
-        "--shape",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="NAME:DIMS",
-        help="input shapes for verify and bench (default: batch 1, sequence 64)",
-    )
+    RUNTIME.add(parser)
+    MEASUREMENT.add(parser)
+    common.add_shape_flag(parser, "input shapes for verify and bench (default: batch 1, sequence 64)")
     parser.add_argument("--examples-dir", type=Path, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
     return parser
@@ -77,19 +74,11 @@ def _subcommand(argv: list[str]) -> int:
     return int(parsed.func(parsed))
 
 
-def _runtime_flags(args: argparse.Namespace) -> list[str]:
-    flags = ["--provider", args.provider]
-    if args.threads is not None:
-        flags += ["--threads", str(args.threads)]
-    if args.provider == "cuda":
-        flags += ["--device-id", str(args.device_id)]
-    return flags
-
-
 def _check_before_work(args: argparse.Namespace) -> None:
     from onnx_norm.paths import OutputError, check_writable_dir
 
-    common.check_timing(args)
+    MEASUREMENT.parse(args)
+    RUNTIME.parse(args)
     common.shapes(argparse.Namespace(shape=args.shape))
     if args.out is not None:
         try:
@@ -134,13 +123,13 @@ def run(args: argparse.Namespace) -> int:
             )
             # The verify and bench steps run exactly the command lines they echo: parsed by the CLI's parser.
             verify_argv = ["verify", str(original), str(optimized), "--per-node", "--shape", *shapes]
-            verify_argv += _runtime_flags(args)
+            verify_argv += RUNTIME.flags(args)
             console.print(f"[bold]$ {common.command_line(verify_argv)}", highlight=False, soft_wrap=True)
             verify_args = build_parser().parse_args(verify_argv)
             verify_code, _ = verify_and_print(str(original), str(optimized), verify_args, console=console)
             bench_argv = ["bench", str(original), str(optimized), "--warmup", str(args.warmup)]
             bench_argv += ["--repeat", str(args.repeat), "--sessions", str(args.sessions), "--shape", *shapes]
-            bench_argv += _runtime_flags(args)
+            bench_argv += RUNTIME.flags(args)
             console.print(f"[bold]$ {common.command_line(bench_argv)}", highlight=False, soft_wrap=True)
             kwargs = bench_kwargs(build_parser().parse_args(bench_argv))
             report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
-from onnx_norm.rewrite.report import OptimizeReport
-from onnx_norm.rewrite.spec import TARGETS
+from onnx_norm.cli import args as common
+from onnx_norm.rewrite import OptimizeReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,15 +21,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "epsilon, axes, cast placement, residual. --explain also lists the near-misses and why they are left.",
     )
     parser.add_argument("model", help="ONNX model to inspect")
-    parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
-    parser.add_argument("--target", choices=TARGETS, default="onnx-norm", help="target to check against")
-    parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
+    common.TargetArgs("target to check against").add(parser)
+    common.RewriteReportArgs().add(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnx_norm.cli import args as common
     from onnx_norm.rewrite import inspect
 
     common.check_outputs([("--report", args.report)], [args.model])
@@ -83,9 +80,9 @@ def print_near_misses(console: Console, report: OptimizeReport) -> None:
 
 
 def write_report(path: Path, report: OptimizeReport) -> None:
-    from onnx_norm.paths import write_text_atomic
+    from onnx_norm.paths import write_json_atomic
 
     try:
-        write_text_atomic(path, json.dumps(report.to_dict(), indent=2) + "\n")
+        write_json_atomic(path, report.to_dict())
     except OSError as err:
         raise UsageError(f"cannot write the report {path}: {err.strerror or err}") from err

@@ -13,9 +13,7 @@ from rich.table import Table
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
-from onnx_norm.rewrite.report import OptimizeReport
-from onnx_norm.rewrite.rules import RULE_NAMES
-from onnx_norm.rewrite.spec import TARGETS
+from onnx_norm.rewrite import RULE_NAMES, OptimizeReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,14 +25,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("input", help="ONNX model to optimize, or an ONNX Runtime GenAI model folder")
     parser.add_argument("-o", "--output", required=True, help="where to write the optimized model")
-    parser.add_argument(
-        "--target",
-        choices=TARGETS,
-        default="onnx-norm",
-        help="onnx-norm: our custom ops (with model-local functions); onnx: LayerNormalization (opset 17+) and "
+    common.TargetArgs(
+        "onnx-norm: our custom ops (with model-local functions); onnx: LayerNormalization (opset 17+) and "
         "RMSNormalization (opset 23+); ort: ONNX Runtime's LayerNormalization, SimplifiedLayerNormalization and "
-        "Skip* ops (default: onnx-norm)",
-    )
+        "Skip* ops"
+    ).add(parser)
     parser.add_argument(
         "--disable", nargs="+", action="extend", default=[], metavar="RULE", choices=RULE_NAMES, help="rules to skip"
     )
@@ -43,8 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="also convert native LayerNormalization/RMSNormalization/SimplifiedLayerNormalization/Skip* nodes",
     )
-    parser.add_argument("--report", type=Path, metavar="PATH", help="write the report as JSON to PATH")
-    parser.add_argument("--explain", action="store_true", help="also list near-misses with the reason for each")
+    common.RewriteReportArgs().add(parser)
     parser.add_argument(
         "--force",
         action="store_true",
@@ -103,11 +97,31 @@ def _check_before_work(args: argparse.Namespace, source: Path, output: Path, ext
         parity_kwargs(args)
 
 
-def _move_into_place(staging: Path, output: Path) -> None:
-    """The data files first, the model last: OUT never points at data that is not there yet."""
+def _stale_data_file(staging: Path, output: Path, source: Path) -> Path | None:
+    """OUT's data file when the new OUT has none: the old OUT read it (a file of that name that OUT did not read
+    is not ours to remove) and no input still reads it (the input is read before it is replaced only when it is
+    OUT itself, with --force)."""
+    from onnx_norm import model_io, paths
+
+    data = model_io.data_file(output)
+    if (staging / data.name).exists() or not data.is_file() or not output.is_file():
+        return None
+    if not any(paths.same_file(data, file) for file in paths.model_files(output)[1:]):
+        return None
+    if not paths.same_file(source, output) and any(paths.same_file(data, f) for f in paths.model_files(source)):
+        return None
+    return data
+
+
+def _move_into_place(staging: Path, output: Path, source: Path) -> None:
+    """The data files first, the model last: OUT never points at data that is not there yet. A data file of the
+    old OUT that the new one does not use is removed after it, so that no earlier run's weights linger beside it."""
+    stale = _stale_data_file(staging, output, source)
     staged = sorted(staging.iterdir(), key=lambda path: path.name == output.name)
     for path in staged:
         os.replace(path, output.parent / path.name)
+    if stale is not None:
+        stale.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             model_io.save(model, staged, external_data=external)
         passed = _verify(args, staged)
         if passed:
-            _move_into_place(Path(staging), output)
+            _move_into_place(Path(staging), output, source)
     console = common.console()
     print_norms(console, report)
     print_summary(console, report)

@@ -11,7 +11,16 @@ from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import args as common
-from onnx_norm.parity import STATS, Comparison, ParityReport
+from onnx_norm.parity import Comparison, ParityReport
+
+#: The flag groups of `verify`, in help order; `optimize --verify` takes the same comparison, inputs and runtime.
+PATHS = common.PathArgs(
+    [("original", "the original ONNX model"), ("optimized", "the optimized ONNX model")],
+    [common.Output("--report", "write the parity report as JSON to PATH")],
+)
+COMPARISON = common.ToleranceArgs()
+INPUTS = common.InputArgs()
+RUNTIME = common.RuntimeArgs()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,65 +30,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Run both models on the same inputs and compare every output, against each other and against a "
         "float64 evaluation of the original. Exit 0 passed, 1 parity failed, 2 usage or input error.",
     )
-    parser.add_argument("original", help="the original ONNX model")
-    parser.add_argument("optimized", help="the optimized ONNX model")
-    add_parity_args(parser)
-    common.add_input_args(parser)
-    common.add_runtime_args(parser)
-    common.add_report_args(parser, "parity report")
+    PATHS.add(parser)
+    add_gate_args(parser, report=False)
     parser.set_defaults(func=run)
     return parser
 
 
-def add_parity_args(parser: argparse.ArgumentParser) -> None:
-    """The comparison flags; `optimize --verify` adds them too."""
-    group = parser.add_argument_group("comparison")
-    group.add_argument(
-        "--atol",
-        nargs="+",
-        metavar="[OUTPUT:]VALUE",
-        help="absolute tolerance, for all outputs or per output (default by dtype: fp32 1e-4, fp16 1e-2, bf16 5e-2)",
-    )
-    group.add_argument("--rtol", nargs="+", metavar="[OUTPUT:]VALUE", help="relative tolerance (defaults as --atol)")
-    group.add_argument(
-        "--check-error-stat",
-        nargs="+",
-        metavar="[OUTPUT:]STAT",
-        help=f"statistic compared with the tolerances: {', '.join(STATS)} (default: elementwise)",
-    )
-    group.add_argument("--error-quantile", type=float, default=0.99, help="quantile for --check-error-stat quantile")
-    group.add_argument(
-        "--golden",
-        choices=("auto", "ort", "reference", "none"),
-        default="auto",
-        help="float64 evaluation of the original: an upcast copy in ONNX Runtime, onnx's ReferenceEvaluator, "
-        "or none (default: auto, ORT then the reference evaluator)",
-    )
-    group.add_argument(
-        "--original-opt-level",
-        choices=("all", "extended", "basic", "disabled"),
-        default="all",
-        help="ONNX Runtime graph optimizations for the original model (default: all, as users run it)",
-    )
-    group.add_argument(
-        "--allow-nonfinite",
-        action="store_true",
-        help="pass an output that is NaN/Inf everywhere in both models (by default it fails: nothing to compare)",
-    )
-    group.add_argument(
-        "--per-node",
-        action="store_true",
-        help="also compare every fused norm with the subgraph it replaced, to name the norm that diverged",
-    )
-
-
-def add_gate_args(parser: argparse.ArgumentParser) -> None:
-    """The parity flags for `optimize --verify`: comparison, inputs, runtime, and `--verify-report` (optimize's
+def add_gate_args(parser: argparse.ArgumentParser, *, report: bool = True) -> None:
+    """The parity flags: comparison, inputs, runtime; for `optimize --verify` also `--verify-report` (optimize's
     own `--report` is its rewrite report)."""
-    add_parity_args(parser)
-    common.add_input_args(parser)
-    common.add_runtime_args(parser)
-    parser.add_argument("--verify-report", type=Path, metavar="PATH", help="write the parity report as JSON to PATH")
+    for group in (COMPARISON, INPUTS, RUNTIME):
+        group.add(parser)
+    if report:
+        parser.add_argument(
+            "--verify-report", type=Path, metavar="PATH", help="write the parity report as JSON to PATH"
+        )
 
 
 def gate(original: Any, optimized: Any, args: argparse.Namespace, *, console: Console | None = None) -> int:
@@ -91,38 +56,19 @@ def gate(original: Any, optimized: Any, args: argparse.Namespace, *, console: Co
 
 
 def parity_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """verify() keyword arguments from parsed flags (missing flags take their defaults), validated by the same
-    function verify() validates its arguments with (`parity.check_options`): bad values exit 2 before any work."""
+    """verify() keyword arguments from the parsed flags of the comparison, input and runtime groups, validated by
+    the same function verify() validates its arguments with (`parity.check_options`): bad values exit 2 before
+    any work."""
     from onnx_norm.parity import check_options
 
-    kwargs = {
-        "input_files": getattr(args, "inputs", []) or [],
-        "shapes": common.shapes(args) if getattr(args, "shape", None) else None,
-        "samples": getattr(args, "samples", 2),
-        "seed": getattr(args, "seed", 0),
-        "provider": getattr(args, "provider", "cpu"),
-        "threads": getattr(args, "threads", None),
-        "device_id": getattr(args, "device_id", 0),
-        "original_optimization": getattr(args, "original_opt_level", "all"),
-        "atol": common.per_output_values(getattr(args, "atol", None), "--atol"),
-        "rtol": common.per_output_values(getattr(args, "rtol", None), "--rtol"),
-        "check_error_stat": common.per_output_values(
-            getattr(args, "check_error_stat", None), "--check-error-stat", str
-        ),
-        "error_quantile": getattr(args, "error_quantile", 0.99),
-        "golden": getattr(args, "golden", "auto"),
-        "per_node": getattr(args, "per_node", False),
-        "allow_nonfinite": getattr(args, "allow_nonfinite", False),
-    }
+    kwargs = {**INPUTS.parse(args), **RUNTIME.parse(args), **COMPARISON.parse(args)}
     with common.input_errors():
         check_options(**kwargs)
     return kwargs
 
 
 def run(args: argparse.Namespace) -> int:
-    common.check_model_path(args.original, "original model")
-    common.check_model_path(args.optimized, "optimized model")
-    common.check_outputs([("--report", args.report)], [args.original, args.optimized], input_data=args.inputs)
+    PATHS.parse(args)
     code, _ = verify_and_print(args.original, args.optimized, args)
     return code
 

@@ -19,15 +19,15 @@ import json
 import logging
 import os
 import shutil
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 
+from onnx_norm.integrations.folder import write_rewritten_folder
 from onnx_norm.ops.schema import DOMAIN
-from onnx_norm.rewrite.report import OptimizeReport
+from onnx_norm.rewrite import OptimizeReport
 
 logger = logging.getLogger(__name__)
 
@@ -73,39 +73,12 @@ def model_sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
             yield name, section
 
 
-def _external_files(model: ir.Model) -> set[str]:
-    graphs = [model.graph, *(f.graph for f in model.functions.values())]
-    return {
-        value.const_value.location
-        for graph in graphs
-        for value in graph.initializers.values()
-        if isinstance(value.const_value, ir.ExternalTensor)
-    }
-
-
-def _copy_other_files(source: Path, staging: Path, skip: set[str]) -> None:
-    for entry in source.iterdir():
-        if entry.name in skip:
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, staging / entry.name, symlinks=True)
-        else:
-            shutil.copy2(entry, staging / entry.name)
-
-
 def optimize_folder(
-    source: str | os.PathLike,
-    output: str | os.PathLike,
-    *,
-    target: str = "onnx-norm",
-    disable: Iterable[str] = (),
-    take_over_native: bool = False,
-    verify_rewrites: bool = True,
-    overwrite: bool = False,
+    source: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False, **options: Any
 ) -> FolderReport:
     """Writes the optimized copy of the GenAI folder `source` to `output` (a new directory; an existing one only
-    with `overwrite`). Written next to `output` first and moved into place at the end."""
-    from onnx_norm import model_io
+    with `overwrite`). Written next to `output` first and moved into place at the end. `options` are those of
+    `onnx_norm.optimize` (target, disable, take_over_native, verify_rewrites), with its defaults."""
     from onnx_norm.library import LIBRARY_NAME, get_library_path
     from onnx_norm.rewrite import optimize
 
@@ -121,33 +94,21 @@ def optimize_folder(
     if not sections:
         raise GenAIFolderError(f"{source / CONFIG_NAME}: names no ONNX model (no model.*.filename)")
     report = FolderReport()
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        written: set[str] = {CONFIG_NAME}
-        for name, section in sections:
-            path = source / section["filename"]
-            model = model_io.load(path)
-            written |= {section["filename"], *_external_files(model)}
-            model, model_report = optimize(
-                model,
-                target=target,
-                disable=disable,
-                take_over_native=take_over_native,
-                verify_rewrites=verify_rewrites,
-            )
-            model_io.save(model, staging / section["filename"])
-            report.models[name], report.files[name] = model_report, section["filename"]
-            if any(node.domain == DOMAIN for node in ir.traversal.RecursiveGraphIterator(model.graph)):
-                section.setdefault("session_options", {})[LIBRARY_KEY] = LIBRARY_NAME
-                report.library = LIBRARY_NAME
-        _copy_other_files(source, staging, written | ({LIBRARY_NAME} if report.library else set()))
+    files = {section["filename"]: name for name, section in sections}
+
+    def rewrite(model: ir.Model, file: str) -> ir.Model:
+        name = files[file]
+        model, report.models[name] = optimize(model, **options)
+        report.files[name] = file
+        if any(node.domain == DOMAIN for node in ir.traversal.RecursiveGraphIterator(model.graph)):
+            config["model"][name].setdefault("session_options", {})[LIBRARY_KEY] = LIBRARY_NAME
+            report.library = LIBRARY_NAME
+        return model
+
+    def finish(staging: Path) -> None:
         if report.library:
             shutil.copy2(get_library_path(), staging / LIBRARY_NAME)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=4) + "\n")
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    write_rewritten_folder(source, output, files, rewrite, finish=finish, replace=overwrite, keep_links=True)
     return report

@@ -94,12 +94,13 @@ class OnnxNormFusion(Pass):
 
     @classmethod
     def _default_config(cls, accelerator_spec: AcceleratorSpec) -> dict[str, PassConfigParam]:
+        from onnx_norm import defaults
         from onnx_norm.rewrite import RULE_NAMES, TARGETS
 
         return {
             "target": PassConfigParam(
                 type_=str,
-                default_value="onnx-norm",
+                default_value=defaults.TARGET,
                 description=f"ops to emit: {', '.join(TARGETS)} (as `onnx-norm optimize --target`)",
             ),
             "disable": PassConfigParam(

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 
-from onnx_norm.rewrite.report import OptimizeReport
+from onnx_norm.integrations.folder import write_rewritten_folder
+from onnx_norm.rewrite import OptimizeReport
 
 logger = logging.getLogger(__name__)
 
@@ -30,26 +28,10 @@ class ExportFolderError(ValueError):
     """The folder holds no ONNX model, or the output cannot be written; the message says why."""
 
 
-def _external_files(model: ir.Model) -> set[str]:
-    return {
-        value.const_value.location
-        for value in model.graph.initializers.values()
-        if isinstance(value.const_value, ir.ExternalTensor)
-    }
-
-
-def optimize_folder(
-    source: str | os.PathLike,
-    output: str | os.PathLike,
-    *,
-    target: str = "onnx-norm",
-    disable: Iterable[str] = (),
-    take_over_native: bool = False,
-    verify_rewrites: bool = True,
-) -> dict[str, OptimizeReport]:
+def optimize_folder(source: str | os.PathLike, output: str | os.PathLike, **options: Any) -> dict[str, OptimizeReport]:
     """Writes `output` (a new directory): `source` with every `*.onnx` model in it optimized, the other files
-    copied. Returns the report of each model, by file name."""
-    from onnx_norm import model_io
+    copied. Returns the report of each model, by file name. `options` are those of `onnx_norm.optimize` (target,
+    disable, take_over_native, verify_rewrites), with its defaults."""
     from onnx_norm.rewrite import optimize
 
     source, output = Path(source), Path(output)
@@ -63,28 +45,12 @@ def optimize_folder(
     if not output.parent.is_dir():
         raise ExportFolderError(f"cannot write {output}: directory {output.parent} does not exist")
     reports: dict[str, OptimizeReport] = {}
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        written: set[str] = set()
-        for path in models:
-            model = model_io.load(path)
-            written |= {path.name, *_external_files(model)}
-            model, reports[path.name] = optimize(
-                model,
-                target=target,
-                disable=disable,
-                take_over_native=take_over_native,
-                verify_rewrites=verify_rewrites,
-            )
-            model_io.save(model, staging / path.name)
-        for entry in source.iterdir():
-            if entry.name not in written:
-                copy = shutil.copytree if entry.is_dir() else shutil.copy2
-                copy(entry, staging / entry.name)
-        os.replace(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    def rewrite(model: ir.Model, name: str) -> ir.Model:
+        model, reports[name] = optimize(model, **options)
+        return model
+
+    write_rewritten_folder(source, output, [path.name for path in models], rewrite)
     return reports
 
 

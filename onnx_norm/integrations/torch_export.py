@@ -29,33 +29,38 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION
+from onnx_norm.dtypes import ANALYSED_FLOAT_TYPES, FLOAT_TYPES, is_onnx_domain
+from onnx_norm.ops.reference import np_dtype
+from onnx_norm.ops.schema import DOMAIN, LAYER_NORM, OPS, OPSET_VERSION, RMS_NORM, OpSignature
 
 logger = logging.getLogger(__name__)
 
 #: aten ops translated (TorchScript names).
 TRANSLATED = ("aten::rms_norm", "aten::layer_norm")
-_SKIP_OPS = {"RMSNorm": "SkipRMSNorm", "LayerNorm": "SkipLayerNorm"}
+
+
+def _skip_variant(name: str) -> OpSignature | None:
+    """The Skip op of a norm op: the one whose inputs are the norm's with Skip after X (read from OPS, so that a
+    family with a Skip variant needs no edit here)."""
+    base = OPS[name]
+    inputs = (base.inputs[0], "Skip", *base.inputs[1:])
+    return next((op for op in OPS.values() if op.skip and op.inputs == inputs), None)
+
+
+#: Norm op -> its Skip op, for folding a residual Add into the norm.
+_SKIP_OPS: dict[str, OpSignature] = {name: skip for name in OPS if (skip := _skip_variant(name)) is not None}
 
 
 def _default_eps(elem_type: int) -> float:
-    """`aten.rms_norm`'s epsilon when none is given: the machine epsilon of the input's type."""
-    dtypes = {
-        int(ir.DataType.FLOAT): np.float32,
-        int(ir.DataType.FLOAT16): np.float16,
-        int(ir.DataType.BFLOAT16): "bfloat16",
-        int(ir.DataType.DOUBLE): np.float64,
-    }
-    name = dtypes.get(elem_type, np.float32)
-    if name == "bfloat16":
-        import ml_dtypes
+    """`aten.rms_norm`'s epsilon when none is given: the machine epsilon of the input's type (float32's for a type
+    the norms do not compute in)."""
+    import ml_dtypes  # finfo of bfloat16 too
 
-        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)
-    return float(np.finfo(name).eps)
+    known = elem_type if elem_type in ANALYSED_FLOAT_TYPES else int(ir.DataType.FLOAT)
+    return float(ml_dtypes.finfo(np_dtype(known)).eps)
 
 
 def _exporter_schema(name: str) -> onnx.defs.OpSchema:
@@ -88,7 +93,7 @@ def translation_table() -> dict[Callable[..., Any], Callable[..., Any]]:
     import torch
 
     norm = onnxscript.values.Opset(DOMAIN, OPSET_VERSION)
-    rms, layer = (onnxscript.values.Op(norm, name, _exporter_schema(name)) for name in ("RMSNorm", "LayerNorm"))
+    rms, layer = (onnxscript.values.Op(norm, name, _exporter_schema(name)) for name in (RMS_NORM.name, LAYER_NORM.name))
 
     def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
         if eps is None:
@@ -128,11 +133,11 @@ def _torchscript_symbolics() -> dict[str, Callable[..., Any]]:
 
     @parse_args("v", "is", "v", "f")
     def rms_norm(g: Any, input: Any, normalized_shape: list[int], weight: Any, eps: float | None) -> Any:
-        return _torchscript_node(g, "RMSNorm", [input, weight], normalized_shape, eps)
+        return _torchscript_node(g, RMS_NORM.name, [input, weight], normalized_shape, eps)
 
     @parse_args("v", "is", "v", "v", "f", "b")
     def layer_norm(g: Any, input: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float, _: bool) -> Any:
-        return _torchscript_node(g, "LayerNorm", [input, weight, bias], normalized_shape, eps)
+        return _torchscript_node(g, LAYER_NORM.name, [input, weight, bias], normalized_shape, eps)
 
     return {"aten::rms_norm": rms_norm, "aten::layer_norm": layer_norm}
 
@@ -181,33 +186,36 @@ def _fold_residual(graph: ir.Graph, node: ir.Node) -> bool:
     """Replaces `norm(Add(a, b))` by the Skip op, as the rewrite's `skip.fold_residual` does; False if not."""
     from onnx_norm.rewrite import constants
 
-    x = node.inputs[0]
+    base, skip_op = OPS[node.op_type], _SKIP_OPS[node.op_type]
+    x = node.inputs[base.inputs.index("X")]
     add = x.producer() if x is not None else None
-    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+    if add is None or add.op_type != "Add" or not is_onnx_domain(add.domain) or len(add.inputs) != 2:
         return False
     a, b = add.inputs
     if a is None or b is None or constants.is_constant(a) or constants.is_constant(b):
         return False
     if a.dtype != x.dtype or b.dtype != x.dtype or not (_same_known_shape(a, x) and _same_known_shape(b, x)):
         return False
-    if any(out.uses() or out.is_graph_output() for out in node.outputs[1:]):
+    y_index, sum_index = skip_op.outputs.index("Y"), skip_op.outputs.index("Sum")
+    extra = [out for name, out in zip(base.outputs, node.outputs, strict=False) if name not in skip_op.outputs]
+    if any(out.uses() or out.is_graph_output() for out in extra):
         return False  # the Skip ops have no Mean/InvStdDev outputs
     keeps_sum = x.is_graph_output() or any(use.node is not node for use in x.uses())
     skip = ir.Node(
         DOMAIN,
-        _SKIP_OPS[node.op_type],
+        skip_op.name,
         [a, b, *node.inputs[1:]],
         attributes=list(node.attributes.values()),
-        num_outputs=2 if keeps_sum else 1,
+        num_outputs=(sum_index if keeps_sum else y_index) + 1,
         name=node.name,
     )
     graph.insert_before(node, skip)
-    y, old_y = skip.outputs[0], node.outputs[0]
+    y, old_y = skip.outputs[y_index], node.outputs[base.outputs.index("Y")]
     y.shape, y.type = old_y.shape, old_y.type
     ir.convenience.replace_all_uses_with(old_y, y, replace_graph_outputs=True)
     renames = [(y, old_y.name)]
     if keeps_sum:
-        total = skip.outputs[1]
+        total = skip.outputs[sum_index]
         total.shape, total.type = x.shape, x.type
         ir.convenience.replace_all_uses_with(x, total, replace_graph_outputs=True)
         renames.append((total, x.name))
@@ -225,13 +233,13 @@ def _infer_types(model: ir.Model) -> None:
     TorchScript exporter records none for intermediate values."""
     import onnx_ir.passes.common as common_passes
 
-    norms = [node for node in model.graph if node.domain == DOMAIN]
+    norms = [(node, OPS[node.op_type]) for node in model.graph if node.domain == DOMAIN and node.op_type in OPS]
     for _ in range(len(norms) + 1):
         common_passes.ShapeInferencePass(strict_mode=False, data_prop=True)(model)
         changed = False
-        for node in norms:
-            x = node.inputs[0]
-            y = node.outputs[0]
+        for node, signature in norms:
+            x = node.inputs[signature.inputs.index("X")]
+            y = node.outputs[signature.outputs.index("Y")]
             if x is not None and x.type is not None and y.type is None:
                 y.type, y.shape = x.type, x.shape
                 changed = True

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.model_io import graph_nodes
 from onnx_norm.ops.schema import DOMAIN, OPS
 
@@ -38,7 +39,7 @@ _FREE_STEPS = frozenset({"Identity", "Cast"})
 
 
 def _domain(node: onnx.NodeProto) -> str:
-    return "" if node.domain in ("", "ai.onnx") else node.domain
+    return "" if is_onnx_domain(node.domain) else node.domain
 
 
 def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:

@@ -1,0 +1,79 @@
+"""A model folder written with its models rewritten: the one writer behind `genai.optimize_folder` and
+`optimum.optimize_folder`.
+
+The new folder is staged in a temporary directory next to the output and moved into place only when complete, so a
+failure (a model that does not load, a full disk, an interrupt) leaves no half-written output and no temporary
+behind; an existing output is replaced only when asked and only at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import onnx_ir as ir
+
+#: Rewrites one model (loaded from the file named second) and returns the model to save in its place.
+Rewrite = Callable[[ir.Model, str], ir.Model]
+#: Writes further files into the staged folder (a config, a library) once the models are saved.
+Finish = Callable[[Path], None]
+
+
+def external_files(model: ir.Model) -> set[str]:
+    """The external data files of a model's initializers (main graph and functions): the saved copy writes its own,
+    so these are not copied."""
+    graphs = [model.graph, *(function.graph for function in model.functions.values())]
+    return {
+        value.const_value.location
+        for graph in graphs
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    }
+
+
+def write_rewritten_folder(
+    source: Path,
+    output: Path,
+    models: Iterable[str],
+    rewrite: Rewrite,
+    *,
+    finish: Finish | None = None,
+    replace: bool = False,
+    keep_links: bool = False,
+) -> None:
+    """Writes `output`: the folder `source` with each model file in `models` loaded, passed through `rewrite` and
+    saved, then `finish(staging)` (files it writes are not copied from `source`), then every other file of `source`
+    copied (subdirectories too; `keep_links` copies the links inside them as links). `replace` allows an existing
+    `output`; callers check their own preconditions first."""
+    from onnx_norm import model_io
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        written: set[str] = set()
+        for name in models:
+            model = model_io.load(source / name)
+            written |= {name, *external_files(model)}
+            model_io.save(rewrite(model, name), staging / name)
+        if finish is not None:
+            finish(staging)
+        _copy_the_rest(source, staging, written, keep_links=keep_links)
+        if replace and output.exists():
+            shutil.rmtree(output)
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _copy_the_rest(source: Path, staging: Path, skip: set[str], *, keep_links: bool) -> None:
+    """Every entry of `source` that is neither in `skip` nor already written into `staging`."""
+    for entry in source.iterdir():
+        if entry.name in skip or (staging / entry.name).exists():
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, staging / entry.name, symlinks=keep_links)
+        else:
+            shutil.copy2(entry, staging / entry.name)

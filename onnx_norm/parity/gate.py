@@ -1,0 +1,294 @@
+"""`verify`: runs the original and the optimized model on the same inputs and compares them (rules: the docstring
+of onnx_norm.parity)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnx_norm import defaults
+from onnx_norm import inputs as model_inputs
+from onnx_norm.parity.golden import GoldenEvaluator
+from onnx_norm.parity.mapping import FusedNorm, find_fused_norms, with_outputs
+from onnx_norm.parity.metrics import Comparison, compare
+from onnx_norm.parity.report import NormComparison, ParityReport
+from onnx_norm.parity.tolerances import GoldenMethod, PerOutput, Stat, ToleranceSpec, check_options
+from onnx_norm.sessions import (
+    OptLevel,
+    Provider,
+    RuntimeConfig,
+    RuntimeUnavailableError,
+    SessionError,
+    create_session,
+    model_label,
+    run_model,
+)
+
+Results = list[dict[str, np.ndarray]]
+#: verify()'s options that check_options validates (all but the models and the given inputs).
+_CHECKED = frozenset(inspect.signature(check_options).parameters)
+
+
+def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
+    """The optimized model, and why it is not a valid model if it is not: the gate exists to catch a broken
+    rewrite, so that is a failed report. A file that is not an ONNX model at all is an InputError."""
+    from onnx_norm import model_io
+
+    proto = model_inputs.load_model(optimized, load_external_data=True, checked=False)
+    try:
+        model_io.check(proto, "the optimized model")
+    except model_io.ModelLoadError as err:
+        return proto, str(err)
+    return proto, None
+
+
+def _nonfinite_inputs(samples: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
+    warnings = []
+    for index, sample in enumerate(samples):
+        for name, array in sample.items():
+            values = np.asarray(array)
+            if model_inputs.is_float(values.dtype):
+                count = int(values.size - np.isfinite(values.astype(np.float32)).sum())
+                if count:
+                    warnings.append(f"sample {index}: input {name!r} holds {count} NaN/Inf value(s)")
+    return warnings
+
+
+def _samples(
+    original: onnx.ModelProto,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None,
+    files: Sequence[str | Path],
+    shapes: Mapping[str, Sequence[int]] | None,
+    samples: int,
+    seed: int,
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The input samples (given, read from files or generated), and the hint to add to a run failure about the
+    shapes generated inputs took."""
+    if inputs is not None:
+        specs = model_inputs.input_specs(original)
+        sample_list = [dict(sample) for sample in inputs]
+        for index, sample in enumerate(sample_list):
+            model_inputs.validate(specs, sample, where=f"sample {index}")
+        hint = ""
+    else:
+        sample_list = model_inputs.prepare(original, files=files, shapes=shapes, samples=samples, seed=seed)
+        hint = "" if files else model_inputs.shape_hint(original, shapes)
+    if not sample_list:
+        raise model_inputs.InputError("no input samples")
+    return sample_list, hint
+
+
+@dataclasses.dataclass
+class _Runs:
+    """What both models (and the golden evaluation) returned for every sample."""
+
+    original: Results
+    optimized: Results
+    golden: Results | None
+    golden_method: str
+    optimized_failure: str | None
+    warnings: list[str]
+
+
+@dataclasses.dataclass
+class _Models:
+    """The two models as run (with the fused norms' values exposed as outputs when comparing per node)."""
+
+    original: onnx.ModelProto
+    optimized: onnx.ModelProto
+    original_label: str
+    original_fetch: list[str]
+    optimized_fetch: list[str]
+    optimized_failure: str | None
+
+
+def _models(
+    original: onnx.ModelProto, optimized: onnx.ModelProto, norms: Sequence[FusedNorm], label: str, failure: str | None
+) -> _Models:
+    output_names = [value.name for value in original.graph.output]
+    opt_names = {value.name for value in optimized.graph.output}
+    extra_orig = [name for norm in norms for name in [norm.original_y, *(o for _, o in norm.inputs)] if name]
+    extra_opt = [name for norm in norms for name in [norm.y, *(o for o, _ in norm.inputs)]]
+    return _Models(
+        with_outputs(original, extra_orig) if norms else original,
+        with_outputs(optimized, extra_opt) if norms else optimized,
+        label,
+        list(dict.fromkeys(output_names + extra_orig)),
+        list(dict.fromkeys([n for n in output_names if n in opt_names] + extra_opt)),
+        failure,
+    )
+
+
+def _optimized_session(models: _Models, config: RuntimeConfig, level: OptLevel) -> Any:
+    """The optimized model's session; None (and the failure recorded) when ONNX Runtime rejects it, which is a
+    parity failure, not a usage error."""
+    if models.optimized_failure is not None:
+        return None
+    try:
+        return create_session(models.optimized, config.replace(optimization=level), label="it")
+    except RuntimeUnavailableError:
+        raise
+    except SessionError as err:
+        models.optimized_failure = f"the optimized model does not run: {err}"
+        return None
+
+
+def _run(
+    models: _Models,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    config: RuntimeConfig,
+    optimized_optimization: OptLevel,
+    golden: GoldenMethod,
+    hint: str,
+) -> _Runs:
+    original_session = create_session(models.original, config, label=models.original_label)
+    golden_eval = GoldenEvaluator(models.original, golden, config.threads)
+    optimized_session = _optimized_session(models, config, optimized_optimization)
+    runs = _Runs([], [], [] if golden_eval.method != "none" else None, golden_eval.method, None, [])
+    for sample in samples:
+        try:
+            runs.original.append(
+                run_model(original_session, sample, models.original_fetch, label=models.original_label)
+            )
+        except SessionError as err:
+            raise SessionError(f"{err}{hint}") from err
+        if models.optimized_failure is None:
+            try:
+                runs.optimized.append(run_model(optimized_session, sample, models.optimized_fetch, label="it"))
+            except SessionError as err:
+                models.optimized_failure = f"the optimized model does not run: {err}"
+        if runs.golden is not None:
+            result = golden_eval.run(sample, models.original_fetch)
+            if result is None:
+                runs.golden = None
+                runs.warnings.append("the float64 golden evaluation failed; compared with the original only")
+            else:
+                runs.golden.append(result)
+    runs.golden_method = golden_eval.method if runs.golden is not None else "none"
+    runs.optimized_failure = models.optimized_failure
+    return runs
+
+
+def _compare_outputs(
+    output_names: Sequence[str], present: set[str], runs: _Runs, tolerances: ToleranceSpec
+) -> list[Comparison]:
+    """Every output of the original against the optimized model's (`present`: the optimized model's outputs)."""
+    outputs: list[Comparison] = []
+    for name in output_names:
+        dtype = runs.original[0][name].dtype
+        tolerance = tolerances.for_output(name, dtype)
+        failure = runs.optimized_failure or (None if name in present else "missing from the optimized model")
+        if failure is not None:
+            shape = list(runs.original[0][name].shape)
+            outputs.append(Comparison(name, dtype.name, shape, tolerance, False, failure))
+            continue
+        golden = None if runs.golden is None else [g[name] for g in runs.golden]
+        outputs.append(
+            compare(name, [r[name] for r in runs.optimized], [r[name] for r in runs.original], tolerance, golden)
+        )
+    return outputs
+
+
+def verify(
+    original: str | Path | onnx.ModelProto | Any,
+    optimized: str | Path | onnx.ModelProto | Any,
+    *,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    input_files: Sequence[str | Path] = (),
+    shapes: Mapping[str, int | Sequence[int]] | None = None,
+    samples: int = defaults.SAMPLES,
+    seed: int = defaults.SEED,
+    provider: Provider = defaults.PROVIDER,
+    threads: int | None = None,
+    device_id: int = defaults.DEVICE_ID,
+    original_optimization: OptLevel = defaults.ORIGINAL_OPTIMIZATION,
+    optimized_optimization: OptLevel = "all",
+    atol: PerOutput = None,
+    rtol: PerOutput = None,
+    check_error_stat: Stat | Mapping[str, Stat] | None = None,
+    error_quantile: float = defaults.ERROR_QUANTILE,
+    golden: GoldenMethod = defaults.GOLDEN,
+    per_node: bool = False,
+    allow_nonfinite: bool = False,
+) -> ParityReport:
+    """Checks that `optimized` computes what `original` computes (see the docstring of onnx_norm.parity for the
+    rules).
+
+    `shapes` maps an input to its dims or a symbolic dim to its value (`{"sequence": 8}`); `atol`/`rtol` are one
+    value or {output: value} ("*" for the rest). `allow_nonfinite` passes an output that is NaN/Inf everywhere in
+    both models (it fails otherwise). Options are validated by `check_options`, as the CLI's are.
+
+    Raises `onnx_norm.inputs.InputError` for bad options, an original that is not a valid model and inputs that do
+    not fit the models, and `onnx_norm.sessions.SessionError` when the original cannot be run or the machine
+    cannot run the models as asked (library not built, CUDA unavailable). An optimized model that is not valid,
+    or that ONNX Runtime rejects or fails to run, is a failed report.
+    """
+    start = time.perf_counter()
+    # Every option check_options takes, by name: verify() validates exactly what the CLI validates.
+    tolerances, shapes = check_options(**{name: value for name, value in locals().items() if name in _CHECKED})
+    original_label = model_label("original", original)
+    original_proto = model_inputs.load_model(original, load_external_data=True)
+    optimized_proto, optimized_failure = _load_optimized(optimized)
+    model_inputs.check_same_inputs(original_proto, optimized_proto)
+    output_names = [value.name for value in original_proto.graph.output]
+    tolerances.check_names(output_names)
+    sample_list, hint = _samples(original_proto, inputs, input_files, shapes, samples, seed)
+
+    norms = find_fused_norms(original_proto, optimized_proto) if per_node and optimized_failure is None else []
+    models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
+    config = RuntimeConfig(provider, threads, original_optimization, device_id)
+    runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
+    present = {value.name for value in optimized_proto.graph.output}
+    outputs = _compare_outputs(output_names, present, runs, tolerances)
+    norm_results = [] if runs.optimized_failure else [_compare_norm(norm, runs, tolerances) for norm in norms]
+    warnings = _nonfinite_inputs(sample_list) + runs.warnings
+    unmapped = [norm.node for norm in norm_results if norm.status == "unmapped"]
+    if unmapped:
+        warnings.append(f"no original value found for fused norm(s) {', '.join(unmapped)}")
+    passed = all(item.passed for item in outputs) and not any(norm.status == "diverges" for norm in norm_results)
+    return ParityReport(
+        passed=passed,
+        outputs=outputs,
+        norms=norm_results,
+        samples=len(sample_list),
+        shapes={name: list(array.shape) for name, array in sample_list[0].items()},
+        provider=provider,
+        original_optimization=original_optimization,
+        golden=runs.golden_method,
+        seed=seed,
+        elapsed_s=time.perf_counter() - start,
+        warnings=warnings,
+    )
+
+
+def _compare_norm(norm: FusedNorm, runs: _Runs, tolerances: ToleranceSpec) -> NormComparison:
+    if norm.original_y is None:
+        return NormComparison(norm.node, norm.op_type, norm.rule, None, norm.y, None, None, "unmapped")
+
+    def pair(opt_name: str, orig_name: str) -> Comparison:
+        dtype = runs.original[0][orig_name].dtype
+        return compare(
+            opt_name,
+            [r[opt_name] for r in runs.optimized],
+            [r[orig_name] for r in runs.original],
+            tolerances.for_output("*", dtype),
+            None if runs.golden is None else [g[orig_name] for g in runs.golden],
+        )
+
+    output = pair(norm.y, norm.original_y)
+    mapped_inputs = [(o, g) for o, g in norm.inputs if g is not None]
+    inputs_match = all(pair(o, g).passed for o, g in mapped_inputs) if mapped_inputs else None
+    if output.passed:
+        status = "ok"
+    elif inputs_match is False:
+        status = "input differs"
+    else:
+        status = "diverges"
+    return NormComparison(norm.node, norm.op_type, norm.rule, norm.original_y, norm.y, output, inputs_match, status)

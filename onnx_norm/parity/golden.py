@@ -1,0 +1,186 @@
+"""The float64 golden model: an upcast copy of the original, run by ONNX Runtime (with float32 islands for the few
+ops that lack a double kernel) or by onnx's ReferenceEvaluator."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain
+from onnx_norm.inputs import is_float
+from onnx_norm.parity.tolerances import GoldenMethod
+from onnx_norm.sessions import RuntimeConfig, SessionError, create_session, run_model
+
+logger = logging.getLogger(__name__)
+
+
+def upcast_to_double(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in which every float16/bfloat16/float32 tensor, cast and constant is float64."""
+    upcast = onnx.ModelProto()
+    upcast.CopyFrom(model)
+    _upcast_graph(upcast.graph)
+    for function in upcast.functions:
+        for node in function.node:
+            _upcast_node(node)
+    return upcast
+
+
+def _upcast_value_infos(values: Iterable[onnx.ValueInfoProto]) -> None:
+    for value in values:
+        tensor_type = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor_type.elem_type in FLOAT_TYPES:
+            tensor_type.elem_type = TensorProto.DOUBLE
+
+
+def _upcast_tensor(tensor: onnx.TensorProto) -> None:
+    if tensor.data_type not in FLOAT_TYPES:
+        return
+    array = numpy_helper.to_array(tensor).astype(np.float64)
+    tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+
+
+def _upcast_graph(graph: onnx.GraphProto) -> None:
+    _upcast_value_infos(graph.input)
+    _upcast_value_infos(graph.output)
+    del graph.value_info[:]  # stale element types would contradict the upcast graph
+    for tensor in graph.initializer:
+        _upcast_tensor(tensor)
+    for node in graph.node:
+        _upcast_node(node)
+
+
+def _upcast_node(node: onnx.NodeProto) -> None:
+    for attr in list(node.attribute):
+        if attr.type == onnx.AttributeProto.TENSOR:
+            _upcast_tensor(attr.t)
+        elif attr.type == onnx.AttributeProto.GRAPH:
+            _upcast_graph(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for sub in attr.graphs:
+                _upcast_graph(sub)
+        elif (
+            attr.type == onnx.AttributeProto.INT
+            and attr.i in FLOAT_TYPES
+            and (
+                (node.op_type in ("Cast",) and attr.name == "to")
+                or attr.name == "dtype"
+                or (node.op_type == "LayerNormalization" and attr.name == "stash_type")
+            )
+        ):
+            attr.i = TensorProto.DOUBLE
+    if node.op_type == "Constant":
+        for attr in list(node.attribute):
+            if attr.name in ("value_float", "value_floats"):
+                values = np.array(attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float64)
+                node.attribute.remove(attr)
+                node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(values)))
+
+
+_MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\)")
+_MAX_FLOAT32_FALLBACKS = 8
+
+
+def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
+    """ORT session for the float64 copy. ORT lacks double kernels for a few ops (Erf, for one): those nodes run
+    in float32 between Casts, which keeps the golden result far more precise than any fp16 graph."""
+    model = upcast
+    for _ in range(_MAX_FLOAT32_FALLBACKS):
+        try:
+            return create_session(model, RuntimeConfig("cpu", threads, "disabled"), custom_ops=False)
+        except SessionError as err:
+            missing = _MISSING_KERNEL.search(str(err))
+            if missing is None:
+                raise
+            op_type = missing.group(1)
+            if any(node.op_type == op_type and len(node.input) != 1 for node in model.graph.node):
+                raise  # only unary ops are known to take just the float tensor that a Cast can narrow
+            logger.info("no float64 kernel for %s in ONNX Runtime; evaluating it in float32", op_type)
+            model = _run_in_float32(model, op_type)
+    raise SessionError("too many ops without a float64 kernel")
+
+
+def _run_in_float32(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
+    patched = onnx.ModelProto()
+    patched.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    for index, node in enumerate(patched.graph.node):
+        if node.op_type != op_type or not is_onnx_domain(node.domain):
+            nodes.append(node)
+            continue
+        prefix = f"onnx_norm_f32_{index}"
+        new_inputs = []
+        for i, name in enumerate(node.input):
+            cast_name = f"{prefix}_in{i}"
+            nodes.append(onnx.helper.make_node("Cast", [name], [cast_name], to=TensorProto.FLOAT))
+            new_inputs.append(cast_name)
+        outputs = list(node.output)
+        del node.input[:]
+        node.input.extend(new_inputs)
+        del node.output[:]
+        node.output.extend(f"{prefix}_out{i}" for i in range(len(outputs)))
+        nodes.append(node)
+        for i, name in enumerate(outputs):
+            nodes.append(onnx.helper.make_node("Cast", [f"{prefix}_out{i}"], [name], to=TensorProto.DOUBLE))
+    del patched.graph.node[:]
+    patched.graph.node.extend(nodes)
+    return patched
+
+
+class GoldenEvaluator:
+    """Evaluates the original model in float64: ORT on the upcast copy, else onnx's ReferenceEvaluator."""
+
+    def __init__(self, model: onnx.ModelProto, method: GoldenMethod, threads: int | None) -> None:
+        self.method = "none"
+        self._session = None
+        self._reference = None
+        if method == "none":
+            return
+        upcast = upcast_to_double(model)
+        if method in ("auto", "ort"):
+            try:
+                self._session = _golden_session(upcast, threads)
+                self.method = "ort"
+                return
+            except SessionError as err:
+                if method == "ort":
+                    raise
+                logger.info("float64 copy does not run in ONNX Runtime (%s); using onnx.reference", err)
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            self._reference = ReferenceEvaluator(upcast)
+            self.method = "reference"
+        except Exception as err:  # the reference evaluator raises for ops it does not implement
+            if method == "reference":
+                raise SessionError(f"onnx.reference cannot evaluate the model: {err}") from err
+            logger.warning("no float64 golden reference for this model: %s", err)
+
+    def run(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray] | None:
+        upcast_feeds = {
+            name: (value.astype(np.float64) if is_float(value.dtype) else value) for name, value in feeds.items()
+        }
+        if self._session is not None:
+            try:
+                return run_model(self._session, upcast_feeds, list(names), label="the float64 copy")
+            except SessionError as err:
+                # The golden result is a second opinion: without it the models are compared with each other only.
+                logger.warning("%s", err)
+                self._session = None
+                self.method = "none"
+                return None
+        if self._reference is not None:
+            try:
+                values = self._reference.run(list(names), upcast_feeds)
+            except Exception as err:
+                logger.warning("onnx.reference failed on the float64 copy: %s", err)
+                self._reference = None
+                self.method = "none"
+                return None
+            return dict(zip(names, values, strict=True))
+        return None

@@ -1,0 +1,103 @@
+"""Mapping the fused norms of an optimized model back to the values of the original they replaced, so that a
+parity failure can name the first norm whose inputs still agree but whose output does not."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable
+
+import onnx
+
+from onnx_norm.ops.schema import DOMAIN, OPS
+
+#: Metadata key naming the rewrite rule that made a fused node (written by the rewrite).
+RULE_KEY = "onnx_norm.rule"
+
+
+@dataclasses.dataclass
+class FusedNorm:
+    """A fused norm node of the optimized model and the original values its output and inputs correspond to."""
+
+    node: str
+    op_type: str
+    rule: str
+    y: str
+    original_y: str | None
+    inputs: list[tuple[str, str | None]]  # (optimized name, original name) for X and Skip
+
+
+def _metadata(node: onnx.NodeProto) -> dict[str, str]:
+    return {prop.key: prop.value for prop in getattr(node, "metadata_props", ())}
+
+
+class _ValueMap:
+    """Finds the value of the original model that a value of the optimized model stands for."""
+
+    def __init__(self, original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+        self.values = {name for node in original.graph.node for name in node.output if name}
+        self.values |= {value.name for value in original.graph.input}
+        self.nodes = {node.name: node for node in original.graph.node if node.name}
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for node in optimized.graph.node:
+            for index, name in enumerate(node.input):
+                self.consumers.setdefault(name, []).append((node, index))
+        self.original_outputs = [value.name for value in original.graph.output]
+        self.output_index = {value.name: i for i, value in enumerate(optimized.graph.output)}
+
+    def __call__(self, name: str) -> str | None:
+        if name in self.values:
+            return name
+        index = self.output_index.get(name)
+        if index is not None and index < len(self.original_outputs):
+            return self.original_outputs[index]
+        # Untouched consumers keep their node names: the value they read in the original is the one replaced.
+        for consumer, position in self.consumers.get(name, ()):
+            twin = self.nodes.get(consumer.name)
+            if twin is not None and twin.op_type == consumer.op_type and position < len(twin.input):
+                return twin.input[position]
+        return None
+
+
+def _data_inputs(node: onnx.NodeProto) -> list[str]:
+    """X (and Skip) of a fused norm: the required inputs of our ops' signatures. A native op that a target emits
+    (ONNX's or ONNX Runtime's norm) takes X first, and Skip second in its Skip variants."""
+    signature = OPS.get(node.op_type) if node.domain == DOMAIN else None
+    if signature is not None:
+        required = [i for i, name in enumerate(signature.inputs) if name not in signature.optional_inputs]
+        return [node.input[i] for i in required if i < len(node.input)]
+    return list(node.input[: 2 if node.op_type.startswith("Skip") else 1])
+
+
+def _y_index(node: onnx.NodeProto) -> int:
+    signature = OPS.get(node.op_type) if node.domain == DOMAIN else None
+    return signature.outputs.index("Y") if signature is not None else 0
+
+
+def find_fused_norms(original: onnx.ModelProto, optimized: onnx.ModelProto) -> list[FusedNorm]:
+    """Fused norm nodes of `optimized` (tagged `onnx_norm.rule`, or any norm op in our domain), in graph order, with
+    the names of the corresponding values in `original`."""
+    map_value = _ValueMap(original, optimized)
+    norms: list[FusedNorm] = []
+    mapped_y: dict[str, str | None] = {}
+    for node in optimized.graph.node:
+        meta = _metadata(node)
+        if RULE_KEY not in meta and not (node.domain == DOMAIN and node.op_type in OPS):
+            continue
+        y = node.output[_y_index(node)]
+        original_y = mapped_y[y] = map_value(y)
+        inputs = [(name, mapped_y.get(name) or map_value(name)) for name in _data_inputs(node) if name]
+        norms.append(FusedNorm(node.name or y, node.op_type, meta.get(RULE_KEY, ""), y, original_y, inputs))
+    return norms
+
+
+def with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of `model` that also outputs the values `names` (a fused norm's output and inputs)."""
+    exposed = copy.deepcopy(model)
+    present = {value.name for value in exposed.graph.output}
+    for name in names:
+        if name not in present:
+            # ONNX Runtime infers the type of an output declared by name only.
+            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
+            present.add(name)
+    return exposed

@@ -1,0 +1,58 @@
+"""The parity gate's report: every output and every fused norm compared, and the verdict."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from onnx_norm.parity.metrics import Comparison
+from onnx_norm.paths import json_safe, write_json_atomic
+
+
+@dataclasses.dataclass
+class NormComparison:
+    """One fused norm: its output against the value it replaced, and whether its inputs still agreed."""
+
+    node: str
+    op_type: str
+    rule: str
+    original_value: str | None
+    optimized_value: str
+    output: Comparison | None
+    inputs_match: bool | None
+    status: str  # "ok", "diverges", "input differs", "unmapped"
+
+
+@dataclasses.dataclass
+class ParityReport:
+    passed: bool
+    outputs: list[Comparison]
+    norms: list[NormComparison]
+    samples: int
+    shapes: dict[str, list[int]]
+    provider: str
+    original_optimization: str
+    golden: str  # how the golden result was computed: "ort", "reference" or "none"
+    seed: int
+    elapsed_s: float
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def first_divergent_norm(self) -> NormComparison | None:
+        for norm in self.norms:
+            if norm.status == "diverges":
+                return norm
+        return next((norm for norm in self.norms if norm.status == "input differs"), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = "PASSED" if self.passed else "FAILED"
+        first = self.first_divergent_norm
+        data["first_divergent_norm"] = None if first is None else first.node
+        for item, output in zip(data["outputs"], self.outputs, strict=True):
+            item["message"] = output.message
+        return json_safe(data)
+
+    def write_json(self, path: str | Path) -> None:
+        write_json_atomic(path, self.to_dict())
