@@ -253,10 +253,13 @@ class TargetArgs(ArgGroup):
         self.help_text = help_text
 
     def add(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        from onnx_norm.rewrite import TARGETS
+        from onnx_norm.rewrite import TARGETS, targets
 
         default = defaults.TARGET
-        parser.add_argument("--target", choices=TARGETS, default=default, help=f"{self.help_text} (default: {default})")
+        described = "; ".join(f"{name}: {targets.get(name).help}" for name in TARGETS)
+        parser.add_argument(
+            "--target", choices=TARGETS, default=default, help=f"{self.help_text} (default: {default}). {described}"
+        )
         return parser
 
     def parse(self, args: argparse.Namespace) -> dict[str, Any]:

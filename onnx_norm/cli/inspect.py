@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     common.check_outputs([("--report", args.report)], [args.model])
     with common.input_errors():
-        report = inspect(args.model, explain=args.explain, target=args.target)
+        report = inspect(args.model, target=args.target)
     console = Console()
     print_norms(console, report)
     if args.explain:

@@ -25,11 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("input", help="ONNX model to optimize, or an ONNX Runtime GenAI model folder")
     parser.add_argument("-o", "--output", required=True, help="where to write the optimized model")
-    common.TargetArgs(
-        "onnx-norm: our custom ops (with model-local functions); onnx: LayerNormalization (opset 17+) and "
-        "RMSNormalization (opset 23+); ort: ONNX Runtime's LayerNormalization, SimplifiedLayerNormalization and "
-        "Skip* ops"
-    ).add(parser)
+    common.TargetArgs("which ops the fused norms become").add(parser)
     parser.add_argument(
         "--disable", nargs="+", action="extend", default=[], metavar="RULE", choices=RULE_NAMES, help="rules to skip"
     )

@@ -10,9 +10,7 @@ from collections.abc import Iterable
 import onnx
 
 from onnx_norm.ops.schema import DOMAIN, OPS
-
-#: Metadata key naming the rewrite rule that made a fused node (written by the rewrite).
-RULE_KEY = "onnx_norm.rule"
+from onnx_norm.rewrite.targets import RULE_METADATA_KEY as RULE_KEY  # the key the rewrite tags its nodes with
 
 
 @dataclasses.dataclass
