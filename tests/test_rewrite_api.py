@@ -13,7 +13,7 @@ from test_rewrite_support import FLOAT, const, fused_ops, make_model, run
 
 from onnx_norm import model_io
 from onnx_norm.cli import main
-from onnx_norm.rewrite import FuseNormsPass, inspect, optimize, rule_set
+from onnx_norm.rewrite import FuseNormsPass, inspect, optimize
 
 D = 16
 W = (np.random.default_rng(5).random(D) + 0.5).astype(np.float32)
@@ -90,13 +90,13 @@ def test_disable_a_rule_and_unknown_rule():
         optimize(rms_model(), disable=["no_such_rule"])
 
 
-def test_rule_set_and_pass_for_pipelines():
+def test_the_pass_for_pipelines():
     model = ir.serde.deserialize_model(rms_model())
-    ir.passes.common.ShapeInferencePass()(model)
-    assert rule_set().apply_to_model(model) == 1
-    model = ir.serde.deserialize_model(rms_model())
-    result = FuseNormsPass()(model)
+    fuse = FuseNormsPass()
+    result = fuse(model)
     assert result.modified and result.model is model
+    assert [n.op_type for n in model.graph if n.domain == "onnx_norm"] == ["RMSNorm"]
+    assert fuse.report.fused == 1 and fuse.report.rule_counts == {"rms_norm": 1}
 
 
 def test_verify_rewrites_off_still_fuses():

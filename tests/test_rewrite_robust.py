@@ -17,7 +17,7 @@ from onnx import helper
 from test_rewrite_support import FLOAT, assert_fused, const, fused_ops, make_model, random_feeds, run
 
 from onnx_norm.ops.schema import NormAttributes
-from onnx_norm.rewrite import match, optimize, rules
+from onnx_norm.rewrite import driver, match, optimize, session
 from onnx_norm.rewrite.passes import _infer_shapes
 
 D = 16
@@ -109,7 +109,7 @@ def _check_one_skipped(model: onnx.ModelProto, optimized: onnx.ModelProto, repor
 def test_a_match_that_would_leave_a_dangling_reader_is_skipped(monkeypatch):
     """A matcher mistake (a node read from outside the match claimed as replaced) must not break the graph."""
     model = _two_norms()
-    real = rules.find_norm
+    real = driver.find_norm
 
     def too_greedy(anchor, **kwargs):
         candidate = real(anchor, **kwargs)
@@ -118,14 +118,14 @@ def test_a_match_that_would_leave_a_dangling_reader_is_skipped(monkeypatch):
             candidate = dataclasses.replace(candidate, nodes=[*candidate.nodes, relu])
         return candidate
 
-    monkeypatch.setattr(rules, "find_norm", too_greedy)
+    monkeypatch.setattr(driver, "find_norm", too_greedy)
     optimized, report = optimize(model)
     _check_one_skipped(model, optimized, report, "not applied: 'h' is also read by")
 
 
 def test_an_error_while_rewriting_is_a_near_miss(monkeypatch):
     model = _two_norms()
-    real = rules.targets.emit
+    real = driver.targets.emit
     calls = []
 
     def failing_once(*args, **kwargs):
@@ -134,7 +134,7 @@ def test_an_error_while_rewriting_is_a_near_miss(monkeypatch):
             raise RuntimeError("emitter bug")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rules.targets, "emit", failing_once)
+    monkeypatch.setattr(driver.targets, "emit", failing_once)
     optimized, report = optimize(model)
     _check_one_skipped(model, optimized, report, "not applied (RuntimeError: emitter bug)")
 
@@ -147,18 +147,18 @@ def test_a_proof_is_not_reused_for_another_candidate():
     anchor = next(n for n in graph.graph if n.outputs[0].name == "n1")
     candidate = match.find_norm(anchor)
     assert candidate is not None
-    session = rules.Session()
-    assert session.proven(candidate) is None
+    run = session.Session()
+    assert run.proven(candidate) is None
     wrong = dataclasses.replace(candidate.spec.attrs, epsilon=0.5)
     assert isinstance(wrong, NormAttributes)
     candidate.spec = dataclasses.replace(candidate.spec, attrs=wrong)
-    reason = session.proven(candidate)
+    reason = run.proven(candidate)
     assert reason is not None and "proof failed" in reason
 
 
 def test_long_runs_say_what_they_do(monkeypatch, caplog):
     """Stages and (every PROGRESS_SECONDS while matching) how far matching got, at INFO."""
-    monkeypatch.setattr(rules, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(session, "PROGRESS_SECONDS", 0.0)
     with caplog.at_level(logging.INFO, logger="onnx_norm"):
         optimize(_two_norms())
     messages = [r.getMessage() for r in caplog.records]

@@ -13,13 +13,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 from onnxscript import rewriter
-from onnxscript.rewriter._context import TapeBuilder
 
 from onnx_norm import library
 from onnx_norm.ops import functions
 from onnx_norm.ops.reference import REFERENCES, elem_type, layer_norm, np_dtype, rms_norm
 from onnx_norm.ops.schema import DOMAIN, NormAttributes
 from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec
 
 NotImplementedError_ = ort.capi.onnxruntime_pybind11_state.NotImplemented
@@ -63,9 +63,9 @@ def _spec(
     )
 
 
-def _model(spec: NormSpec, target: str, opset: int) -> tuple[ir.Model, TapeBuilder]:
+def _model(spec: NormSpec, target: str, opset: int) -> tuple[ir.Model, Builder]:
     """A model whose inputs are the spec's inputs and whose outputs are what `emit` returned."""
-    op = TapeBuilder()
+    op = Builder()
     results = targets.emit(op, spec, target, opset)
     names = [n for n in ALL_OUTPUTS if n == "y" or getattr(spec, n) is not None]
     assert len(results) == len(names)
@@ -237,7 +237,7 @@ def test_emitted_nodes_match_reference(target: str, kind: str, layout: dict, dty
             stats_on_skip = layout["skip"] and set(layout["want"]) & {"mean", "inv_std"}
             assert stats_on_skip or "types Y like X" in reason, reason
         with pytest.raises(ValueError, match="cannot emit"):
-            targets.emit(TapeBuilder(), spec, target, opset)
+            targets.emit(Builder(), spec, target, opset)
         pytest.skip(reason)
     model = _check(spec, target, opset)
     for node in model.graph:
@@ -456,3 +456,43 @@ def test_through_a_rewrite_rule() -> None:
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
     actual = _run(model, feeds)["y"]
     np.testing.assert_allclose(actual, rms_norm(feeds["x"], scale.const_value.numpy(), epsilon=1e-6)[0], rtol=3e-5)
+
+
+def test_targets_come_from_the_registry() -> None:
+    assert targets.TARGETS == tuple(targets._TARGETS) == ("onnx-norm", "onnx", "ort")
+    for name in targets.TARGETS:
+        target = targets.get(name)
+        assert target.name == name and target.help
+    with pytest.raises(ValueError, match="unknown target 'tensorrt'"):
+        targets.get("tensorrt")
+
+
+def test_a_rewrite_plans_each_norm_once(monkeypatch) -> None:
+    """The check when a rule selects a candidate and the emission share one plan."""
+    import dataclasses
+
+    from test_rewrite_support import FLOAT, const, make_model
+
+    from onnx_norm.rewrite import optimize
+
+    nodes = [
+        onnx.helper.make_node("Mul", ["x", "x"], ["sq"]),
+        onnx.helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+        onnx.helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        onnx.helper.make_node("Sqrt", ["ve"], ["s"]),
+        onnx.helper.make_node("Div", ["x", "s"], ["n"]),
+        onnx.helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    inits = [const("axes", [-1], np.int64), const("eps", 1e-6, np.float32), const("w", np.ones(8, np.float32))]
+    model = make_model(nodes, [("x", FLOAT, ["b", 8])], [("y", FLOAT, None)], inits, opset=23)
+    for name in targets.TARGETS:
+        calls: list = []
+        real = targets.get(name)
+
+        def counting(spec, opset, real=real, calls=calls):
+            calls.append(spec)
+            return real.plan(spec, opset)
+
+        monkeypatch.setitem(targets._TARGETS, name, dataclasses.replace(real, plan=counting))
+        _, report = optimize(model, target=name)
+        assert report.fused == 1 and len(calls) == 1, (name, len(calls))

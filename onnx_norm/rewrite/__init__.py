@@ -1,8 +1,9 @@
 """Find decomposed LayerNorm/RMSNorm subgraphs and replace them with fused ops.
 
-Data flows one way: load (model_io), match (match.py with layer_norm.py, rms_norm.py, skip.py), prove (prove.py),
-rewrite (targets.py through the onnxscript driver, rules.py), save. `optimize` does all of it; `inspect` is the
-same run on a copy, reporting what would be fused and why the near-misses were not.
+Data flows one way: load (model_io), match (match.py and the family recognisers in families/, skip.py), prove
+(prove.py), rewrite (driver.py with the rules of rules.py and the targets' emitters, targets.py), save. `optimize`
+does all of it; `inspect` is the same run on a copy, reporting what would be fused and why the near-misses were
+not. `FuseNormsPass` is the same as an onnx-ir pass, for pipelines.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import onnx_ir as ir
 from onnx_norm import model_io
 from onnx_norm.rewrite.passes import FuseNormsPass
 from onnx_norm.rewrite.report import NearMissRecord, NormRecord, OptimizeReport
-from onnx_norm.rewrite.rules import RULE_NAMES, rule_set
-from onnx_norm.rewrite.spec import TARGETS, NormSpec
+from onnx_norm.rewrite.rules import RULE_NAMES
+from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.targets import TARGETS
 
 __all__ = [
     "RULE_NAMES",
@@ -30,7 +32,6 @@ __all__ = [
     "OptimizeReport",
     "inspect",
     "optimize",
-    "rule_set",
 ]
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.rewrite import constants
-from onnx_norm.rewrite.layer_norm import Statistic
+from onnx_norm.rewrite.family import Statistic
 from onnx_norm.rewrite.reductions import row_mean
 from onnx_norm.rewrite.structure import Factors, NearMiss, flatten, same_data
 
@@ -63,7 +63,7 @@ def signed_terms(value: ir.Value) -> list[tuple[ir.Value, int]] | None:
 
 def analyse(terms: list[tuple[ir.Value, int]], statistic: Statistic, eps_sum: ir.Value) -> DistributedForm | None:
     """The distributed LayerNorm these terms spell, None when they are not one, NearMiss when they almost are."""
-    if statistic.kind != "layer":
+    if not statistic.centred:
         return None
     x, axes = statistic.x, statistic.axes
 

@@ -365,48 +365,60 @@ def evaluate(
     With `widen`, every float tensor (constants, feeds, casts) is computed in float64. `Shape` nodes whose input has
     a known shape are computed from it, symbolic dims as `symbolic_fill`, ... (see `static_shape`).
     """
-    cache: dict[ir.Value, np.ndarray] = {}
-    for value, array in feeds.items():
-        # bfloat16 (ml_dtypes) has numpy kind "V", not "f": test the ONNX element type instead.
-        is_float = value.dtype in _FLOATS or array.dtype.kind == "f"
-        cache[value] = array.astype(np.float64) if widen and is_float else array
-    budget = [max_nodes]
+    evaluator = _Evaluator(feeds, widen, max_nodes, symbolic_fill)
+    return [evaluator.get(v) for v in outputs]  # type: ignore[misc]
 
-    def get(value: ir.Value | None) -> np.ndarray | None:
+
+class _Evaluator:
+    """Values computed so far (the feeds first) and the node budget left."""
+
+    def __init__(
+        self, feeds: Mapping[ir.Value, np.ndarray], widen: bool, max_nodes: int, symbolic_fill: int | None
+    ) -> None:
+        self.widen = widen
+        self.budget = max_nodes
+        self.symbolic_fill = symbolic_fill
+        self.cache: dict[ir.Value, np.ndarray] = {}
+        for value, array in feeds.items():
+            # bfloat16 (ml_dtypes) has numpy kind "V", not "f": test the ONNX element type instead.
+            is_float = value.dtype in _FLOATS or array.dtype.kind == "f"
+            self.cache[value] = array.astype(np.float64) if widen and is_float else array
+
+    def get(self, value: ir.Value | None) -> np.ndarray | None:
         if value is None:
             return None
-        if value in cache:
-            return cache[value]
+        if value in self.cache:
+            return self.cache[value]
         if value.const_value is not None and not value.is_graph_input():
-            result = tensor_array(value.const_value, widen)
+            result = tensor_array(value.const_value, self.widen)
         else:
             node = value.producer()
             if node is None:
                 raise EvaluationError(f"value {value.name!r} is neither an input of the subgraph nor a constant")
-            budget[0] -= 1
-            if budget[0] < 0:
+            self.budget -= 1
+            if self.budget < 0:
                 raise EvaluationError("subgraph too large to evaluate")
-            result = run_node(node, value)
-        cache[value] = result
+            result = self.run_node(node)
+        self.cache[value] = result
         return result
 
-    def run_node(node: ir.Node, value: ir.Value) -> np.ndarray:
+    def run_node(self, node: ir.Node) -> np.ndarray:
         if node.domain not in ("", "ai.onnx"):
             raise EvaluationError(f"cannot evaluate {node.domain}::{node.op_type}")
         if node.op_type == "Constant":
-            return constant_attribute(node, widen)
-        if node.op_type in SHAPE_OPS and (static := static_shape(node, symbolic_fill)) is not None:
+            return constant_attribute(node, self.widen)
+        if node.op_type in SHAPE_OPS and (static := static_shape(node, self.symbolic_fill)) is not None:
             return static  # the dims are known: no need for the input's values (`x.shape[-1]` as a divisor)
         if node.op_type == "CastLike" and len(node.inputs) == 2 and node.inputs[1] is not None:
             like = node.inputs[1].dtype
             if like is not None:  # the target is a type, not a value: no need to evaluate the second input
-                source = get(node.inputs[0])
+                source = self.get(node.inputs[0])
                 assert source is not None
-                return _cast(source, int(like), widen)
-        inputs = [get(v) for v in node.inputs]
+                return _cast(source, int(like), self.widen)
+        inputs = [self.get(v) for v in node.inputs]
         if node.op_type == "Cast":
             assert inputs[0] is not None
-            return _cast(inputs[0], int(_attr(node, "to")), widen)
+            return _cast(inputs[0], int(_attr(node, "to")), self.widen)
         if node.op_type == "CastLike":
             assert inputs[0] is not None and inputs[1] is not None
             return inputs[0].astype(inputs[1].dtype)
@@ -416,5 +428,3 @@ def evaluate(
         if len(node.outputs) != 1:
             raise EvaluationError(f"{node.op_type} with several outputs")
         return fn(node, inputs)
-
-    return [get(v) for v in outputs]  # type: ignore[misc]

@@ -5,15 +5,15 @@ A norm is matched from its last node (the anchor) downwards:
 1. The tail: from the anchor's output down through Casts, one bias Add of a constant, and multiplies or divides
    by constants, to the junction, the first Mul/Div whose operands are both computed.
 2. The junction's value, flattened into a product of powers, must contain a leaf `stat + eps` with a negative
-   exponent, where `stat` is a recognised statistic (layer_norm.py, rms_norm.py) and `eps` a constant scalar.
+   exponent, where `stat` is a statistic a registered family recognises (families/) and `eps` a constant scalar.
 3. Flattened again with the statistic's input known, the value must be exactly `data^1 * (stat + eps)^-1/2` times
    constants, where `data` is the centred input (LayerNorm) or the input (RMSNorm).
 4. All nodes between the input and the anchor are removed: none may have consumers outside the match or be a
    graph output, except statistics the fused op also produces (mean, inverse std) and the input's own Casts,
    which are kept. Reductions cover exactly the normalised axes, scale and bias vary only along them.
 
-The anchor is the end of the norm only if the tail cannot be extended by its single consumer: the onnxscript
-driver visits nodes in order, so a norm is matched at its last node, not at an earlier one.
+The anchor is the end of the norm only if the tail cannot be extended by its single consumer: the driver visits
+nodes in order, so a norm is matched at its last node, not at an earlier one.
 """
 
 from __future__ import annotations
@@ -25,17 +25,19 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.schema import FLOAT_TYPES, NormAttributes
-from onnx_norm.rewrite import casts, constants, distributed
-from onnx_norm.rewrite.layer_norm import Statistic, is_centred, layer_statistic
+from onnx_norm.dtypes import FLOAT_TYPES, type_name
+from onnx_norm.ops.reference import np_dtype
+from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.rewrite import casts, constants, distributed, family
+from onnx_norm.rewrite.family import Statistic
 from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, row_mean
-from onnx_norm.rewrite.rms_norm import rms_statistic
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import (
     LAYOUT_OPS,
     Factors,
     NearMiss,
     flatten,
+    is_centred,
     same_data,
     strip_casts,
     strip_nonnegative_clamp,
@@ -60,12 +62,9 @@ class Candidate:
     nodes: list[ir.Node]  # nodes the fused op replaces
     axes: tuple[int, ...]  # reduced axes of the input (non-negative)
     perm: tuple[int, ...] | None  # channels-first: the Transpose that moves the normalised axes last
-    scale_array: np.ndarray | None  # scale as the fused op reads it (also when spec.scale is a graph value)
-    bias_array: np.ndarray | None
     new_constants: dict[str, np.ndarray]  # "scale"/"bias" that need a new constant in the graph
     variant: str
     cast_placement: str
-    anchor: ir.Node
     x_value: ir.Value  # the input of the norm before any residual Add was folded in
     proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
     kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
@@ -169,13 +168,13 @@ def _extends(y: ir.Value, tail: list[_TailOp]) -> bool:
 
 
 def _statistic(stat: ir.Value, kinds: frozenset[str]) -> Statistic | None:
+    """The first registered family's reading of `stat` as its statistic, among the families of `kinds`."""
     stat = strip_nonnegative_clamp(stat)
-    if "layer" in kinds:
-        found = layer_statistic(stat)
-        if found is not None:
-            return found
-    if "rms" in kinds:
-        return rms_statistic(stat)
+    for norm_family in family.families():
+        if norm_family.statistic is not None and norm_family.kind in kinds:
+            found = norm_family.statistic(stat)
+            if found is not None:
+                return found
     return None
 
 
@@ -210,7 +209,7 @@ def _data_classifier(statistic: Statistic, eps_sum: ir.Value):
     def classify(value: ir.Value) -> str | None:
         if value is eps_sum:
             return "stat"
-        if statistic.kind == "layer":
+        if statistic.centred:
             if is_centred(value, statistic.x, statistic.axes):
                 return "data"
         elif same_data(value, statistic.x):
@@ -379,10 +378,16 @@ def _tensor_fits(value: ir.Value, row: np.ndarray) -> bool:
 def find_norm(
     anchor: ir.Node,
     *,
-    kinds: frozenset[str] = frozenset({"layer", "rms"}),
+    kinds: frozenset[str] | None = None,
     channels_first: bool = True,
+    affine: AffineStrategy | None = None,
 ) -> Candidate | None:
-    """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse."""
+    """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse.
+
+    `kinds`: the families whose statistics to look for (default: every family with a statistic recogniser).
+    `affine`: how scale and bias are read from the tail (default `constant_rows`)."""
+    if kinds is None:
+        kinds = frozenset(f.kind for f in family.families() if f.statistic is not None)
     if anchor.op_type not in ANCHOR_OPS or anchor.domain not in ("", "ai.onnx") or len(anchor.outputs) != 1:
         return None
     y = anchor.outputs[0]
@@ -394,9 +399,9 @@ def find_norm(
         return None
     junction_node = junction.producer()
     if junction_node is not None and junction_node.op_type in ("Add", "Sub"):
-        if "layer" not in kinds or any(op.role != "cast" for op in tail):
+        if any(op.role != "cast" for op in tail):
             return None
-        return _find_distributed(anchor, y, junction, tail, channels_first)
+        return _find_distributed(anchor, y, junction, tail, kinds, channels_first, affine)
     sums = _stat_leaves(junction)
     if not sums:
         return None
@@ -405,7 +410,7 @@ def find_norm(
         statistic = _statistic(stat, kinds)
         if statistic is None:
             return None
-        return _build(anchor, y, junction, tail, eps_sum, stat, eps_value, statistic, channels_first)
+        return _build(anchor, y, junction, tail, eps_sum, stat, eps_value, statistic, channels_first, affine=affine)
 
     return _first_candidate(sums, attempt)
 
@@ -446,7 +451,13 @@ def _first_candidate(
 
 
 def _find_distributed(
-    anchor: ir.Node, y: ir.Value, junction: ir.Value, tail: list[_TailOp], channels_first: bool
+    anchor: ir.Node,
+    y: ir.Value,
+    junction: ir.Value,
+    tail: list[_TailOp],
+    kinds: frozenset[str],
+    channels_first: bool,
+    affine: AffineStrategy | None,
 ) -> Candidate | None:
     """The LayerNorm written as `x * s + (bias - mean * s)` (distributed.py), built as `(x - mean) * s + bias`."""
     terms = distributed.signed_terms(junction)
@@ -460,7 +471,7 @@ def _find_distributed(
     assert sum_node is not None
 
     def attempt(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
-        statistic = _statistic(stat, frozenset({"layer"}))
+        statistic = _statistic(stat, kinds)
         if statistic is None:
             return None
         form = distributed.analyse(terms, statistic, eps_sum)
@@ -478,9 +489,61 @@ def _find_distributed(
             statistic,
             channels_first,
             factors=form.factors,
+            affine=affine,
         )
 
     return _first_candidate(sums, attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where the normalised axes are: non-negative `axes` when the rank is known (counted from the end when not),
+    the Transpose that moves them last for a channels-first norm, and the input's shape (None when unknown)."""
+
+    axes: tuple[int, ...]
+    from_end: tuple[int, ...]
+    rank: int | None
+    x_shape: list | None
+    perm: tuple[int, ...] | None
+
+
+@dataclasses.dataclass
+class Replaced:
+    """The nodes the fused op replaces, and what around them stays: the input's Casts that something else reads
+    (`kept`, input first), twin Casts of the input's source read by the match (`aliases`), and the statistics the
+    graph exposes that the fused op also provides (`mean`, `inv_std`)."""
+
+    nodes: list[ir.Node]
+    kept: list[ir.Node]
+    aliases: list[ir.Value]
+    mean: ir.Value | None = None
+    inv_std: ir.Value | None = None
+
+
+@dataclasses.dataclass
+class Affine:
+    """Scale and bias as the fused op reads them: graph values, or constants to make (`new_constants`)."""
+
+    scale: ir.Value | None
+    bias: ir.Value | None
+    new_constants: dict[str, np.ndarray]
+    proof_shape: list[int] | None  # the input shape to prove with when the input's rank is unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class AffineInputs:
+    """What an affine strategy reads: the tail's scale factors and bias, the constants of the normalised
+    product, the statistic's correction, the layout and a name for new constants."""
+
+    scale_terms: list[tuple[ir.Value, Fraction]]
+    bias: ir.Value | None
+    correction: float
+    layout: Layout
+    name: str
+
+
+#: Reads scale and bias from the tail; raises NearMiss when the fused op cannot take them.
+AffineStrategy = Callable[[AffineInputs], Affine]
 
 
 def _build(
@@ -494,23 +557,70 @@ def _build(
     statistic: Statistic,
     channels_first: bool,
     factors: Factors | None = None,
+    affine: AffineStrategy | None = None,
 ) -> Candidate:
     """The candidate for the normalised value `junction` (flattened here unless `factors` are given) and `tail`."""
-    eps_array = np.zeros((1,)) if eps_value is None else constants.constant_array(eps_value)
+    epsilon = _epsilon(eps_value, statistic)
+    if factors is None:
+        factors = flatten(junction, _data_classifier(statistic, eps_sum))
+    _check_product(factors, junction)
+    x = strip_widening_casts(statistic.x)
+    _check_types(x, y)
+    layout = _layout(x, y, stat, statistic, channels_first)
+    replaced = _replaced(y, x, statistic, layout, eps_sum)
+    scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"]
+    bias_op = next((op for op in tail if op.role == "bias"), None)
+    inputs = AffineInputs(
+        scale_terms=[(v, e) for v, e in scale_terms + factors.constants if v is not None and not _is_one(v)],
+        bias=None if bias_op is None else bias_op.constant,
+        correction=statistic.correction,
+        layout=layout,
+        name=anchor.name or "norm",
+    )
+    params = (affine or constant_rows)(inputs)
+    rounding = _rounding(x, y, junction, tail, factors)
+    attrs = NormAttributes(
+        axis=-len(layout.axes),
+        epsilon=epsilon,
+        normalized_type=rounding.normalized_type,
+        multiply_type=rounding.multiply_type,
+        output_type=rounding.output_type,
+    )
+    spec = NormSpec(
+        statistic.kind, x, None, params.scale, params.bias, attrs, y, mean=replaced.mean, inv_std=replaced.inv_std
+    )
+    return Candidate(
+        spec=spec,
+        nodes=replaced.nodes,
+        axes=layout.axes,
+        perm=layout.perm,
+        new_constants=params.new_constants,
+        variant=statistic.variant + ("" if layout.perm is None else ", channels first"),
+        cast_placement=casts.describe(x.dtype, statistic.x.dtype, rounding),
+        x_value=x,
+        aliases=replaced.aliases,
+        proof_shape=params.proof_shape,
+        kept=replaced.kept,
+    )
+
+
+def _epsilon(eps_value: ir.Value | None, statistic: Statistic) -> float:
+    """The fused op's epsilon: the constant added to the statistic, divided by its correction."""
+    if eps_value is None:
+        return 0.0
+    eps_array = constants.constant_array(eps_value)
     if eps_array is None:
-        assert eps_value is not None
         raise NearMiss(f"epsilon {eps_value.name!r} is not a constant", eps_value)
     if eps_array.size != 1:
-        assert eps_value is not None
         raise NearMiss(f"epsilon {eps_value.name!r} has {eps_array.size} elements, not one", eps_value)
     epsilon = float(np.asarray(eps_array, dtype=np.float64).reshape(()))
     if not np.isfinite(epsilon) or epsilon < 0:
         raise NearMiss(f"epsilon {epsilon} is not a non-negative number", eps_value)
-    epsilon /= statistic.correction  # sqrt(c * var + eps) = sqrt(c) * sqrt(var + eps / c)
+    return epsilon / statistic.correction  # sqrt(c * var + eps) = sqrt(c) * sqrt(var + eps / c)
 
-    # The normalised value must be data^1 * (stat + eps)^-1/2 times constants.
-    if factors is None:
-        factors = flatten(junction, _data_classifier(statistic, eps_sum))
+
+def _check_product(factors: Factors, junction: ir.Value) -> None:
+    """The normalised value must be data^1 * (stat + eps)^-1/2 times constants."""
     data_exp = factors.leaves.get("data", Fraction(0))
     stat_exp = factors.leaves.get("stat", Fraction(0))
     if data_exp == 0:
@@ -522,225 +632,227 @@ def _build(
             junction,
         )
 
-    x_prime = statistic.x
-    x = strip_widening_casts(x_prime)
+
+def _check_types(x: ir.Value, y: ir.Value) -> None:
     if x.dtype not in FLOAT_TYPES:
-        raise NearMiss(f"input type {casts.type_name(x.dtype)} is not supported by the fused ops", x)
+        raise NearMiss(f"input type {type_name(x.dtype)} is not supported by the fused ops", x)
     if y.dtype not in FLOAT_TYPES:
-        raise NearMiss(f"output type {casts.type_name(y.dtype)} is not supported by the fused ops", y)
-    rank = rank_of(x)
+        raise NearMiss(f"output type {type_name(y.dtype)} is not supported by the fused ops", y)
+
+
+def _layout(x: ir.Value, y: ir.Value, stat: ir.Value, statistic: Statistic, channels_first: bool) -> Layout:
+    """The normalised axes: contiguous, trailing (or moved last by a Transpose when `channels_first`), static."""
     from_end = statistic.axes
     k = len(from_end)
     if list(from_end) != list(range(from_end[0], from_end[0] + k)):
         raise NearMiss(f"reduction axes {list(from_end)} are not contiguous", stat)
-    perm: tuple[int, ...] | None = None
-    x_shape: list | None = None
+    rank = rank_of(x)
     if rank is None:
         # No shape (inference gave up after a computed Reshape): axes counted from the end still say which dims
         # are normalised, and scale/bias give their sizes.
         if from_end[-1] != -1:
             raise NearMiss(f"reduction axes {list(from_end)} are not trailing and the rank of {x.name!r} is unknown", x)
-        axes = from_end
-    else:
-        assert x.shape is not None
-        x_shape = list(x.shape)
-        axes = tuple(a + rank for a in from_end)
-        if axes[0] < 0:
-            raise NearMiss(f"reduction axes {list(from_end)} exceed the rank {rank} of {x.name!r}", stat)
-        if axes[-1] != rank - 1:
-            if not channels_first:
-                raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
-            perm = tuple(d for d in range(rank) if d not in axes) + axes
-        dims = [x_shape[a] for a in axes]
-        if not all(isinstance(d, int) for d in dims):
-            raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
-        if y.shape is not None and len(y.shape) != rank:
-            raise NearMiss("the output does not have the input's rank", y)
+        return Layout(from_end, from_end, None, None, None)
+    assert x.shape is not None
+    x_shape = list(x.shape)
+    axes = tuple(a + rank for a in from_end)
+    if axes[0] < 0:
+        raise NearMiss(f"reduction axes {list(from_end)} exceed the rank {rank} of {x.name!r}", stat)
+    perm = None
+    if axes[-1] != rank - 1:
+        if not channels_first:
+            raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
+        perm = tuple(d for d in range(rank) if d not in axes) + axes
+    if not all(isinstance(x_shape[a], int) for a in axes):
+        raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
+    if y.shape is not None and len(y.shape) != rank:
+        raise NearMiss("the output does not have the input's rank", y)
+    return Layout(axes, from_end, rank, x_shape, perm)
 
-    # The nodes the fused op replaces and what else reads them.
-    strip_all = strip_casts(x_prime)
+
+def _replaced(y: ir.Value, x: ir.Value, statistic: Statistic, layout: Layout, eps_sum: ir.Value) -> Replaced:
+    """The nodes between the input and `y`, less what must stay because something else reads it."""
+    strip_all = strip_casts(statistic.x)
     twins = _twin_casts(x)
-    stops = {x, strip_all, *twins}
-    nodes = _collect_nodes(y, stops)
-    aliases = [t for t in twins if any(t in node.inputs for node in nodes)]
+    nodes = _collect_nodes(y, {x, strip_all, *twins})
     if strip_all is not x and any(strip_all in node.inputs for node in nodes):
         raise NearMiss("the subgraph reads the input both before and after a narrowing Cast", x)
-    node_set = set(nodes)
-    mean_out: ir.Value | None = None
-    inv_out: ir.Value | None = None
-    kept: set[ir.Node] = set()
-    shape_kept: set[ir.Node] = set()
-    changed = True
-    while changed:
-        changed = False
-        for node in list(nodes):
-            if node in kept or node in shape_kept:
-                continue
-            for output in node.outputs:
-                if output is y or output is mean_out or output is inv_out:
-                    continue
-                outside = [use.node for use in output.uses() if use.node not in node_set]
-                if not outside and not output.is_graph_output():
-                    continue
-                if _is_input_cast(node, x):
-                    kept.add(node)
-                    # The Casts it reads stay too: look at them again now that a kept node reads them (Mamba's
-                    # `hidden.to(float32)` twice, the residual reading the second).
-                    node_set.discard(node)
-                    changed = True
-                    break
-                if _is_input_shape(node, x):
-                    shape_kept.add(node)
-                    node_set.discard(node)  # what it reads is now read from outside the match too
-                    changed = True
-                    break
-                if (
-                    statistic.kind == "layer"
-                    and rank is not None
-                    and mean_out is None
-                    and perm is None
-                    and output.dtype == ir.DataType.FLOAT
-                    and rank_of(output) == rank
-                    and (found := row_mean(output)) is not None
-                    and not found.squared
-                    and same_data(found.input, x_prime)
-                    and found.axes == from_end
-                ):
-                    mean_out = output
-                    continue
-                if rank is not None and perm is None and inv_out is None and not output.is_graph_output():
-                    readers = [n for n in outside if len(n.outputs) == 1 and _is_inv_std(n.outputs[0], eps_sum)]
-                    if len(readers) == len(outside) == 1 and rank_of(readers[0].outputs[0]) == rank:
-                        inv_out = readers[0].outputs[0]
-                        nodes.append(readers[0])
-                        node_set.add(readers[0])
-                        changed = True
-                        continue
-                if (
-                    rank is not None
-                    and perm is None
-                    and inv_out is None
-                    and output.is_graph_output()
-                    and not outside
-                    and _is_inv_std(output, eps_sum)
-                    and rank_of(output) == rank
-                ):
-                    inv_out = output
-                    continue
-                where = (
-                    "a graph output"
-                    if output.is_graph_output()
-                    else f"also read by {outside[0].op_type} {outside[0].name!r}"
-                )
-                raise NearMiss(f"intermediate {output.name!r} is {where}", output)
-    kept_order = [n for n in nodes if n in kept]
+    readers = _OutsideReaders(nodes, y, x, statistic, layout, eps_sum)
+    readers.settle()
+    kept_order = [n for n in nodes if n in readers.kept]
     kept_order.reverse()  # nodes were collected from the output down; the input's Casts come first this way
-    nodes = [n for n in nodes if n not in kept and n not in shape_kept]
+    return Replaced(
+        nodes=[n for n in readers.nodes if n not in readers.kept and n not in readers.shape_kept],
+        kept=kept_order,
+        aliases=[t for t in twins if any(t in node.inputs for node in nodes)],
+        mean=readers.mean,
+        inv_std=readers.inv_std,
+    )
 
-    # Scale and bias: constants, folded when computed, varying only along the normalised axes.
-    scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"] + factors.constants
-    scale_terms = [(v, e) for v, e in scale_terms if v is not None and not _is_one(v)]
-    scale_array = _fold_product(scale_terms)
-    if statistic.correction != 1.0:  # the sqrt(c) taken out of the square root
-        correction = np.asarray(statistic.correction**-0.5)
-        scale_array = correction if scale_array is None else scale_array * correction
-    scale_value: ir.Value | None = None
-    new_constants: dict[str, np.ndarray] = {}
-    row_scale: np.ndarray | None = None
-    if scale_array is not None:
-        row_scale = _row_constant(scale_array, x_shape, axes, perm, "scale")
-        if np.all(row_scale == 1.0):
-            row_scale = None
-    scale_dtype = _constant_dtype([v for v, _ in scale_terms])
-    if row_scale is not None:
-        alone = len(scale_terms) == 1 and scale_terms[0][1] == 1 and statistic.correction == 1.0
-        only = scale_terms[0][0] if alone else None
-        if perm is None and only is not None and _tensor_fits(only, row_scale):
-            scale_value = only
-        else:
-            new_constants["scale"] = row_scale
-    bias_op = next((op for op in tail if op.role == "bias"), None)
-    bias_value: ir.Value | None = None
-    row_bias: np.ndarray | None = None
-    bias_dtype = None
-    if bias_op is not None and bias_op.constant is not None:
-        array = constants.constant_array(bias_op.constant)
-        if array is None:
-            raise NearMiss("bias is not constant", bias_op.constant)
-        row_bias = _row_constant(array.astype(np.float64), x_shape, axes, perm, "bias")
-        bias_dtype = bias_op.constant.dtype
-        if np.all(row_bias == 0.0):
-            row_bias = None
-        elif perm is None and _tensor_fits(bias_op.constant, row_bias):
-            bias_value = bias_op.constant
-        else:
-            new_constants["bias"] = row_bias
-    proof_shape: list[int] | None = None
-    if x_shape is None:
-        row_shapes = {tuple(r.shape) for r in (row_scale, row_bias) if r is not None}
-        if len(row_shapes) > 1:
-            raise NearMiss(f"scale and bias have different shapes {sorted(row_shapes)}")
-        # Without scale or bias the row size is unknown; a mean-based norm computes the same formula at any size.
-        proof_shape = [2, 3, *(row_shapes.pop() if row_shapes else (16,) * k)]
-    # Scale and Bias share one element type in the fused ops; widen when they differ (exact for fp16/bf16).
+
+class _OutsideReaders:
+    """Settles every matched value that something outside the match reads: the input's own Casts and shape
+    arithmetic stay in the graph, a mean or inverse std becomes an output of the fused op, anything else makes
+    the match a near-miss."""
+
+    def __init__(self, nodes, y, x, statistic: Statistic, layout: Layout, eps_sum: ir.Value) -> None:
+        self.nodes = list(nodes)
+        self.node_set = set(nodes)
+        self.y, self.x, self.statistic, self.layout, self.eps_sum = y, x, statistic, layout, eps_sum
+        self.kept: set[ir.Node] = set()
+        self.shape_kept: set[ir.Node] = set()
+        self.mean: ir.Value | None = None
+        self.inv_std: ir.Value | None = None
+
+    def settle(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for node in list(self.nodes):
+                if node in self.kept or node in self.shape_kept:
+                    continue
+                for output in node.outputs:
+                    if output is self.y or output is self.mean or output is self.inv_std:
+                        continue
+                    outside = [use.node for use in output.uses() if use.node not in self.node_set]
+                    if not outside and not output.is_graph_output():
+                        continue
+                    settled = self._settle(node, output, outside)
+                    changed = changed or settled
+                    if settled and node not in self.node_set:
+                        break  # the node left the match: look at what it reads again
+
+    def _settle(self, node: ir.Node, output: ir.Value, outside: list[ir.Node]) -> bool:
+        """Handles one value read from outside; True when the match changed (a node left or joined it)."""
+        for keep, kept in ((_is_input_cast, self.kept), (_is_input_shape, self.shape_kept)):
+            if keep(node, self.x):
+                kept.add(node)
+                # What it reads is now read from outside the match too (Mamba's `hidden.to(float32)` twice, the
+                # residual reading the second; dynamo sharing `Shape(x)` widely).
+                self.node_set.discard(node)
+                return True
+        if self._is_mean(output):
+            self.mean = output
+            return False
+        joined = self._inv_std(output, outside)
+        if joined is not None:
+            return joined
+        where = "a graph output" if output.is_graph_output() else f"also read by {outside[0].op_type}"
+        where += "" if output.is_graph_output() else f" {outside[0].name!r}"
+        raise NearMiss(f"intermediate {output.name!r} is {where}", output)
+
+    def _inv_std(self, output: ir.Value, outside: list[ir.Node]) -> bool | None:
+        """The inverse std the graph computes from the match (one reader, or a graph output), which the fused op
+        provides: whether the match changed, None when `output` is not one."""
+        if not self._plain() or self.inv_std is not None:
+            return None
+        if not output.is_graph_output():
+            readers = [n for n in outside if len(n.outputs) == 1 and _is_inv_std(n.outputs[0], self.eps_sum)]
+            if len(readers) == len(outside) == 1 and rank_of(readers[0].outputs[0]) == self.layout.rank:
+                self.inv_std = readers[0].outputs[0]
+                self.nodes.append(readers[0])
+                self.node_set.add(readers[0])
+                return True
+            return None
+        if not outside and _is_inv_std(output, self.eps_sum) and rank_of(output) == self.layout.rank:
+            self.inv_std = output
+            return False
+        return None
+
+    def _plain(self) -> bool:
+        return self.layout.rank is not None and self.layout.perm is None
+
+    def _is_mean(self, output: ir.Value) -> bool:
+        """The graph's mean of the input, which a family whose op returns a mean provides (float32, kept dims)."""
+        if not self._plain() or self.mean is not None or "mean" not in family.get(self.statistic.kind).outputs:
+            return False
+        if output.dtype != ir.DataType.FLOAT or rank_of(output) != self.layout.rank:
+            return False
+        found = row_mean(output)
+        return (
+            found is not None
+            and not found.squared
+            and same_data(found.input, self.statistic.x)
+            and found.axes == self.layout.from_end
+        )
+
+
+def constant_rows(inputs: AffineInputs) -> Affine:
+    """The default affine: scale and bias are constants (folded when computed) that vary only along the normalised
+    axes, in one element type (widened when the graph's differ; exact for fp16/bf16)."""
+    layout = inputs.layout
+    row_scale, scale_value, scale_dtype = _scale_row(inputs)
+    row_bias, bias_value, bias_dtype = _bias_row(inputs)
+    new_constants = {}
+    if row_scale is not None and scale_value is None:
+        new_constants["scale"] = row_scale
+    if row_bias is not None and bias_value is None:
+        new_constants["bias"] = row_bias
     const_type = _common_type(
         scale_dtype if row_scale is not None else None, bias_dtype if row_bias is not None else None
     )
     if row_scale is not None and scale_value is not None and scale_value.dtype != const_type:
-        new_constants["scale"] = row_scale
-        scale_value = None
+        new_constants["scale"], scale_value = row_scale, None
     if row_bias is not None and bias_value is not None and bias_value.dtype != const_type:
-        new_constants["bias"] = row_bias
-        bias_value = None
-    from onnx_norm.ops.reference import np_dtype
-
+        new_constants["bias"], bias_value = row_bias, None
     for key, array in list(new_constants.items()):
         new_constants[key] = np.ascontiguousarray(
             array.astype(np.float64).astype(np.float32).astype(np_dtype(int(const_type)))
         )
     if "scale" in new_constants:
-        scale_value = _detached_constant(new_constants["scale"], f"{anchor.name or 'norm'}_scale")
+        scale_value = _detached_constant(new_constants["scale"], f"{inputs.name}_scale")
     if "bias" in new_constants:
-        bias_value = _detached_constant(new_constants["bias"], f"{anchor.name or 'norm'}_bias")
+        bias_value = _detached_constant(new_constants["bias"], f"{inputs.name}_bias")
+    proof_shape = None
+    if layout.x_shape is None:
+        row_shapes = {tuple(r.shape) for r in (row_scale, row_bias) if r is not None}
+        if len(row_shapes) > 1:
+            raise NearMiss(f"scale and bias have different shapes {sorted(row_shapes)}")
+        # Without scale or bias the row size is unknown; a mean-based norm computes the same formula at any size.
+        proof_shape = [2, 3, *(row_shapes.pop() if row_shapes else (16,) * len(layout.axes))]
+    return Affine(scale_value, bias_value, new_constants, proof_shape)
 
+
+def _scale_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None, ir.DataType | None]:
+    """(the scale as one row, the graph value the op can read as is or None, its element type)."""
+    terms, layout = inputs.scale_terms, inputs.layout
+    scale_array = _fold_product(terms)
+    if inputs.correction != 1.0:  # the sqrt(c) taken out of the square root
+        correction = np.asarray(inputs.correction**-0.5)
+        scale_array = correction if scale_array is None else scale_array * correction
+    dtype = _constant_dtype([v for v, _ in terms])
+    if scale_array is None:
+        return None, None, dtype
+    row = _row_constant(scale_array, layout.x_shape, layout.axes, layout.perm, "scale")
+    if np.all(row == 1.0):
+        return None, None, dtype
+    alone = len(terms) == 1 and terms[0][1] == 1 and inputs.correction == 1.0
+    if layout.perm is None and alone and _tensor_fits(terms[0][0], row):
+        return row, terms[0][0], dtype
+    return row, None, dtype
+
+
+def _bias_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None, ir.DataType | None]:
+    bias, layout = inputs.bias, inputs.layout
+    if bias is None:
+        return None, None, None
+    array = constants.constant_array(bias)
+    if array is None:
+        raise NearMiss("bias is not constant", bias)
+    row = _row_constant(array.astype(np.float64), layout.x_shape, layout.axes, layout.perm, "bias")
+    if np.all(row == 0.0):
+        return None, None, bias.dtype
+    if layout.perm is None and _tensor_fits(bias, row):
+        return row, bias, bias.dtype
+    return row, None, bias.dtype
+
+
+def _rounding(x: ir.Value, y: ir.Value, junction: ir.Value, tail: list[_TailOp], factors: Factors) -> casts.Rounding:
+    """Where the graph rounds between the normalised value and the output (casts.py)."""
     steps = [casts.TailStep(op.role, op.node.outputs[0].dtype) for op in reversed(tail)]
     inner = _fold_product(factors.constants)
     scale_inside = inner is not None and not bool(np.all(inner == 1.0))
-    rounding = casts.infer_rounding(x.dtype, junction.dtype, steps, y.dtype, scale_inside=scale_inside)
-    attrs = NormAttributes(
-        axis=-len(axes),
-        epsilon=epsilon,
-        normalized_type=rounding.normalized_type,
-        multiply_type=rounding.multiply_type,
-        output_type=rounding.output_type,
-    )
-    spec = NormSpec(
-        kind=statistic.kind,
-        x=x,
-        skip=None,
-        scale=scale_value,
-        bias=bias_value,
-        attrs=attrs,
-        y=y,
-        mean=mean_out,
-        inv_std=inv_out,
-    )
-    return Candidate(
-        spec=spec,
-        nodes=nodes,
-        axes=axes,
-        perm=perm,
-        scale_array=None if row_scale is None else np.asarray(row_scale),
-        bias_array=None if row_bias is None else np.asarray(row_bias),
-        new_constants=new_constants,
-        variant=statistic.variant + ("" if perm is None else ", channels first"),
-        cast_placement=casts.describe(x.dtype, x_prime.dtype, rounding),
-        anchor=anchor,
-        x_value=x,
-        aliases=aliases,
-        proof_shape=proof_shape,
-        kept=kept_order,
-    )
+    return casts.infer_rounding(x.dtype, junction.dtype, steps, y.dtype, scale_inside=scale_inside)
 
 
 def _is_one(value: ir.Value) -> bool:

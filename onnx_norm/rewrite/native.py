@@ -23,12 +23,13 @@ import logging
 from typing import Any
 
 import onnx_ir as ir
-from onnxscript.rewriter._context import TapeBuilder
 
+from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset
 from onnx_norm.ops import functions
-from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, NormAttributes
+from onnx_norm.ops.schema import DOMAIN, NormAttributes
 from onnx_norm.rewrite import targets
-from onnx_norm.rewrite.spec import TARGETS, NormSpec
+from onnx_norm.rewrite.builder import Builder
+from onnx_norm.rewrite.spec import NormSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +48,6 @@ _NATIVE = {
     ("ms", "SimplifiedLayerNormalization"): ("rms", False),
     ("ms", "SkipLayerNormalization"): ("layer", True),
     ("ms", "SkipSimplifiedLayerNormalization"): ("rms", True),
-}
-# Ops each target already has: taking them over for that target would change nothing.
-_TARGET_OPS = {
-    "onnx": {("onnx", "LayerNormalization"), ("onnx", "RMSNormalization")},
-    "ort": {
-        ("onnx", "LayerNormalization"),
-        ("onnx", "SimplifiedLayerNormalization"),
-        ("ms", "SkipLayerNormalization"),
-        ("ms", "SkipSimplifiedLayerNormalization"),
-    },
-    "onnx-norm": set(),
 }
 
 
@@ -116,61 +106,66 @@ def _spec(node: ir.Node, opset: int) -> NormSpec:
         raise _Skip("the element type of its input is unknown (run shape inference first)")
     if x_type not in FLOAT_TYPES:
         raise _Skip(f"input element type {ir.DataType(x_type).name} is not float32, float16 or bfloat16")
-    # The ONNX-standard ops exist from these opsets; below them the default-domain names are ORT's contrib ops.
-    standard = key[0] == "onnx" and (
-        (node.op_type == "LayerNormalization" and opset >= 17) or node.op_type == "RMSNormalization"
-    )
-    epsilon = float(_attr(node, "epsilon", 1e-12 if skip else 1e-5))
-    if skip:
-        if _input(node, 4 if kind == "layer" else 3) is not None:
-            raise _Skip("its bias input (added into the residual sum) has no counterpart in our Skip ops")
-        if _output(node, 1) is not None or _output(node, 2) is not None:
-            raise _Skip("its mean/inv_std_var outputs are used and our Skip ops have no statistics outputs")
-        residual = _input(node, 1)
-        if residual is None:
-            raise _Skip("it has no skip input")
-        # The contrib ops constrain input and skip to one type T: an unknown skip type is the input's.
-        if _dtype(residual) not in (0, x_type):
-            raise _Skip("its skip input has another element type than its input")
-        if x.shape is None or residual.shape is None:
-            unknown = "its input's" if x.shape is None else "its skip input's"
-            raise _Skip(f"{unknown} shape is unknown (shape inference did not reach it), so the skip may broadcast")
-        if x.shape != residual.shape:
-            raise _Skip("its skip input may broadcast (shapes differ); our Skip ops need equal shapes")
-        axis = -1
-        scale = _input(node, 2)
-        bias = _input(node, 3) if kind == "layer" else None
-        sum_out = _output(node, 3)
-        mean = inv_std = None
-        attrs = NormAttributes(axis=axis, epsilon=epsilon)
-    else:
-        stash = int(_attr(node, "stash_type", 1))
-        if stash != _FLOAT:
-            raise _Skip(f"stash_type {stash} computes the statistics in another type than float32")
-        axis = _negative_axis(node, x, int(_attr(node, "axis", -1)))
-        residual = None
-        scale = _input(node, 1)
-        bias = _input(node, 2) if kind == "layer" else None
-        sum_out = None
-        mean = _output(node, 1) if kind == "layer" else None
-        inv_std = _output(node, 2 if kind == "layer" else 1)
-        if node.op_type == "RMSNormalization" and len(node.outputs) > 1:
-            raise _Skip("RMSNormalization has a single output")
-        if standard:
-            if scale is not None and _dtype(scale) != x_type:
-                raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
-            rounding = 0 if x_type == _FLOAT else x_type
-            attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
-        else:
-            # ORT's contrib ops: Y has the scale's type, rounded once.
-            y_type = _dtype(scale) if scale is not None else x_type
-            if y_type == 0:
-                raise _Skip("the element type of its scale is unknown")
-            attrs = NormAttributes(axis=axis, epsilon=epsilon, output_type=0 if y_type == x_type else y_type)
-    for name, value in (("scale", scale), ("bias", bias)):
+    spec = _skip_spec(node, kind, x) if skip else _plain_spec(node, kind, x, opset)
+    for name, value in (("scale", spec.scale), ("bias", spec.bias)):
         if value is not None and _dtype(value) not in FLOAT_TYPES:
             raise _Skip(f"its {name} element type is unknown or not float32, float16 or bfloat16")
-    return NormSpec(kind, x, residual, scale, bias, attrs, node.outputs[0], sum_out, mean, inv_std, RULE)
+    return spec
+
+
+def _skip_spec(node: ir.Node, kind: str, x: ir.Value) -> NormSpec:
+    """com.microsoft's Skip ops: the residual sum in X's type, then the norm rounded once."""
+    if _input(node, 4 if kind == "layer" else 3) is not None:
+        raise _Skip("its bias input (added into the residual sum) has no counterpart in our Skip ops")
+    if _output(node, 1) is not None or _output(node, 2) is not None:
+        raise _Skip("its mean/inv_std_var outputs are used and our Skip ops have no statistics outputs")
+    residual = _input(node, 1)
+    if residual is None:
+        raise _Skip("it has no skip input")
+    # The contrib ops constrain input and skip to one type T: an unknown skip type is the input's.
+    if _dtype(residual) not in (0, _dtype(x)):
+        raise _Skip("its skip input has another element type than its input")
+    if x.shape is None or residual.shape is None:
+        unknown = "its input's" if x.shape is None else "its skip input's"
+        raise _Skip(f"{unknown} shape is unknown (shape inference did not reach it), so the skip may broadcast")
+    if x.shape != residual.shape:
+        raise _Skip("its skip input may broadcast (shapes differ); our Skip ops need equal shapes")
+    attrs = NormAttributes(axis=-1, epsilon=float(_attr(node, "epsilon", 1e-12)))
+    bias = _input(node, 3) if kind == "layer" else None
+    return NormSpec(kind, x, residual, _input(node, 2), bias, attrs, node.outputs[0], _output(node, 3), rule=RULE)
+
+
+def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
+    """ONNX's LayerNormalization/RMSNormalization, or ORT's contrib LayerNormalization/SimplifiedLayerNormalization."""
+    stash = int(_attr(node, "stash_type", 1))
+    if stash != _FLOAT:
+        raise _Skip(f"stash_type {stash} computes the statistics in another type than float32")
+    axis = _negative_axis(node, x, int(_attr(node, "axis", -1)))
+    epsilon = float(_attr(node, "epsilon", 1e-5))
+    scale = _input(node, 1)
+    layer = kind == "layer"
+    if node.op_type == "RMSNormalization" and len(node.outputs) > 1:
+        raise _Skip("RMSNormalization has a single output")
+    x_type = _dtype(x)
+    # The ONNX-standard ops exist from these opsets; below them the default-domain names are ORT's contrib ops.
+    standard = _group(node.domain) == "onnx" and (
+        (node.op_type == "LayerNormalization" and opset >= 17) or node.op_type == "RMSNormalization"
+    )
+    if standard:
+        if scale is not None and _dtype(scale) != x_type:
+            raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
+        rounding = 0 if x_type == _FLOAT else x_type
+        attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
+    else:
+        # ORT's contrib ops: Y has the scale's type, rounded once.
+        y_type = _dtype(scale) if scale is not None else x_type
+        if y_type == 0:
+            raise _Skip("the element type of its scale is unknown")
+        attrs = NormAttributes(axis=axis, epsilon=epsilon, output_type=0 if y_type == x_type else y_type)
+    mean = _output(node, 1) if layer else None
+    inv_std = _output(node, 2 if layer else 1)
+    bias = _input(node, 2) if layer else None
+    return NormSpec(kind, x, None, scale, bias, attrs, node.outputs[0], None, mean, inv_std, RULE)
 
 
 def _owners(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
@@ -184,46 +179,45 @@ def _owners(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
     return found
 
 
-def take_over(model: ir.Model, target: str = "onnx-norm") -> list[dict[str, Any]]:
+def take_over(model: ir.Model, target: str = "onnx-norm", *, attach_functions: bool = True) -> list[dict[str, Any]]:
     """Replaces native norm ops with `target`'s ops, in place. Returns one record per native norm node:
-    {"name", "from", "to", "converted", "reason"}; "to" lists the emitted ops, "reason" says why a node stayed."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
-    records: list[dict[str, Any]] = []
-    converted = 0
-    for owner, node in _owners(model):
-        graph = node.graph
-        assert graph is not None
-        key = (_group(node.domain), node.op_type)
-        source = f"{node.domain or 'ai.onnx'}::{node.op_type}"
-        record: dict[str, Any] = {"name": node.name, "from": source, "to": None, "converted": False, "reason": None}
-        records.append(record)
-        opset = owner.opset_imports.get("", model.opset_imports.get("", 0))
-        try:
-            if key in _TARGET_OPS[target]:
-                raise _Skip(f"it is already an op of the {target!r} target")
-            spec = _spec(node, opset)
-            reason = targets.unsupported_reason(spec, target, {"": opset})
-            if reason is not None:
-                raise _Skip(reason)
-        except _Skip as skipped:
-            record["reason"] = str(skipped)
-            logger.info("not taking over %s %r: %s", source, node.name, skipped)
-            continue
-        op = TapeBuilder()
-        new_values = targets.emit(op, spec, target, opset)
-        old_values = [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None]
-        new_nodes = list(op.nodes)
-        for index, new in enumerate(new_nodes):
-            new.name = f"{node.name}_{target}_{index}" if node.name else None
-        ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, old_values, new_values)
-        for domain, version in op.used_opsets:
-            if domain and version is not None:
-                owner.opset_imports.setdefault(domain, version)
-                model.opset_imports.setdefault(domain, version)
-        record["to"] = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in new_nodes if n.op_type != "Constant")
-        record["converted"] = True
-        converted += 1
-    if converted and target == "onnx-norm":
+    {"name", "from", "to", "converted", "reason"}; "to" lists the emitted ops, "reason" says why a node stayed.
+
+    `attach_functions`: add the model-local functions the target's ops need (FuseNormsPass does it once itself)."""
+    chosen = targets.get(target)
+    records = [_take_over_one(model, owner, node, chosen) for owner, node in _owners(model)]
+    if attach_functions and chosen.attaches_functions and any(r["converted"] for r in records):
         functions.attach_functions(model)
     return records
+
+
+def _take_over_one(model: ir.Model, owner: ir.Graph | ir.Function, node: ir.Node, target: targets.Target) -> dict:
+    graph = node.graph
+    assert graph is not None
+    source = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+    record: dict[str, Any] = {"name": node.name, "from": source, "to": None, "converted": False, "reason": None}
+    opset = onnx_opset(owner.opset_imports) or onnx_opset(model.opset_imports) or 0
+    try:
+        if (_group(node.domain), node.op_type) in target.native_ops:
+            raise _Skip(f"it is already an op of the {target.name!r} target")
+        spec = _spec(node, opset)
+        prepared = targets.prepare(spec, target.name, opset)
+        if isinstance(prepared, str):
+            raise _Skip(prepared)
+    except _Skip as skipped:
+        record["reason"] = str(skipped)
+        logger.info("not taking over %s %r: %s", source, node.name, skipped)
+        return record
+    op = Builder()
+    new_values = targets.emit(op, spec, target.name, opset, prepared=prepared)
+    new_nodes = list(op.nodes)
+    for index, new in enumerate(new_nodes):
+        new.name = f"{node.name}_{target.name}_{index}" if node.name else None
+    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, spec.replaced(), new_values)
+    for domain, version in op.used_opsets:
+        if domain and version is not None:
+            owner.opset_imports.setdefault(domain, version)
+            model.opset_imports.setdefault(domain, version)
+    record["to"] = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in new_nodes if n.op_type != "Constant")
+    record["converted"] = True
+    return record

@@ -11,10 +11,11 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from onnx_norm.rewrite import constants, silent
+from onnx_norm.rewrite import constants, driver, silent, targets
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
-from onnx_norm.rewrite.rules import Session, make_rules
+from onnx_norm.rewrite.rules import enabled_rules
+from onnx_norm.rewrite.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +26,10 @@ Shapes = dict[str, tuple[ir.Shape | None, ir.TypeProtocol | None]]
 class FuseNormsPass(ir.passes.InPlacePass):
     """Replaces decomposed LayerNorm/RMSNorm subgraphs with fused ops, in place.
 
-    Runs shape inference first (ranks and static normalised dims are needed to prove a match), then the rules of
-    `rules.py` over the main graph, If/Loop bodies and model-local functions, then (target `onnx-norm`) attaches
-    the model-local functions that keep the model runnable without our library, and removes what became unused.
+    Runs shape inference first (ranks and static normalised dims are needed to prove a match), then the driver
+    (driver.py) over the main graph, If/Loop/Scan bodies and model-local functions, then removes what became
+    unused and (for targets whose ops need them) attaches the model-local functions that keep the model runnable
+    without our library.
     `self.report` describes the last run.
     """
 
@@ -42,14 +44,12 @@ class FuseNormsPass(ir.passes.InPlacePass):
     ) -> None:
         super().__init__()
         self.session = Session(target, verify_rewrites=verify_rewrites, disabled=disable)
-        self.rules = make_rules(self.session)
+        self.rules = enabled_rules(disable)
         self.take_over_native = take_over_native
         self.infer_shapes = infer_shapes
         self.report = OptimizeReport(target=target)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        from onnxscript.rewriter import pattern
-
         session = self.session
         report = OptimizeReport(target=session.target, ops_before=op_counts(model))
         progress = _Progress()
@@ -58,7 +58,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
         stored = _infer_shapes(model) if self.infer_shapes else {}
         progress.step("matching and proving norms")
         with constants.folding():
-            count = pattern.RewriteRuleSet(self.rules).apply_to_model(model) if self.rules else 0
+            count = driver.fuse(model, session, self.rules)
         if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
             for node, graph, miss in silent.silent_misses(model, session.open_near_miss_nodes()):
                 session.near_miss(node, graph, miss)
@@ -67,13 +67,13 @@ class FuseNormsPass(ir.passes.InPlacePass):
         if self.take_over_native:
             from onnx_norm.rewrite import native
 
-            taken_over = list(native.take_over(model, session.target))
+            taken_over = list(native.take_over(model, session.target, attach_functions=False))
         modified = bool(count) or any(record.get("converted") for record in taken_over)
         if modified:
             progress.step(f"removing what the {count} fused norm(s) replaced")
             common_passes.RemoveUnusedNodesPass()(model)
             common_passes.RemoveUnusedOpsetsPass()(model)
-            if session.target == "onnx-norm":
+            if targets.get(session.target).attaches_functions:
                 from onnx_norm.ops.functions import attach_functions
 
                 attach_functions(model)

@@ -22,9 +22,9 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.reference import normalize, np_dtype
+from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import NormAttributes
-from onnx_norm.rewrite import constants
+from onnx_norm.rewrite import constants, family
 from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
 from onnx_norm.rewrite.match import Candidate
 from onnx_norm.rewrite.structure import NearMiss
@@ -97,11 +97,11 @@ class _Feeds:
     arrays: dict[ir.Value, np.ndarray]
     x: np.ndarray  # what the norm normalises (x + skip for residual variants), in the input's type
     x_wide: np.ndarray  # the same in float64 without the input-type rounding of the sum
+    extra: dict[str, np.ndarray]  # the family's extra inputs, by name
 
 
-def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
+def _proof_input_shape(candidate: Candidate) -> list[int]:
     spec = candidate.spec
-    assert spec.x.dtype is not None
     if spec.x.shape is None:
         assert candidate.proof_shape is not None
         shape = list(candidate.proof_shape)
@@ -113,17 +113,39 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
         shape = [d if axis in normalised else min(d, 3) for axis, d in enumerate(shape)]
     if int(np.prod(shape, dtype=np.int64)) > _MAX_ELEMENTS:
         raise NearMiss(f"input of {shape} elements is too large to prove the candidate", spec.x)
+    return shape
+
+
+def _broadcast_shape(value: ir.Value, x_shape: list[int]) -> list[int]:
+    """The shape of an extra input fed with an input of `x_shape`: its dims of 1 stay, the others are x's
+    (aligned from the end, as they broadcast)."""
+    if value.shape is None or len(value.shape) > len(x_shape):
+        raise NearMiss(f"extra input {value.name!r} has no shape that broadcasts against the input", value)
+    offset = len(x_shape) - len(value.shape)
+    return [1 if d == 1 else x_shape[offset + i] for i, d in enumerate(value.shape)]
+
+
+def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
+    spec = candidate.spec
+    assert spec.x.dtype is not None
+    shape = _proof_input_shape(candidate)
     dtype = np_dtype(int(spec.x.dtype))
     data = _sample(kind, shape, rng)
+    extra = {}
+    for name, value in spec.extra_inputs.items():
+        assert value.dtype is not None
+        array = rng.standard_normal(_broadcast_shape(value, shape)).astype(np.float32)
+        extra[name] = array.astype(np_dtype(int(value.dtype)))
+    given = {spec.extra_inputs[name]: array for name, array in extra.items()}
     if spec.skip is None:
         x = data.astype(np.float32).astype(dtype)
-        arrays = {spec.x: x} | dict.fromkeys(candidate.aliases, x)
-        return _Feeds(arrays, x, x.astype(np.float64))
+        arrays = {spec.x: x} | dict.fromkeys(candidate.aliases, x) | given
+        return _Feeds(arrays, x, x.astype(np.float64), extra)
     half = (data / 2).astype(np.float32).astype(dtype)
     rest = (data - half.astype(np.float64)).astype(np.float32).astype(dtype)
     total = (half.astype(np.float32) + rest.astype(np.float32)).astype(dtype)
     wide = half.astype(np.float64) + rest.astype(np.float64)
-    return _Feeds({spec.x: half, spec.skip: rest}, total, wide)
+    return _Feeds({spec.x: half, spec.skip: rest} | given, total, wide, extra)
 
 
 def _const(value: ir.Value | None) -> np.ndarray | None:
@@ -136,17 +158,17 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
 
 
 def _reference(
-    candidate: Candidate, x: np.ndarray, attrs: NormAttributes, *, wide: bool
+    candidate: Candidate, feeds: _Feeds, attrs: NormAttributes, *, wide: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The family's reference on the candidate's parameters: (Y, inverse std, mean or None)."""
     spec = candidate.spec
-    scale = _const(spec.scale)
-    bias = _const(spec.bias)
+    params: dict[str, np.ndarray | None] = {"scale": _const(spec.scale), "bias": _const(spec.bias), **feeds.extra}
     if wide:
-        scale = None if scale is None else scale.astype(np.float64)
-        bias = None if bias is None else bias.astype(np.float64)
+        params = {k: None if v is None else v.astype(np.float64) for k, v in params.items()}
+    x = feeds.x_wide if wide else feeds.x
     if candidate.perm is not None:
         x = np.transpose(x, candidate.perm)
-    y, inv, mean = normalize(x, scale, bias, attrs, rms=spec.kind == "rms")
+    y, inv, mean = family.get(spec.kind).reference(x, params, attrs)
     if candidate.perm is not None:
         y = np.transpose(y, np.argsort(candidate.perm))
     return y, inv, mean
@@ -193,7 +215,7 @@ def prove(candidate: Candidate, *, seed: int = 0) -> None:
             graph = evaluate([v for _, v in outputs], feeds.arrays, widen=True)
         except (EvaluationError, ValueError, TypeError, IndexError) as err:
             raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
-        y, inv, mean = _reference(candidate, feeds.x_wide, exact, wide=True)
+        y, inv, mean = _reference(candidate, feeds, exact, wide=True)
         expected = {"Y": y, "Mean": mean, "InvStdDev": inv, "Sum": feeds.x_wide}
         for (name, _), actual in zip(outputs, graph, strict=False):
             reference = expected[name]
@@ -212,7 +234,7 @@ def prove(candidate: Candidate, *, seed: int = 0) -> None:
         (y_graph,) = evaluate([spec.y], feeds.arrays)
     except (EvaluationError, ValueError, TypeError, IndexError) as err:
         raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
-    y_ref, _, _ = _reference(candidate, feeds.x, spec.attrs, wide=False)
+    y_ref, _, _ = _reference(candidate, feeds, spec.attrs, wide=False)
     if y_graph.dtype != y_ref.dtype:
         raise NearMiss(f"proof failed: the graph's output is {y_graph.dtype}, the fused op's {y_ref.dtype}")
     # The graph is only as exact as the narrowest type it computes in (an fp16 graph cast to fp32 at the end).

@@ -123,84 +123,110 @@ def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float, float] | None:
     return None
 
 
-def row_mean(value: ir.Value, *, dropped_ok: bool = False, unbiased_ok: bool = False) -> RowMean | None:
-    """Recognises `value` as a row mean with kept dims (or with dropped dims when `dropped_ok`), or returns None.
+@dataclasses.dataclass
+class _Path:
+    """The ops between a value and the reduction under it: the reduction node, the nodes on the way, the scalar
+    factor they multiply by (and its tolerance), the Unsqueezes' axes and whether a Reshape/Expand is among them."""
 
-    With `unbiased_ok`, the sum divided by N-1 instead of N (Bessel's correction, `x.var(unbiased=True)`) is
-    accepted too, with `correction` N/(N-1); N must be static."""
-    nodes: list[ir.Node] = []
-    factor, tolerance = 1.0, 1e-6
-    unsqueezes: list[tuple[int, ...]] = []
-    reshaped = False
-    current = value
+    reduction: ir.Node | None
+    nodes: list[ir.Node]
+    factor: float
+    tolerance: float
+    unsqueezes: list[tuple[int, ...]]
+    reshaped: bool
+
+
+def _path_to_reduction(value: ir.Value) -> _Path | None:
+    """Down from `value` through Casts, Unsqueezes, Reshapes/Expands and scalar factors to a reduction."""
+    path = _Path(None, [], 1.0, 1e-6, [], False)
+    current: ir.Value | None = value
     for _ in range(10):
-        node = current.producer()
+        node = current.producer() if current is not None else None
         if node is None or node.domain not in ("", "ai.onnx"):
             return None
         op = node.op_type
         if op in REDUCTIONS:
-            break
+            path.reduction = node
+            return path
         if is_float_cast(node) or op == "Identity":
             current = node.inputs[0]
         elif op == "Unsqueeze":
             axes = _unsqueeze_axes(node)
             if axes is None:
                 return None
-            unsqueezes.append(axes)
+            path.unsqueezes.append(axes)
             current = node.inputs[0]
         elif op in ("Reshape", "Expand"):
-            reshaped = True
+            path.reshaped = True
             current = node.inputs[0]
         elif op in ("Mul", "Div"):
             scaled = _scalar_factor(node)
             if scaled is None:
                 return None
             current, step, tol = scaled
-            factor *= step
-            tolerance = max(tolerance, tol)
+            path.factor *= step
+            path.tolerance = max(path.tolerance, tol)
         else:
             return None
-        nodes.append(node)
+        path.nodes.append(node)
         if current is None:
             return None
-    else:
-        return None
+    return None
 
-    reduced = node.inputs[0]
-    if reduced is None:
-        return None
-    rank = rank_of(reduced)
-    axes = reduction_axes(node, rank)
-    if axes is None:
-        return None
-    keepdims = node.attributes.get("keepdims")
-    keep = True if keepdims is None else bool(keepdims.value)
-    kept = True
-    if keep:
-        if unsqueezes:
-            return None
-    elif unsqueezes:
-        if len(unsqueezes) != 1 or unsqueezes[0] != axes:
-            return None
-    elif not reshaped:
-        if not dropped_ok:
-            return None
-        kept = False
-    if reshaped and not _restores(value, reduced, axes):
-        return None
-    nodes.append(node)
-    count = _reduced_count(reduced, axes)
-    if node.op_type in ("ReduceSum", "ReduceSumSquare"):
+
+def _dims_kept(path: _Path, axes: tuple[int, ...], dropped_ok: bool) -> bool | None:
+    """Whether the reduced dims are kept at `value` (False: dropped, allowed with `dropped_ok`); None when the
+    Unsqueezes on the way do not restore exactly the reduced axes."""
+    assert path.reduction is not None
+    keepdims = path.reduction.attributes.get("keepdims")
+    if keepdims is None or bool(keepdims.value):
+        return None if path.unsqueezes else True
+    if path.unsqueezes:
+        return True if len(path.unsqueezes) == 1 and path.unsqueezes[0] == axes else None
+    if path.reshaped:
+        return True
+    return False if dropped_ok else None
+
+
+def _correction(path: _Path, count: int | None, unbiased_ok: bool) -> float | None:
+    """1 for a mean; N/(N-1) for a sum over N divided by N-1 when `unbiased_ok`; None for any other factor."""
+    factor = path.factor
+    assert path.reduction is not None
+    if path.reduction.op_type in ("ReduceSum", "ReduceSumSquare"):
         if count is None:
             return None  # the divisor cannot be checked against the reduced size
         factor *= count
-    correction = 1.0
-    if abs(factor - 1.0) > 4 * tolerance:
-        if not unbiased_ok or count is None or count < 2:
-            return None
-        correction = count / (count - 1)
-        if abs(factor - correction) > 4 * tolerance * correction:
-            return None
+    if abs(factor - 1.0) <= 4 * path.tolerance:
+        return 1.0
+    if not unbiased_ok or count is None or count < 2:
+        return None
+    correction = count / (count - 1)
+    return correction if abs(factor - correction) <= 4 * path.tolerance * correction else None
+
+
+def row_mean(value: ir.Value, *, dropped_ok: bool = False, unbiased_ok: bool = False) -> RowMean | None:
+    """Recognises `value` as a row mean with kept dims (or with dropped dims when `dropped_ok`), or returns None.
+
+    With `unbiased_ok`, the sum divided by N-1 instead of N (Bessel's correction, `x.var(unbiased=True)`) is
+    accepted too, with `correction` N/(N-1); N must be static."""
+    path = _path_to_reduction(value)
+    if path is None:
+        return None
+    node = path.reduction
+    assert node is not None
+    reduced = node.inputs[0]
+    if reduced is None:
+        return None
+    axes = reduction_axes(node, rank_of(reduced))
+    if axes is None:
+        return None
+    kept = _dims_kept(path, axes, dropped_ok)
+    if kept is None or (path.reshaped and not _restores(value, reduced, axes)):
+        return None
+    correction = _correction(path, _reduced_count(reduced, axes), unbiased_ok)
+    if correction is None:
+        return None
+    nodes = [*path.nodes, node]
     return RowMean(reduced, axes, nodes, kept, node.op_type == "ReduceSumSquare", correction)
 
 

@@ -15,9 +15,8 @@ from collections.abc import Iterable, Iterator
 import onnx_ir as ir
 
 from onnx_norm.rewrite import constants
-from onnx_norm.rewrite.layer_norm import centred
 from onnx_norm.rewrite.reductions import REDUCTIONS, rank_of, reduction_axes
-from onnx_norm.rewrite.structure import NearMiss, squared
+from onnx_norm.rewrite.structure import NearMiss, centred, squared
 
 #: Ops a statistic passes through on its way to the square root (epsilon, casts, layout, clamps, scaling).
 _ON_THE_WAY = frozenset(

@@ -1,21 +1,19 @@
 """What a matched norm is, independent of the pattern that found it and of the op that will replace it.
 
-The matchers (one file per rule family) produce `NormSpec`s; `targets.py` turns a spec into nodes for one
-target (our custom ops, standard ONNX ops, or ONNX Runtime's contrib ops).
+The recognisers (the shared matcher in match.py and the family modules in families/) produce `NormSpec`s; a
+target (targets.py) turns a spec into nodes through the lowering its family registers for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import onnx_ir as ir
 
 from onnx_norm.ops.schema import NormAttributes
 
-Kind = Literal["layer", "rms"]
-Target = Literal["onnx-norm", "onnx", "ort"]
-TARGETS: tuple[Target, ...] = ("onnx-norm", "onnx", "ort")
+#: The norm families' kinds ("layer", "rms", ...): the key of the family registry (family.py).
+Kind = str
 
 
 @dataclasses.dataclass
@@ -33,8 +31,24 @@ class NormSpec:
     mean: ir.Value | None = None  # statistics that the graph exposes (LayerNormalization's function expansion)
     inv_std: ir.Value | None = None
     rule: str = ""  # name of the rule that matched, recorded on the new node
+    #: Inputs a family adds to x/skip/scale/bias (adaLN's per-sample modulation), by name; the proof feeds each
+    #: random data of its shape and passes it to the family's reference under this name.
+    extra_inputs: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
 
     @property
     def x_type(self) -> int:
         dtype = self.x.dtype
         return 0 if dtype is None else int(dtype)
+
+    def replaced(self) -> list[ir.Value]:
+        """The values the fused op's outputs replace, in the order an emitter returns them."""
+        return [v for v in (self.y, self.sum, self.mean, self.inv_std) if v is not None]
+
+
+def __getattr__(name: str) -> object:
+    """`TARGETS`, kept here for callers that import it from this module; the registry is targets.py's."""
+    if name == "TARGETS":
+        from onnx_norm.rewrite.targets import TARGETS
+
+        return TARGETS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ from fractions import Fraction
 import onnx_ir as ir
 
 from onnx_norm.rewrite import constants
-from onnx_norm.rewrite.reductions import is_float_cast
+from onnx_norm.rewrite.reductions import is_float_cast, row_mean
 
 _WIDTH = {
     ir.DataType.FLOAT16: 16,
@@ -120,6 +120,25 @@ def squared(value: ir.Value) -> ir.Value | None:
     return None
 
 
+def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
+    """For `x - mean(x)` (up to Casts): (x, axes), else None."""
+    node = strip_casts(value).producer()
+    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
+        return None
+    a, m = node.inputs
+    if a is None or m is None:
+        return None
+    mean = row_mean(m)
+    if mean is None or mean.squared or not same_data(mean.input, a):
+        return None
+    return a, mean.axes
+
+
+def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
+    found = centred(value)
+    return found is not None and same_data(found[0], x) and found[1] == axes
+
+
 def narrow(dtype: ir.DataType | None) -> int:
     """The element type a value of `dtype` is rounded to, if narrower than float32, else 0."""
     return int(dtype) if dtype in NARROW_TYPES else 0
@@ -158,12 +177,23 @@ def flatten(
     Constants are leaves of their own. Raises NearMiss when a non-constant operand is not a named leaf. With
     `negation`, `Neg` is looked through and counted in `sign` (the distributed LayerNorm's `-mean * inv`).
     """
-    factors = Factors()
+    flattener = _Flattener(classify, max_nodes, negation)
+    flattener.visit(value, Fraction(1))
+    return flattener.factors
 
-    def visit(current: ir.Value, exponent: Fraction) -> None:
-        if len(factors.nodes) > max_nodes:
+
+class _Flattener:
+    def __init__(self, classify: Callable[[ir.Value], str | None], max_nodes: int, negation: bool) -> None:
+        self.factors = Factors()
+        self.classify = classify
+        self.max_nodes = max_nodes
+        self.negation = negation
+
+    def visit(self, current: ir.Value, exponent: Fraction) -> None:
+        factors = self.factors
+        if len(factors.nodes) > self.max_nodes:
             raise NearMiss("subgraph too large")
-        name = classify(current)
+        name = self.classify(current)
         if name is not None:
             factors.add_leaf(name, exponent)
             return
@@ -178,33 +208,34 @@ def flatten(
         op = node.op_type
         if is_float_cast(node) or op == "Identity" or op in LAYOUT_OPS:
             factors.nodes.append(node)
-            visit(node.inputs[0], exponent)  # type: ignore[arg-type]
+            self.visit(node.inputs[0], exponent)  # type: ignore[arg-type]
             return
-        if op == "Neg" and negation and exponent.numerator % 2 == 1 and exponent.denominator == 1:
+        if op == "Neg" and self.negation and exponent.numerator % 2 == 1 and exponent.denominator == 1:
             factors.nodes.append(node)
             factors.sign = -factors.sign
-            visit(node.inputs[0], exponent)  # type: ignore[arg-type]
+            self.visit(node.inputs[0], exponent)  # type: ignore[arg-type]
             return
         if op not in _TRANSPARENT or len(node.outputs) != 1:
             raise NearMiss(
                 f"operand {current.name!r} ({op}) is neither the normalised input, the statistic nor a constant", node
             )
         factors.nodes.append(node)
+        self._operands(node, exponent)
+
+    def _operands(self, node: ir.Node, exponent: Fraction) -> None:
+        """Visits the operands of a Mul, Div, Sqrt, Reciprocal or Pow with their exponents."""
+        op = node.op_type
         a = node.inputs[0]
         b = node.inputs[1] if len(node.inputs) > 1 else None
         assert a is not None
-        if op == "Mul":
+        if op in ("Mul", "Div"):
             assert b is not None
-            visit(a, exponent)
-            visit(b, exponent)
-        elif op == "Div":
-            assert b is not None
-            visit(a, exponent)
-            visit(b, -exponent)
+            self.visit(a, exponent)
+            self.visit(b, exponent if op == "Mul" else -exponent)
         elif op == "Sqrt":
-            visit(a, exponent / 2)
+            self.visit(a, exponent / 2)
         elif op == "Reciprocal":
-            visit(a, -exponent)
+            self.visit(a, -exponent)
         else:  # Pow
             power = constants.scalar(b)
             if power is None:
@@ -212,7 +243,4 @@ def flatten(
             fraction = Fraction(power).limit_denominator(8)
             if abs(float(fraction) - power) > 1e-6:
                 raise NearMiss(f"Pow with exponent {power}", node)
-            visit(a, exponent * fraction)
-
-    visit(value, Fraction(1))
-    return factors
+            self.visit(a, exponent * fraction)

@@ -20,14 +20,17 @@ in float32 on cast inputs. Where no exact form exists `unsupported_reason` says 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPSET_VERSION
-from onnx_norm.rewrite.spec import TARGETS, NormSpec
+from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset
+from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, OpSignature
+from onnx_norm.rewrite import family
+from onnx_norm.rewrite.family import Emitter, Lowering
+from onnx_norm.rewrite.spec import NormSpec
 
 #: Key of the metadata property naming the rule that produced a node.
 RULE_METADATA_KEY = "onnx_norm.rule"
@@ -58,14 +61,30 @@ def _float_if_unset(elem_type: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Plans: which op computes the norm core, in which type, how many of the scale/bias steps it folds in.
+# Core ops and plans: which op computes the norm core, in which type, how many of the scale/bias steps it folds in.
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreOp:
+    """An op that computes a norm: its name and opset, and how it is called.
+
+    `single_type`: X, scale, bias and Y share one type (else Y takes the scale's type and X keeps its own).
+    `outputs`: the index of each statistic it can also return ("mean", "inv_std", "sum").
+    """
+
+    op_type: str
+    domain: str
+    version: int
+    single_type: bool
+    outputs: Mapping[str, int]
+    takes_bias: bool = True
+    axis_attrs: bool = True  # takes axis and stash_type (the Skip ops normalise the last dim only)
+    takes_skip: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    op_type: str  # "" for our ops (no plan needed)
-    domain: str
-    version: int
+    core: CoreOp | OpSignature
     core_type: int  # element type of the op's Y (and of X, Scale, B where the op needs one type)
     cast_x: bool  # X is cast to core_type before the op
     folded: int  # how many of the steps (scale, bias) the op computes
@@ -93,9 +112,8 @@ def _exact_cast(src: int, dst: int) -> bool:
     return dst in (src, _FLOAT)
 
 
-def _common_reason(spec: NormSpec, target: str) -> str | None:
-    if target not in TARGETS:
-        return f"unknown target {target!r}; expected one of {', '.join(TARGETS)}"
+def _common_reason(spec: NormSpec) -> str | None:
+    """What no built-in op takes: other element types, a bias or mean on an RMS norm, a negative axis."""
     if spec.x_type not in FLOAT_TYPES:
         return f"input element type {_type_name(spec.x_type)} is not float32, float16 or bfloat16"
     for name, value in (("skip", spec.skip), ("scale", spec.scale), ("bias", spec.bias)):
@@ -110,7 +128,7 @@ def _common_reason(spec: NormSpec, target: str) -> str | None:
     ):
         if elem and elem not in FLOAT_TYPES:
             return f"{name} {elem} is not float32, float16 or bfloat16"
-    if spec.kind == "rms" and (spec.bias is not None or spec.mean is not None):
+    if "mean" not in family.get(spec.kind).outputs and (spec.bias is not None or spec.mean is not None):
         return "an RMS norm has no bias and no mean"
     if spec.sum is not None and spec.skip is None:
         return "a residual sum output needs a residual input"
@@ -119,113 +137,46 @@ def _common_reason(spec: NormSpec, target: str) -> str | None:
     return None
 
 
-def _core_op(spec: NormSpec, target: str, opset: int) -> tuple[str, str, int, bool]:
-    """(op_type, domain, version, single_type) of the op that computes the norm; single_type: X, scale, bias and Y
-    share one type (else Y takes the scale's type and X keeps its own)."""
-    if target == "onnx":
-        if spec.kind == "layer":
-            return ("LayerNormalization", "", 17, True)
-        return ("RMSNormalization", "", 23, True)
-    if spec.kind == "rms":
-        return ("SimplifiedLayerNormalization", "", 1, False)
-    if opset >= 17:
-        return ("LayerNormalization", "", 17, True)
-    # Below opset 17 the default-domain name is ONNX Runtime's contrib op.
-    return ("LayerNormalization", "", 1, False)
+# Rounding models: whether an op computing the core and the first `folded` steps in `core_type` rounds where the
+# graph does (the part of `_exact` that differs between targets).
 
 
-def _plan(spec: NormSpec, target: str, opset: int) -> _Plan | str:
-    reason = _common_reason(spec, target)
-    if reason:
-        return reason
-    if target == "onnx-norm":
-        if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
-            return "the onnx_norm Skip ops have no statistics outputs"
-        if LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec):
-            return (
-                f"Y must be {_type_name(spec.attrs.output_type)} without rounding through the input's "
-                f"{_type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
-            )
-        return _Plan("", DOMAIN, OPSET_VERSION, 0, False, len(_steps(spec)), False, False)
-    op_type, domain, version, single_type = _core_op(spec, target, opset)
-    if opset < version:
-        return f"{op_type} needs default opset >= {version}, the model imports opset {opset}"
-    if target == "onnx" and spec.kind == "rms" and spec.inv_std is not None:
-        return "RMSNormalization has no inverse-RMS output"
-    steps = _steps(spec)
+def _rounds_after_each_step(spec: NormSpec, folded: int, core_type: int) -> bool:
+    """ONNX's ops round to their type after normalising and after each folded step (their function bodies)."""
     roundings = _roundings(spec)
-    x_type = spec.x_type
-    # ORT's Skip ops normalise the last dim of a 2-D or 3-D input, and normalise the unrounded sum: only a float32
-    # residual is rounded the same way as the graph's Add.
-    fused_skip = (
-        target == "ort"
-        and spec.skip is not None
-        and x_type == _FLOAT
-        and _rank_of(spec.x) in (2, 3)
-        and spec.attrs.axis == -1
-    )
-    if fused_skip:
-        op_type = "SkipSimplifiedLayerNormalization" if spec.kind == "rms" else "SkipLayerNormalization"
-        domain, version, single_type = MS_DOMAIN, 1, True
-    final_type = spec.attrs.output_type or x_type
-    for folded in range(len(steps), -1, -1):
-        for core_type in dict.fromkeys([x_type, roundings[folded], final_type, _FLOAT]):
-            if _exact(spec, target, folded=folded, core_type=core_type, single_type=single_type, fused_skip=fused_skip):
-                return _Plan(
-                    op_type,
-                    domain,
-                    version,
-                    core_type,
-                    single_type and x_type != core_type,
-                    folded,
-                    spec.skip is not None and not fused_skip,
-                    fused_skip,
-                )
-    if fused_skip:
-        # A residual Skip op could not fold what it needs; retry with the residual Add in front.
-        retry = dataclasses.replace(spec, skip=None, sum=None)
-        plan = _plan(retry, target, opset)
-        if isinstance(plan, str):
-            return plan
-        return dataclasses.replace(plan, separate_add=True)
-    # Unreachable while the op can run in float32 with nothing folded; kept so that a new op's constraints
-    # produce a reason rather than a wrong plan.
-    return (
-        f"{op_type} cannot reproduce the graph's rounding (normalized_type={_type_name(spec.attrs.normalized_type)}, "
-        f"multiply_type={_type_name(spec.attrs.multiply_type)}, input {_type_name(x_type)}, scale "
-        f"{_type_name(_dtype(spec.scale))}) exactly"
-    )
+    if any(r != core_type for r in roundings[:folded]):
+        return False
+    return roundings[folded] == core_type or core_type == _FLOAT
 
 
-def _exact(spec: NormSpec, target: str, *, folded: int, core_type: int, single_type: bool, fused_skip: bool) -> bool:
-    """Whether an op computing the core and the first `folded` steps in `core_type` rounds where the graph does."""
-    steps = _steps(spec)
+def _rounds_once(spec: NormSpec, folded: int, core_type: int) -> bool:
+    """ONNX Runtime's kernels round once, to the op's output type, after the last folded step: the graph must not
+    round before that, and round there to that type (or round nowhere before the final output Cast)."""
     roundings = _roundings(spec)
-    # After the op, a float32 result can still be rounded where the graph rounds next, with a Cast.
-    if target == "onnx":
-        # The op rounds to its type after normalising and after each folded step.
-        if any(r != core_type for r in roundings[:folded]):
-            return False
-        if roundings[folded] != core_type and core_type != _FLOAT:
-            return False
-    else:
-        # ONNX Runtime's kernels round once, to the op's output type, after the last folded step: the graph must
-        # not round before that, and round there to that type (or round nowhere before the final output Cast).
-        if any(r != _FLOAT for r in roundings[:folded]):
-            return False
-        last = folded == len(steps)
-        final_type = spec.attrs.output_type or spec.x_type
-        gemma = last and roundings[folded] == _FLOAT and core_type == final_type
-        if core_type not in (roundings[folded], _FLOAT) and not gemma:
-            return False
-    if single_type and not _exact_cast(spec.x_type, core_type):
+    if any(r != _FLOAT for r in roundings[:folded]):
         return False
-    if fused_skip and core_type != spec.x_type:
+    last = folded == len(_steps(spec))
+    final_type = spec.attrs.output_type or spec.x_type
+    gemma = last and roundings[folded] == _FLOAT and core_type == final_type
+    return core_type in (roundings[folded], _FLOAT) or gemma
+
+
+def _exact(
+    spec: NormSpec, core: CoreOp, rounds: Callable[[NormSpec, int, int], bool], *, folded: int, core_type: int
+) -> bool:
+    """Whether `core` computing the norm and the first `folded` steps in `core_type` rounds where the graph does;
+    after the op, a float32 result can still be rounded where the graph rounds next, with a Cast."""
+    if not rounds(spec, folded, core_type):
         return False
-    if not all(_exact_cast(_dtype(value), core_type) for _, value in steps[:folded]):
+    if core.single_type and not _exact_cast(spec.x_type, core_type):
+        return False
+    if core.takes_skip and core_type != spec.x_type:
+        return False
+    steps = _steps(spec)[:folded]
+    if not all(_exact_cast(_dtype(value), core_type) for _, value in steps):
         return False
     # The Skip ops take a 1-D gamma and beta.
-    return not (fused_skip and folded and any(_rank_of(value) != 1 for _, value in steps[:folded]))
+    return not (core.takes_skip and folded and any(_rank_of(value) != 1 for _, value in steps))
 
 
 def _rank_of(value: ir.Value) -> int | None:
@@ -233,98 +184,125 @@ def _rank_of(value: ir.Value) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Public API
+# Targets
 
 
-def unsupported_reason(spec: NormSpec, target: str, opset_imports: dict[str, int]) -> str | None:
-    """Why `spec` cannot be emitted exactly for `target` in a model with these opset imports; None if it can."""
-    opset = opset_imports.get("", opset_imports.get("ai.onnx", 0))
-    if target == "onnx-norm" and opset and opset < 11:
-        return f"the onnx_norm ops' model-local functions need default opset >= 11, the model imports {opset}"
-    if spec.x_type in (_BF16,) and opset and opset < 13:
-        return "bfloat16 needs default opset >= 13"
-    plan = _plan(spec, target, opset)
-    return plan if isinstance(plan, str) else None
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One target: the ops it writes for the built-in norm families, and what it asks of a model.
 
-
-def opset_requirements(target: str, specs: Sequence[NormSpec]) -> dict[str, int]:
-    """The minimum opset imports the nodes emitted for `specs` need (a model importing a higher version keeps it;
-    the default-domain opset is never raised by us, `unsupported_reason` refuses instead)."""
-    if not specs:
-        return {}
-    if target == "onnx-norm":
-        return {DOMAIN: OPSET_VERSION}
-    if target == "onnx":
-        return {"": max(23 if s.kind == "rms" else 17 for s in specs)}
-    if target == "ort":
-        needs: dict[str, int] = {}
-        if any(s.skip is not None and s.x_type == _FLOAT for s in specs):
-            needs[MS_DOMAIN] = 1
-        return needs
-    raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
-
-
-def emit(op: Any, spec: NormSpec, target: str, opset: int | None = None) -> list[ir.Value]:
-    """Builds the nodes for `spec` with the rewriter's builder `op`; returns the values replacing
-    [spec.y, then spec.sum, spec.mean, spec.inv_std for those that are not None].
-
-    `opset` is the model's default-domain opset (it picks between ORT's contrib and the standard
-    LayerNormalization); by default the opset imported by the graph holding spec.x, else 17. Raises ValueError
-    when the spec cannot be emitted exactly (check `unsupported_reason` first).
+    `plan(spec, opset)` chooses the op and where it rounds (or says why it cannot, as a string) and `emit(op, spec,
+    plan)` builds the nodes; `native_ops` are the native norm ops it already has ((domain group, op type), see
+    native.py), which the take-over leaves alone; `min_opset` is the default-domain opset its models need;
+    `attaches_functions`: its ops need model-local functions to run without our library.
     """
-    if opset is None:
-        graph = spec.x.graph
-        opset = graph.opset_imports.get("", 17) if graph is not None else 17
-    plan = _plan(spec, target, opset)
-    reason = plan if isinstance(plan, str) else None
-    if reason is not None:
-        raise ValueError(f"cannot emit {spec.kind} norm for target {target!r}: {reason}")
-    assert isinstance(plan, _Plan)
-    results = _emit_onnx_norm(op, spec) if target == "onnx-norm" else _emit_standard(op, spec, plan)
-    for new, old in zip(
-        results, [v for v in (spec.y, spec.sum, spec.mean, spec.inv_std) if v is not None], strict=True
-    ):
-        if new.type is None and old.type is not None:
-            new.type = old.type
-        if new.shape is None and old.shape is not None:
-            new.shape = old.shape
-    _tag(results, spec.rule)
-    return results
+
+    name: str
+    help: str
+    plan: Callable[[NormSpec, int], _Plan | str]
+    emit: Callable[[Any, NormSpec, _Plan], list[ir.Value]]
+    opset_needs: Callable[[Sequence[NormSpec]], dict[str, int]]
+    native_ops: frozenset[tuple[str, str]] = frozenset()
+    min_opset: int = 0
+    min_opset_reason: str = ""
+    attaches_functions: bool = False
+
+    def lowering(self) -> Lowering:
+        """The lowering of the built-in families for this target; its `prepare` plans once."""
+        return _TargetLowering(emit=_emit_planned(self), unsupported=_plan_reason(self), target=self)
 
 
-def _tag(results: Sequence[ir.Value], rule: str) -> None:
-    """Records the rule on every node the builder made (they have no graph yet)."""
-    seen: set[int] = set()
-    stack = [v.producer() for v in results]
-    while stack:
-        node = stack.pop()
-        if node is None or node.graph is not None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        node.metadata_props[RULE_METADATA_KEY] = rule
-        stack.extend(v.producer() for v in node.inputs if v is not None)
+@dataclasses.dataclass(frozen=True)
+class _TargetLowering(Lowering):
+    target: Target | None = None
+
+    def prepare(self, spec: NormSpec, opset: int) -> Emitter | str:
+        assert self.target is not None
+        target = self.target
+        plan = target.plan(spec, opset)
+        if isinstance(plan, str):
+            return plan
+        return lambda op, emitted: target.emit(op, emitted, plan)
 
 
-def _emit_onnx_norm(op: Any, spec: NormSpec) -> list[ir.Value]:
-    if spec.skip is not None:
-        name = "SkipRMSNorm" if spec.kind == "rms" else "SkipLayerNorm"
-        inputs: list[ir.Value | None] = [spec.x, spec.skip, spec.scale]
-        if spec.kind == "layer":
-            inputs.append(spec.bias)
-        wanted = {"sum": 1}
-    elif spec.kind == "rms":
-        name, inputs, wanted = "RMSNorm", [spec.x, spec.scale], {"inv_std": 1}
-    else:
-        name, inputs, wanted = "LayerNorm", [spec.x, spec.scale, spec.bias], {"mean": 1, "inv_std": 2}
+def _emit_planned(target: Target) -> Callable[[Any, NormSpec, int], list[ir.Value]]:
+    def emit(op: Any, spec: NormSpec, opset: int) -> list[ir.Value]:
+        plan = target.plan(spec, opset)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        return target.emit(op, spec, plan)
+
+    return emit
+
+
+def _plan_reason(target: Target) -> Callable[[NormSpec, int], str | None]:
+    def reason(spec: NormSpec, opset: int) -> str | None:
+        plan = target.plan(spec, opset)
+        return plan if isinstance(plan, str) else None
+
+    return reason
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def register(target: Target) -> Target:
+    _TARGETS[target.name] = target
+    return target
+
+
+def get(name: str) -> Target:
+    if name not in _TARGETS:
+        raise ValueError(f"unknown target {name!r}; expected one of {', '.join(_TARGETS)}")
+    return _TARGETS[name]
+
+
+def _unknown(name: str) -> str:
+    return f"unknown target {name!r}; expected one of {', '.join(_TARGETS)}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# onnx-norm: our ops, one per (family, residual), every attribute set explicitly.
+
+_LIBRARY_OPS: dict[tuple[str, bool], OpSignature] = {
+    (kind, op.skip): op for op in OPS.values() for kind in ("layer", "rms") if op.rms == (kind == "rms")
+}
+#: Our ops' statistic outputs, by the NormSpec field each replaces.
+_LIBRARY_OUTPUTS = {"Sum": "sum", "Mean": "mean", "InvStdDev": "inv_std", "InvRMS": "inv_std"}
+
+
+def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
+    reason = _common_reason(spec)
+    if reason:
+        return reason
+    if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
+        return "the onnx_norm Skip ops have no statistics outputs"
+    if LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec):
+        return (
+            f"Y must be {_type_name(spec.attrs.output_type)} without rounding through the input's "
+            f"{_type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
+        )
+    signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
+    return _Plan(signature, 0, False, len(_steps(spec)), False, False)
+
+
+def _emit_onnx_norm(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
+    signature = plan.core
+    assert isinstance(signature, OpSignature)
+    given = {"X": spec.x, "Skip": spec.skip, "Scale": spec.scale, "Bias": spec.bias}
+    inputs = [given[name] for name in signature.inputs]
     while inputs and inputs[-1] is None:
         inputs.pop()
-    requested = {key: index for key, index in wanted.items() if getattr(spec, key) is not None}
+    outputs_of = {_LIBRARY_OUTPUTS[name]: index for index, name in enumerate(signature.outputs) if index}
+    requested = {key: index for key, index in outputs_of.items() if getattr(spec, key) is not None}
     n_outputs = 1 + max(requested.values(), default=0)
     attrs = spec.attrs
     out_cast = _output_cast(spec)
     if out_cast:
         attrs = dataclasses.replace(attrs, output_type=0)
-    outputs = op.op(name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, _outputs=n_outputs, **attrs.as_dict())
+    outputs = op.op(
+        signature.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, _outputs=n_outputs, **attrs.as_dict()
+    )
     outputs = [outputs] if isinstance(outputs, ir.Value) else list(outputs)
     y = op.Cast(outputs[0], to=out_cast) if out_cast else outputs[0]
     return [y] + [outputs[requested[key]] for key in ("sum", "mean", "inv_std") if key in requested]
@@ -344,6 +322,87 @@ def _output_cast(spec: NormSpec) -> int:
     if spec.x_type in (_FLOAT, last):
         return a.output_type
     return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# onnx and ort: standard or contrib ops, with the steps they cannot fold computed around them.
+
+_LAYER_NORMALIZATION = CoreOp("LayerNormalization", "", 17, True, {"mean": 1, "inv_std": 2})
+#: The only built-in op without an inverse-std output.
+_RMS_NORMALIZATION = CoreOp("RMSNormalization", "", 23, True, {}, takes_bias=False)
+_ORT_LAYER_NORMALIZATION = CoreOp("LayerNormalization", "", 1, False, {"mean": 1, "inv_std": 2})
+_ORT_RMS_NORMALIZATION = CoreOp("SimplifiedLayerNormalization", "", 1, False, {"inv_std": 1}, takes_bias=False)
+_SKIP_OUTPUTS = {"mean": 1, "inv_std": 2, "sum": 3}
+_ORT_SKIP_OPS = {
+    "layer": CoreOp("SkipLayerNormalization", MS_DOMAIN, 1, True, _SKIP_OUTPUTS, axis_attrs=False, takes_skip=True),
+    "rms": CoreOp(
+        "SkipSimplifiedLayerNormalization", MS_DOMAIN, 1, True, _SKIP_OUTPUTS, False, axis_attrs=False, takes_skip=True
+    ),
+}
+
+
+def _onnx_core(spec: NormSpec, opset: int) -> CoreOp:
+    return _RMS_NORMALIZATION if spec.kind == "rms" else _LAYER_NORMALIZATION
+
+
+def _ort_core(spec: NormSpec, opset: int) -> CoreOp:
+    if spec.kind == "rms":
+        return _ORT_RMS_NORMALIZATION
+    # Below opset 17 the default-domain name is ONNX Runtime's contrib op.
+    return _LAYER_NORMALIZATION if opset >= 17 else _ORT_LAYER_NORMALIZATION
+
+
+def _ort_skip(spec: NormSpec) -> CoreOp | None:
+    """ORT's Skip ops normalise the last dim of a 2-D or 3-D input, and normalise the unrounded sum: only a float32
+    residual is rounded the same way as the graph's Add."""
+    fits = spec.x_type == _FLOAT and _rank_of(spec.x) in (2, 3) and spec.attrs.axis == -1
+    return _ORT_SKIP_OPS[spec.kind] if spec.skip is not None and fits else None
+
+
+def _standard_planner(
+    core_op: Callable[[NormSpec, int], CoreOp],
+    rounds: Callable[[NormSpec, int, int], bool],
+    skip_op: Callable[[NormSpec], CoreOp | None] = lambda spec: None,
+) -> Callable[[NormSpec, int], _Plan | str]:
+    def plan(spec: NormSpec, opset: int) -> _Plan | str:
+        reason = _common_reason(spec)
+        if reason:
+            return reason
+        core = core_op(spec, opset)
+        if opset < core.version:
+            return f"{core.op_type} needs default opset >= {core.version}, the model imports opset {opset}"
+        if spec.inv_std is not None and "inv_std" not in core.outputs:
+            return f"{core.op_type} has no inverse-RMS output"
+        fused = skip_op(spec)
+        found = _fold(spec, fused or core, rounds, fused is not None)
+        if found is not None:
+            return found
+        if fused is not None:
+            # A residual Skip op could not fold what it needs; retry with the residual Add in front.
+            retry = plan(dataclasses.replace(spec, skip=None, sum=None), opset)
+            return retry if isinstance(retry, str) else dataclasses.replace(retry, separate_add=True)
+        # Unreachable while the op can run in float32 with nothing folded; kept so that a new op's constraints
+        # produce a reason rather than a wrong plan.
+        return (
+            f"{core.op_type} cannot reproduce the graph's rounding (normalized_type="
+            f"{_type_name(spec.attrs.normalized_type)}, multiply_type={_type_name(spec.attrs.multiply_type)}, "
+            f"input {_type_name(spec.x_type)}, scale {_type_name(_dtype(spec.scale))}) exactly"
+        )
+
+    return plan
+
+
+def _fold(spec: NormSpec, core: CoreOp, rounds, fused_skip: bool) -> _Plan | None:
+    """The plan folding the most steps into `core`, in the first type that rounds where the graph does."""
+    roundings = _roundings(spec)
+    x_type = spec.x_type
+    final_type = spec.attrs.output_type or x_type
+    for folded in range(len(_steps(spec)), -1, -1):
+        for core_type in dict.fromkeys([x_type, roundings[folded], final_type, _FLOAT]):
+            if _exact(spec, core, rounds, folded=folded, core_type=core_type):
+                cast_x = core.single_type and x_type != core_type
+                return _Plan(core, core_type, cast_x, folded, spec.skip is not None and not fused_skip, fused_skip)
+    return None
 
 
 def _cast(op: Any, value: ir.Value, to: int, have: int) -> ir.Value:
@@ -381,43 +440,44 @@ def _add(op: Any, a: ir.Value, b: ir.Value, elem_type: int) -> ir.Value:
 
 
 def _emit_standard(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
-    x_type = spec.x_type
-    x = spec.x
-    sum_value = None
+    core = plan.core
+    assert isinstance(core, CoreOp)
+    x, sum_value = spec.x, None
     if plan.separate_add:
         assert spec.skip is not None
-        x = sum_value = _add(op, spec.x, spec.skip, x_type)
-    core_in = _cast(op, x, plan.core_type, x_type) if plan.cast_x else x
-    steps = _steps(spec)
-    folded = steps[: plan.folded]
-    params = {name: _cast(op, value, plan.core_type, _dtype(value)) for name, value in folded}
-    one_dim = plan.fused_skip
+        x = sum_value = _add(op, spec.x, spec.skip, spec.x_type)
+    core_in = _cast(op, x, plan.core_type, spec.x_type) if plan.cast_x else x
+    params = {name: _cast(op, value, plan.core_type, _dtype(value)) for name, value in _steps(spec)[: plan.folded]}
     scale = params.get("scale")
     if scale is None:
-        scale = _ones(op, spec, x, plan.core_type, one_dim)
+        scale = _ones(op, spec, x, plan.core_type, one_dim=core.takes_skip)
     bias = params.get("bias")
+    inputs = [core_in, *([spec.skip] if core.takes_skip else []), scale]
+    if core.takes_bias and bias is not None:
+        inputs.append(bias)
     attrs: dict[str, Any] = {"epsilon": float(spec.attrs.epsilon)}
-    if not plan.fused_skip:
+    if core.axis_attrs:
         attrs["axis"] = spec.attrs.axis
         attrs["stash_type"] = 1
-    if plan.fused_skip:
-        inputs = [core_in, spec.skip, scale] + ([bias] if bias is not None else [])
-        # outputs: output, mean, inv_std_var, input_skip_bias_sum
-        wanted = {"mean": 1, "inv_std": 2, "sum": 3}
-    elif plan.op_type == "SimplifiedLayerNormalization":
-        inputs, wanted = [core_in, scale], {"inv_std": 1}
-    elif plan.op_type == "RMSNormalization":
-        inputs, wanted = [core_in, scale], {}
-    else:
-        inputs = [core_in, scale] + ([bias] if bias is not None else [])
-        wanted = {"mean": 1, "inv_std": 2}
-    requested = {key: index for key, index in wanted.items() if getattr(spec, key) is not None}
+    requested = {key: index for key, index in core.outputs.items() if getattr(spec, key) is not None}
     n_outputs = 1 + max(requested.values(), default=0)
-    outputs = op.op(plan.op_type, *inputs, _domain=plan.domain, _version=plan.version, _outputs=n_outputs, **attrs)
+    outputs = op.op(core.op_type, *inputs, _domain=core.domain, _version=core.version, _outputs=n_outputs, **attrs)
     outputs = [outputs] if isinstance(outputs, ir.Value) else list(outputs)
-    # The remaining steps, each in float32 and rounded where the graph rounds.
-    y, y_type = outputs[0], plan.core_type
+    y = _remaining_steps(op, spec, plan, outputs[0])
+    if plan.fused_skip and spec.sum is not None:
+        sum_value = outputs[requested["sum"]]
+    results = [y]
+    if spec.sum is not None:
+        assert sum_value is not None
+        results.append(sum_value)
+    return results + [outputs[requested[key]] for key in ("mean", "inv_std") if getattr(spec, key) is not None]
+
+
+def _remaining_steps(op: Any, spec: NormSpec, plan: _Plan, y: ir.Value) -> ir.Value:
+    """The steps the op did not fold, each in float32 and rounded where the graph rounds, then the output type."""
+    y_type = plan.core_type
     roundings = _roundings(spec)
+    steps = _steps(spec)
     if y_type == _FLOAT and roundings[plan.folded] != _FLOAT:
         y_type = roundings[plan.folded]
         y = op.Cast(y, to=y_type)
@@ -432,14 +492,152 @@ def _emit_standard(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
             y = op.Mul(a, b) if name == "scale" else op.Add(a, b)
             y = _cast(op, y, rounding, _FLOAT)
         y_type = rounding
-    y = _cast(op, y, spec.attrs.output_type or x_type, y_type)
-    if plan.fused_skip and spec.sum is not None:
-        sum_value = outputs[requested["sum"]]
-    results = [y]
-    if spec.sum is not None:
-        assert sum_value is not None
-        results.append(sum_value)
-    for key in ("mean", "inv_std"):
-        if getattr(spec, key) is not None:
-            results.append(outputs[requested[key]])
+    return _cast(op, y, spec.attrs.output_type or spec.x_type, y_type)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The registered targets
+
+
+def _library_opsets(specs: Sequence[NormSpec]) -> dict[str, int]:
+    return {DOMAIN: OPSET_VERSION} if specs else {}
+
+
+def _onnx_opsets(specs: Sequence[NormSpec]) -> dict[str, int]:
+    return {"": max(_onnx_core(s, 0).version for s in specs)} if specs else {}
+
+
+def _ort_opsets(specs: Sequence[NormSpec]) -> dict[str, int]:
+    return {MS_DOMAIN: 1} if any(s.skip is not None and s.x_type == _FLOAT for s in specs) else {}
+
+
+ONNX_NORM = register(
+    Target(
+        "onnx-norm",
+        "onnx-norm's fused ops (domain onnx_norm), with model-local functions so the model runs without the library",
+        plan=_plan_onnx_norm,
+        emit=_emit_onnx_norm,
+        opset_needs=_library_opsets,
+        min_opset=11,
+        min_opset_reason="the onnx_norm ops' model-local functions need default opset >= 11",
+        attaches_functions=True,
+    )
+)
+ONNX = register(
+    Target(
+        "onnx",
+        "standard ONNX LayerNormalization (opset >= 17) and RMSNormalization (opset >= 23)",
+        plan=_standard_planner(_onnx_core, _rounds_after_each_step),
+        emit=_emit_standard,
+        opset_needs=_onnx_opsets,
+        native_ops=frozenset({("onnx", "LayerNormalization"), ("onnx", "RMSNormalization")}),
+    )
+)
+ORT = register(
+    Target(
+        "ort",
+        "ONNX Runtime's LayerNormalization, SimplifiedLayerNormalization and com.microsoft Skip ops",
+        plan=_standard_planner(_ort_core, _rounds_once, _ort_skip),
+        emit=_emit_standard,
+        opset_needs=_ort_opsets,
+        native_ops=frozenset(
+            {
+                ("onnx", "LayerNormalization"),
+                ("onnx", "SimplifiedLayerNormalization"),
+                ("ms", "SkipLayerNormalization"),
+                ("ms", "SkipSimplifiedLayerNormalization"),
+            }
+        ),
+    )
+)
+#: The targets' names, in registration order (the CLI's --target choices).
+TARGETS: tuple[str, ...] = tuple(_TARGETS)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def standard_lowerings() -> Mapping[str, Lowering]:
+    """The lowerings of the built-in LayerNorm and RMSNorm families: every registered target's own, looked up
+    when asked (a target registered later is included)."""
+    return _TargetLowerings()
+
+
+class _TargetLowerings(Mapping[str, Lowering]):
+    def __getitem__(self, name: str) -> Lowering:
+        return _TARGETS[name].lowering()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_TARGETS)
+
+    def __len__(self) -> int:
+        return len(_TARGETS)
+
+
+def prepare(spec: NormSpec, target: str, opset: int) -> Emitter | str:
+    """Checks `spec` for `target` in a model of default-domain opset `opset` (0: unknown) once: why it cannot be
+    emitted exactly, or the emitter to call with a builder and the spec (emit(..., prepared=))."""
+    if target not in _TARGETS:
+        return _unknown(target)
+    chosen = _TARGETS[target]
+    if chosen.min_opset and opset and opset < chosen.min_opset:
+        return f"{chosen.min_opset_reason}, the model imports {opset}"
+    if spec.x_type == _BF16 and opset and opset < 13:
+        return "bfloat16 needs default opset >= 13"
+    lowering = family.get(spec.kind).lowering(target)
+    return lowering if isinstance(lowering, str) else lowering.prepare(spec, opset)
+
+
+def unsupported_reason(spec: NormSpec, target: str, opset_imports: Mapping[str, int]) -> str | None:
+    """Why `spec` cannot be emitted exactly for `target` in a model with these opset imports; None if it can."""
+    prepared = prepare(spec, target, onnx_opset(opset_imports) or 0)
+    return prepared if isinstance(prepared, str) else None
+
+
+def opset_requirements(target: str, specs: Sequence[NormSpec]) -> dict[str, int]:
+    """The minimum opset imports the nodes emitted for `specs` need (a model importing a higher version keeps it;
+    the default-domain opset is never raised by us, `unsupported_reason` refuses instead)."""
+    return get(target).opset_needs(specs)
+
+
+def emit(
+    op: Any, spec: NormSpec, target: str, opset: int | None = None, *, prepared: Emitter | None = None
+) -> list[ir.Value]:
+    """Builds the nodes for `spec` with the builder `op` (builder.Builder, or onnxscript's rewriter builder);
+    returns the values replacing `spec.replaced()`.
+
+    `opset` is the model's default-domain opset (it picks between ORT's contrib and the standard
+    LayerNormalization); by default the opset imported by the graph holding spec.x, else 17. `prepared`: what
+    `prepare` returned for this spec (the check is not repeated). Raises ValueError when the spec cannot be
+    emitted exactly (check `unsupported_reason` first).
+    """
+    if prepared is None:
+        if opset is None:
+            graph = spec.x.graph
+            opset = (onnx_opset(graph.opset_imports) if graph is not None else None) or 17
+        checked = prepare(spec, target, opset)
+        if isinstance(checked, str):
+            raise ValueError(f"cannot emit {spec.kind} norm for target {target!r}: {checked}")
+        prepared = checked
+    results = prepared(op, spec)
+    for new, old in zip(results, spec.replaced(), strict=True):
+        if new.type is None and old.type is not None:
+            new.type = old.type
+        if new.shape is None and old.shape is not None:
+            new.shape = old.shape
+    _tag(results, spec.rule)
     return results
+
+
+def _tag(results: Sequence[ir.Value], rule: str) -> None:
+    """Records the rule on every node the builder made (they have no graph yet)."""
+    seen: set[ir.Node] = set()
+    stack = [v.producer() for v in results]
+    while stack:
+        node = stack.pop()
+        if node is None or node.graph is not None or node in seen:
+            continue
+        seen.add(node)
+        node.metadata_props[RULE_METADATA_KEY] = rule
+        stack.extend(v.producer() for v in node.inputs if v is not None)

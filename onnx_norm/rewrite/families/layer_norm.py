@@ -11,43 +11,19 @@ times `c^-1/2`; the statistic carries `c` and the candidate folds it in (the pro
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
 
+import numpy as np
 import onnx_ir as ir
 
+from onnx_norm.ops.reference import normalize
+from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.family import FusionRule, NormFamily, Statistic, register
 from onnx_norm.rewrite.reductions import row_mean
-from onnx_norm.rewrite.spec import Kind
-from onnx_norm.rewrite.structure import same_data, squared, strip_casts
+from onnx_norm.rewrite.structure import centred, same_data, squared, strip_casts
 
-
-@dataclasses.dataclass
-class Statistic:
-    """The reduced statistic under the square root: its kind, the tensor it is taken over, the axes."""
-
-    kind: Kind
-    x: ir.Value
-    axes: tuple[int, ...]
-    variant: str
-    correction: float = 1.0  # the statistic is the variance times this (N/(N-1): an unbiased variance)
-
-
-def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
-    """For `x - mean(x)` (up to Casts): (x, axes), else None."""
-    node = strip_casts(value).producer()
-    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
-        return None
-    a, m = node.inputs
-    if a is None or m is None:
-        return None
-    mean = row_mean(m)
-    if mean is None or mean.squared or not same_data(mean.input, a):
-        return None
-    return a, mean.axes
-
-
-def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
-    found = centred(value)
-    return found is not None and same_data(found[0], x) and found[1] == axes
+KIND = "layer"
 
 
 def layer_statistic(stat: ir.Value) -> Statistic | None:
@@ -61,8 +37,13 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
         if found is None or found[1] != variance.axes:
             return None
         if variance.correction != 1.0:
-            return Statistic("layer", found[0], variance.axes, "unbiased variance", variance.correction)
-        return Statistic("layer", found[0], variance.axes, "centred variance")
+            return Statistic(KIND, found[0], variance.axes, "unbiased variance", variance.correction, centred=True)
+        return Statistic(KIND, found[0], variance.axes, "centred variance", centred=True)
+    return _mean_square_minus_square_mean(stat)
+
+
+def _mean_square_minus_square_mean(stat: ir.Value) -> Statistic | None:
+    """`E[x^2] - E[x]^2`, the variance as LayerNormalization's function expansion computes it."""
     node = strip_casts(stat).producer()
     if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
         return None
@@ -79,4 +60,27 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
         return None
     if mean.kept != mean_of_square.kept:
         return None
-    return Statistic("layer", x, mean.axes, "E[x^2] - E[x]^2")
+    return Statistic(KIND, x, mean.axes, "E[x^2] - E[x]^2", centred=True)
+
+
+def reference(
+    x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    return normalize(x, params.get("scale"), params.get("bias"), attrs, rms=False)
+
+
+FAMILY = register(
+    NormFamily(
+        kind=KIND,
+        summary="LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * scale + bias",
+        rules=(
+            FusionRule("skip_layer_norm", KIND, residual=True),
+            FusionRule("layer_norm_channels_first", KIND, channels_first=True),
+            FusionRule("layer_norm", KIND),
+        ),
+        reference=reference,
+        lowerings=targets.standard_lowerings(),
+        statistic=layer_statistic,
+        outputs=("mean", "inv_std"),
+    )
+)
