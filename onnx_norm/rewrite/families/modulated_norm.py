@@ -43,29 +43,39 @@ def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
     return node
 
 
-def _one_plus(gate: ir.Value) -> tuple[ir.Node, ir.Value] | None:
-    """(the Add, s) when `gate` is `1 + s` or `s + 1`, the 1 any constant of value 1 and s computed."""
+_LAYOUT = ("Unsqueeze", "Reshape")
+
+
+def _one_plus(gate: ir.Value) -> tuple[list[ir.Node], ir.Value] | None:
+    """(its nodes, s) when `gate` is `1 + s` or `s + 1`, the 1 any constant of value 1 and s computed, or that
+    unsqueezed or reshaped (`(1 + scale)[:, None, :]`, AdaLayerNormContinuous): s is then the [B, H] chunk."""
+    layout = gate.producer()
+    if layout is not None and layout.op_type in _LAYOUT and layout.domain in _DEFAULT and layout.inputs[0] is not None:
+        found = _one_plus(layout.inputs[0])
+        return None if found is None else ([*found[0], layout], found[1])
     add = _producer(gate, "Add")
     if add is None:
         return None
     a, b = add.inputs
     for one, s in ((a, b), (b, a)):
         if s is not None and not constants.is_constant(s) and constants.scalar(one) == 1.0:
-            return add, s
+            return [add], s
     return None
 
 
-def _per_sample(value: ir.Value, x: ir.Value, axis: int) -> str | None:
-    """Why `value` is not a modulation of X's rows ([B or 1, 1, ..., 1, *normalised dims]), or None when it is."""
+def _per_sample(value: ir.Value, x: ir.Value, axis: int, *, squeezed: bool = False) -> str | None:
+    """Why `value` is not a modulation of X's rows ([B or 1, 1, ..., 1, *normalised dims]; with `squeezed`, the
+    [B, *normalised dims] a layout op turned into that), or None when it is."""
     if value.shape is None or x.shape is None:
         return "the modulation's shape is unknown"
     shape, x_shape = list(value.shape), list(x.shape)
-    if len(shape) != len(x_shape):
-        return f"the modulation has rank {len(shape)}, not X's {len(x_shape)} (it is not [B, 1, ..., H])"
     first = len(x_shape) + axis
-    if any(d != 1 for d in shape[1:first]):
+    rank = 1 - axis if squeezed else len(x_shape)
+    if len(shape) != rank:
+        return f"the modulation has shape {shape}, not [B, 1, ..., H] of X's rank (it is not per sample)"
+    if any(d != 1 for d in shape[1 : rank + axis]):
         return "modulation varies along the sequence (only per-sample modulation [B, 1, ..., H] is fused)"
-    if any(d == 1 and x_shape[first + i] != 1 for i, d in enumerate(shape[first:])):
+    if any(d == 1 and x_shape[first + i] != 1 for i, d in enumerate(shape[rank + axis :])):
         return "the modulation broadcasts inside the normalised row"
     return None
 
@@ -107,9 +117,9 @@ def _candidate(anchor: ir.Node, shift: ir.Value, mul: ir.Node, n: ir.Value, gate
         if constants.is_constant(gate) or _per_sample(gate, x, axis) is not None:
             return None  # a constant scale is the inner norm's; anything else is not a modulation
         raise NearMiss("no 1 + scale: the norm is multiplied by the modulation itself; only the norm is fused", gate)
-    add, scale = plus
-    for value in (scale, shift):
-        reason = _per_sample(value, x, axis)
+    gate_nodes, scale = plus
+    for value, squeezed in ((gate, False), (scale, len(gate_nodes) > 1), (shift, False)):
+        reason = _per_sample(value, x, axis, squeezed=squeezed)
         if reason is not None:
             raise NearMiss(reason, value)
     t = int(n.dtype) if n.dtype is not None else 0
@@ -125,7 +135,7 @@ def _candidate(anchor: ir.Node, shift: ir.Value, mul: ir.Node, n: ir.Value, gate
         attrs=attrs,
         extra_inputs={"mod_scale": scale, "mod_shift": shift},
     )
-    return dataclasses.replace(inner, spec=spec, nodes=[*inner.nodes, add, mul, anchor])
+    return dataclasses.replace(inner, spec=spec, nodes=[*inner.nodes, *gate_nodes, mul, anchor])
 
 
 def _find(anchor: ir.Node, kind: str) -> match.Candidate | None:
