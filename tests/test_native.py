@@ -221,7 +221,7 @@ def test_skipped_nodes_say_why() -> None:
         ),
         "stash_type": _model("LayerNormalization", "", base[:1] + base[2:3], [("y", F32)], 17, stash_type=11),
         "ill-typed": _model("RMSNormalization", "", [("x", F16, [2, 8]), ("s", F32, [8])], [("y", F32)], 23),
-        "float32, float16 or bfloat16": _model(
+        "fp32, fp16 or bf16": _model(
             "LayerNormalization",
             "",
             [("x", TensorProto.DOUBLE, [2, 8]), ("s", TensorProto.DOUBLE, [8])],

@@ -79,8 +79,15 @@ def test_report_to_dict_is_json():
 def test_inspect_is_a_dry_run():
     model = ir.serde.deserialize_model(rms_model())
     before = len(model.graph)
-    report = inspect(model, explain=True)
+    report = inspect(model)
     assert report.dry_run and report.fused == 1 and len(model.graph) == before
+
+
+def test_inspect_explain_is_deprecated():
+    """The near-misses are always in the report; the keyword says so instead of being silently dropped."""
+    with pytest.warns(DeprecationWarning, match="explain"):
+        report = inspect(rms_model(), explain=True)
+    assert report.dry_run and report.fused == 1
 
 
 def test_disable_a_rule_and_unknown_rule():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from test_rewrite_support import FLOAT, FLOAT16, assert_fused, const, make_model
+from test_rewrite_support import FLOAT, FLOAT16, assert_fused, const, layer_nodes, make_model, rms_nodes
 
 D = 16
 rng = np.random.default_rng(21)
@@ -68,13 +68,7 @@ def test_global_average_pool_of_rank_4_averages_two_axes():
 
 
 def _rms_rank4():
-    nodes = [
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("GlobalAveragePool", ["sq"], ["ms"]),
-        helper.make_node("Add", ["ms", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["x", "s"], ["y"]),
-    ]
+    nodes = rms_nodes(reduce="GlobalAveragePool")
     return make_model(
         nodes, [("x", FLOAT, ["n", 3, 4, D])], [("y", FLOAT, None)], [const("eps", 1e-6, np.float32)], opset=13
     )
@@ -101,11 +95,7 @@ def test_jax2onnx_castlike_epsilon_like_the_input():
     nodes = [
         helper.make_node("Constant", [], ["e0"], value=helper.make_tensor("e", FLOAT, [], [1e-6])),
         helper.make_node("CastLike", ["e0", "x"], ["eps"]),
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
-        helper.make_node("Add", ["ms", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["x", "s"], ["n"]),
+        *rms_nodes(y="n"),
         helper.make_node("Mul", ["n", "w"], ["y"]),
     ]
     inits = [const("w", GAMMA.reshape(-1))]
@@ -137,15 +127,7 @@ def test_float16_keep_io_types_casts_the_input_once_per_reader():
     nodes = [
         helper.make_node("Cast", ["x"], ["x_to_mean"], to=FLOAT16),
         helper.make_node("Cast", ["x"], ["x_to_sub"], to=FLOAT16),
-        helper.make_node("ReduceMean", ["x_to_mean"], ["mean"], axes=[-1]),
-        helper.make_node("Sub", ["x_to_sub", "mean"], ["d"]),
-        helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
-        helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["d", "s"], ["n"]),
-        helper.make_node("Mul", ["n", "w"], ["nw"]),
-        helper.make_node("Add", ["nw", "b"], ["y16"]),
+        *layer_nodes("x_to_sub", "y16", mean_of="x_to_mean", scale="w", bias="b"),
         helper.make_node("Cast", ["y16"], ["y"], to=FLOAT),
     ]
     inits = [

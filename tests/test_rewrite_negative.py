@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
-from test_rewrite_support import FLOAT, assert_fused, assert_not_fused, const, make_model
+from test_rewrite_support import FLOAT, assert_fused, assert_not_fused, const, layer_nodes, make_model
 from test_rewrite_variants import distributed_layer_norm
 
 D = 16
@@ -105,15 +105,7 @@ def test_per_row_scale():
 
 
 def test_centring_with_another_tensors_mean_is_not_a_layer_norm():
-    nodes = [
-        helper.make_node("ReduceMean", ["other"], ["mu"], axes=[-1]),
-        helper.make_node("Sub", ["x", "mu"], ["d"]),
-        helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
-        helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["d", "s"], ["y"]),
-    ]
+    nodes = layer_nodes(mean_of="other")
     model = make_model(
         nodes, [*X, ("other", FLOAT, ["b", "s", D])], [("y", FLOAT, None)], [const("eps", 1e-6, np.float32)]
     )
@@ -125,13 +117,7 @@ def test_centring_with_another_tensors_mean_is_not_a_layer_norm():
 
 def test_intermediate_used_elsewhere():
     nodes = [
-        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
-        helper.make_node("Sub", ["x", "mu"], ["d"]),
-        helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
-        helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["d", "s"], ["n"]),
+        *layer_nodes(y="n"),
         helper.make_node("Add", ["n", "sq"], ["y"]),  # the square is read again
     ]
     model = make_model(nodes, X, [("y", FLOAT, None)], [const("eps", 1e-6, np.float32)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_rewrite_support import FLOAT, assert_not_fused, const, make_model
+from test_rewrite_support import FLOAT, assert_not_fused, const, make_model, rms_nodes
 
 from onnx_norm.rewrite import inspect, optimize
 
@@ -52,13 +52,7 @@ def test_axes_computed_at_run_time_are_named():
 
 def test_a_near_miss_below_the_reduction_is_enough():
     """The matcher explains this one itself (epsilon read from a graph input): no second record."""
-    nodes = [
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
-        helper.make_node("Add", ["ms", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["x", "s"], ["y"]),
-    ]
+    nodes = rms_nodes()
     inputs = [("x", FLOAT, ["b", "s", D]), ("eps", FLOAT, [])]
     model = make_model(nodes, inputs, [("y", FLOAT, ["b", "s", D])])
     reasons = _reasons(model)

@@ -94,3 +94,38 @@ def assert_not_fused(model: onnx.ModelProto, shapes: dict[str, list[int]], reaso
         reasons = " | ".join(m.reason for m in report.near_misses)
         assert reason in reasons, reasons
     return report
+
+
+def rms_nodes(x: str = "x", y: str = "y", *, reduce: str = "ReduceMean", eps: str = "eps") -> list[onnx.NodeProto]:
+    """`x / sqrt(mean(x * x) + eps)`: the mean over the last axis (axes as an attribute, opset < 18), or a
+    GlobalAveragePool."""
+    axes = {} if reduce == "GlobalAveragePool" else {"axes": [-1]}
+    return [
+        helper.make_node("Mul", [x, x], ["sq"]),
+        helper.make_node(reduce, ["sq"], ["ms"], **axes),
+        helper.make_node("Add", ["ms", eps], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", [x, "s"], [y]),
+    ]
+
+
+def layer_nodes(
+    x: str = "x", y: str = "y", *, mean_of: str | None = None, scale: str | None = None, bias: str | None = None
+) -> list[onnx.NodeProto]:
+    """`(x - mean(x)) / sqrt(mean((x - mean)^2) + eps)` over the last axis, then `* scale` and `+ bias` when named;
+    `mean_of`: the tensor whose mean is subtracted (another name for x, or another tensor)."""
+    normalised = "n" if scale or bias else y
+    nodes = [
+        helper.make_node("ReduceMean", [mean_of or x], ["mu"], axes=[-1]),
+        helper.make_node("Sub", [x, "mu"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], [normalised]),
+    ]
+    if scale:
+        nodes.append(helper.make_node("Mul", [normalised, scale], ["nw" if bias else y]))
+    if bias:
+        nodes.append(helper.make_node("Add", ["nw" if scale else normalised, bias], [y]))
+    return nodes

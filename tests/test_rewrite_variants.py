@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from test_rewrite_support import DOUBLE, FLOAT, FLOAT16, assert_fused, const, make_model, run
+from test_rewrite_support import DOUBLE, FLOAT, FLOAT16, assert_fused, const, layer_nodes, make_model, rms_nodes, run
 
 D = 16
 X = [("x", FLOAT, ["b", "s", D])]
@@ -424,13 +424,7 @@ def test_channels_first_layer_norm():
 
 
 def test_double_precision_input_is_a_near_miss():
-    nodes = [
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
-        helper.make_node("Add", ["ms", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["x", "s"], ["y"]),
-    ]
+    nodes = rms_nodes()
     model = make_model(nodes, [("x", DOUBLE, ["b", D])], [("y", DOUBLE, None)], [const("eps", 1e-6, np.float64)])
     from test_rewrite_support import assert_not_fused
 
@@ -504,15 +498,7 @@ def test_input_without_shape_uses_axes_from_the_end_and_the_scale():
 
     nodes = [
         helper.make_node("Reshape", ["x", "shape"], ["h"]),  # a runtime shape: inference loses the rank
-        helper.make_node("ReduceMean", ["h"], ["mu"], axes=[-1]),
-        helper.make_node("Sub", ["h", "mu"], ["d"]),
-        helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
-        helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["d", "s"], ["n"]),
-        helper.make_node("Mul", ["n", "w"], ["nw"]),
-        helper.make_node("Add", ["nw", "b"], ["y"]),
+        *layer_nodes("h", scale="w", bias="b"),
     ]
     inits = [const("eps", 1e-5, np.float32), const("w", W), const("b", B)]
     model = make_model(nodes, [*X, ("shape", TensorProto.INT64, ["r"])], [("y", FLOAT, ["rows", D])], inits)

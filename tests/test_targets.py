@@ -345,7 +345,7 @@ def test_unsupported_reasons() -> None:
     assert "opset >= 11" in targets.unsupported_reason(layer, "onnx-norm", {"": 10})
     assert "unknown target" in targets.unsupported_reason(layer, "tensorrt", {"": 18})
     double = _spec("layer", (2, 16), TensorProto.DOUBLE)
-    assert "float" in targets.unsupported_reason(double, "onnx-norm", {"": 18})
+    assert "fp64 is not fp32, fp16 or bf16" in targets.unsupported_reason(double, "onnx-norm", {"": 18})
     # A graph that rounds the normalised value to float16 and multiplies by a float32 scale: no op folds the
     # scale, the op runs in float32, a Cast rounds its result and the Mul stays separate.
     for target, opset in (("ort", 18), ("onnx", 23)):

@@ -9,6 +9,7 @@ not. `FuseNormsPass` is the same as an onnx-ir pass, for pipelines.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -63,13 +64,19 @@ def optimize(
 
 
 def inspect(
-    model: str | onnx.ModelProto | ir.Model, *, explain: bool = False, target: str = "onnx-norm"
+    model: str | onnx.ModelProto | ir.Model, *, target: str = "onnx-norm", explain: bool | None = None
 ) -> OptimizeReport:
-    """A dry run: what `optimize` would fuse, and (with `explain`) every near-miss with its reason.
+    """A dry run: what `optimize` would fuse, and every near-miss with its reason (`report.near_misses`).
 
-    The model is not modified. The near-misses are always in the report; `explain` is kept for symmetry with the
-    CLI, which prints them only when asked.
+    The model is not modified. `explain` is deprecated and has no effect: the near-misses are always in the
+    report, and what to print is the caller's choice (the CLI prints them with `--explain`).
     """
+    if explain is not None:
+        warnings.warn(
+            "inspect(explain=...) has no effect (the near-misses are always in the report) and will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     ir_model = model_io.load(model)
     if isinstance(model, ir.Model):
         ir_model = model_io.clone(ir_model)
@@ -77,5 +84,4 @@ def inspect(
     fuse(ir_model)
     report = fuse.report
     report.dry_run = True
-    del explain
     return report

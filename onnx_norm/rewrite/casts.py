@@ -16,21 +16,8 @@ import dataclasses
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import type_name
 from onnx_norm.rewrite.structure import narrow
-
-_NAMES = {
-    0: "-",
-    int(ir.DataType.FLOAT): "fp32",
-    int(ir.DataType.FLOAT16): "fp16",
-    int(ir.DataType.BFLOAT16): "bf16",
-    int(ir.DataType.DOUBLE): "fp64",
-}
-
-
-def type_name(dtype: int | ir.DataType | None) -> str:
-    if dtype is None:
-        return "?"
-    return _NAMES.get(int(dtype), ir.DataType(int(dtype)).name.lower())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite.evaluate import SHAPE_OPS, SUPPORTED_OPS, EvaluationError, evaluate, static_shape
 
 #: Constant expressions larger than this are not folded (a scale or bias is one row of the normalised dims).
@@ -57,7 +58,7 @@ def is_direct_constant(value: ir.Value) -> bool:
     if value.const_value is not None and not value.is_graph_input():
         return True
     node = value.producer()
-    return node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    return node is not None and node.op_type == "Constant" and is_onnx_domain(node.domain)
 
 
 def is_constant(value: ir.Value | None) -> bool:
@@ -92,22 +93,27 @@ def _type_only_inputs(node: ir.Node) -> list[ir.Value] | None:
     return [v for v in node.inputs if v is not None]
 
 
+def each_once(stack: list[ir.Value]) -> Iterator[ir.Value]:
+    """Pops `stack` until it is empty, each value once; the caller pushes onto `stack` what to visit next."""
+    seen: set[ir.Value] = set()
+    while stack:
+        value = stack.pop()
+        if value not in seen:
+            seen.add(value)
+            yield value
+
+
 def _constant_nodes(value: ir.Value) -> list[ir.Node] | None:
     """The nodes computing `value` from constants, or None when it depends on anything else."""
     nodes: list[ir.Node] = []
-    seen: set[ir.Value] = set()
     stack = [value]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
+    for current in each_once(stack):
         if current.const_value is not None and not current.is_graph_input():
             if current.const_value.size > MAX_FOLD_ELEMENTS:
                 return None
             continue
         node = current.producer()
-        if node is None or node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
+        if node is None or not is_onnx_domain(node.domain) or node.op_type not in SUPPORTED_OPS:
             return None
         nodes.append(node)
         if len(nodes) > _MAX_FOLD_NODES:

@@ -18,6 +18,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.family import Statistic
 from onnx_norm.rewrite.reductions import row_mean
@@ -44,7 +45,7 @@ def signed_terms(value: ir.Value) -> list[tuple[ir.Value, int]] | None:
         node = current.producer()
         # An intermediate sum read elsewhere too (a residual stream) is a term, not part of this sum.
         single = depth == 0 or (len(current.uses()) == 1 and not current.is_graph_output())
-        if depth < 3 and single and node is not None and node.domain in ("", "ai.onnx"):
+        if depth < 3 and single and node is not None and is_onnx_domain(node.domain):
             op = node.op_type
             if op in ("Add", "Sub") and len(node.inputs) == 2 and None not in node.inputs:
                 a, b = node.inputs

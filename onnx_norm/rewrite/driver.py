@@ -28,11 +28,10 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 import onnxscript.optimizer
 
-from onnx_norm.dtypes import onnx_opset
+from onnx_norm.dtypes import is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import family, rules, targets
 from onnx_norm.rewrite.builder import Builder
-from onnx_norm.rewrite.casts import type_name
 from onnx_norm.rewrite.family import Emitter, FusionRule
 from onnx_norm.rewrite.match import Candidate, find_norm
 from onnx_norm.rewrite.report import NormRecord
@@ -93,7 +92,7 @@ class _Walk:
         if self.statistic_kinds:
             recognisers.append(lambda: find_norm(node, kinds=self.statistic_kinds, channels_first=self.channels_first))
         for finder in self.finders:
-            if node.op_type in finder.anchor_ops and node.domain in ("", "ai.onnx"):
+            if node.op_type in finder.anchor_ops and is_onnx_domain(node.domain):
                 recognisers.append(lambda finder=finder: finder.find(node))
         if recognisers:
             self.session.progress()

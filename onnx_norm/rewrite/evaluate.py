@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.ops.reference import np_dtype
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
@@ -403,7 +404,7 @@ class _Evaluator:
         return result
 
     def run_node(self, node: ir.Node) -> np.ndarray:
-        if node.domain not in ("", "ai.onnx"):
+        if not is_onnx_domain(node.domain):
             raise EvaluationError(f"cannot evaluate {node.domain}::{node.op_type}")
         if node.op_type == "Constant":
             return constant_attribute(node, self.widen)

@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.dtypes import FLOAT_TYPES, type_name
+from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, type_name
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import casts, constants, distributed, family
@@ -97,7 +97,7 @@ def _walk_tail(y: ir.Value) -> tuple[ir.Value, list[_TailOp]] | None:
     seen_bias = False
     for _ in range(_MAX_TAIL):
         node = value.producer()
-        if node is None or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        if node is None or not is_onnx_domain(node.domain) or len(node.outputs) != 1:
             return None
         op = node.op_type
         if is_float_cast(node) or op == "Identity":
@@ -153,7 +153,7 @@ def _extends(y: ir.Value, tail: list[_TailOp]) -> bool:
     if len(consumers) != 1:
         return False
     (node,) = consumers
-    if node.domain not in ("", "ai.onnx"):
+    if not is_onnx_domain(node.domain):
         return False
     if is_float_cast(node):
         return True
@@ -190,7 +190,7 @@ def _stat_leaves(junction: ir.Value) -> list[ir.Value]:
             continue
         seen.add(value)
         node = value.producer()
-        if node is None or node.domain not in ("", "ai.onnx"):
+        if node is None or not is_onnx_domain(node.domain):
             continue
         if node.op_type in ("Add", "Sub", *REDUCTIONS) or row_mean(value) is not None:
             found.append(value)
@@ -227,14 +227,9 @@ def _collect_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node]:
     """Every node on a path from the stop values (the input) up to `y`, not counting constant expressions."""
     nodes: list[ir.Node] = []
     seen_nodes: set[ir.Node] = set()
-    seen: set[ir.Value] = set()
     folded: list[ir.Value] = []
     stack = [y]
-    while stack:
-        value = stack.pop()
-        if value in seen:
-            continue
-        seen.add(value)
+    for value in constants.each_once(stack):
         if value in stops:
             continue
         if constants.is_constant(value):
@@ -292,7 +287,7 @@ def _twin_casts(x: ir.Value) -> list[ir.Value]:
 def _is_input_shape(node: ir.Node, x: ir.Value, depth: int = 0) -> bool:
     """Shape arithmetic on the input alone (`Shape(x)`, then Gather/Slice/Concat/... of integers): it stays valid
     after the rewrite, so it is kept when something else reads it too (dynamo shares `Shape(x)` widely)."""
-    if depth > 8 or node.domain not in ("", "ai.onnx"):
+    if depth > 8 or not is_onnx_domain(node.domain):
         return False
     if any(v.dtype is None or v.dtype.is_floating_point() for v in node.outputs):
         return False
@@ -388,7 +383,7 @@ def find_norm(
     `affine`: how scale and bias are read from the tail (default `constant_rows`)."""
     if kinds is None:
         kinds = frozenset(f.kind for f in family.families() if f.statistic is not None)
-    if anchor.op_type not in ANCHOR_OPS or anchor.domain not in ("", "ai.onnx") or len(anchor.outputs) != 1:
+    if anchor.op_type not in ANCHOR_OPS or not is_onnx_domain(anchor.domain) or len(anchor.outputs) != 1:
         return None
     y = anchor.outputs[0]
     walked = _walk_tail(y)

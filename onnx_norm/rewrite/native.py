@@ -24,12 +24,12 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset
+from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops import functions
 from onnx_norm.ops.schema import DOMAIN, NormAttributes
 from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.builder import Builder
-from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.spec import NormSpec, elem_type
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 RULE = "take-over"
 
 _FLOAT = int(ir.DataType.FLOAT)
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _MS = "com.microsoft"
 # (domain group, op) -> (kind, skip, contrib semantics)
 _NATIVE = {
@@ -56,15 +55,11 @@ class _Skip(Exception):
 
 
 def _group(domain: str) -> str | None:
-    if domain in _DEFAULT_DOMAINS:
+    if is_onnx_domain(domain):
         return "onnx"
     if domain == _MS:
         return "ms"
     return None
-
-
-def _dtype(value: ir.Value | None) -> int:
-    return 0 if value is None or value.dtype is None else int(value.dtype)
 
 
 def _input(node: ir.Node, index: int) -> ir.Value | None:
@@ -101,15 +96,15 @@ def _spec(node: ir.Node, opset: int) -> NormSpec:
     x = _input(node, 0)
     if x is None:
         raise _Skip("it has no input")
-    x_type = _dtype(x)
+    x_type = elem_type(x)
     if x_type == 0:
         raise _Skip("the element type of its input is unknown (run shape inference first)")
     if x_type not in FLOAT_TYPES:
-        raise _Skip(f"input element type {ir.DataType(x_type).name} is not float32, float16 or bfloat16")
+        raise _Skip(f"input element type {type_name(x_type)} is not {targets.FLOAT_TYPE_LIST}")
     spec = _skip_spec(node, kind, x) if skip else _plain_spec(node, kind, x, opset)
     for name, value in (("scale", spec.scale), ("bias", spec.bias)):
-        if value is not None and _dtype(value) not in FLOAT_TYPES:
-            raise _Skip(f"its {name} element type is unknown or not float32, float16 or bfloat16")
+        if value is not None and elem_type(value) not in FLOAT_TYPES:
+            raise _Skip(f"its {name} element type is unknown or not {targets.FLOAT_TYPE_LIST}")
     return spec
 
 
@@ -123,7 +118,7 @@ def _skip_spec(node: ir.Node, kind: str, x: ir.Value) -> NormSpec:
     if residual is None:
         raise _Skip("it has no skip input")
     # The contrib ops constrain input and skip to one type T: an unknown skip type is the input's.
-    if _dtype(residual) not in (0, _dtype(x)):
+    if elem_type(residual) not in (0, elem_type(x)):
         raise _Skip("its skip input has another element type than its input")
     if x.shape is None or residual.shape is None:
         unknown = "its input's" if x.shape is None else "its skip input's"
@@ -146,19 +141,19 @@ def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
     layer = kind == "layer"
     if node.op_type == "RMSNormalization" and len(node.outputs) > 1:
         raise _Skip("RMSNormalization has a single output")
-    x_type = _dtype(x)
+    x_type = elem_type(x)
     # The ONNX-standard ops exist from these opsets; below them the default-domain names are ORT's contrib ops.
     standard = _group(node.domain) == "onnx" and (
         (node.op_type == "LayerNormalization" and opset >= 17) or node.op_type == "RMSNormalization"
     )
     if standard:
-        if scale is not None and _dtype(scale) != x_type:
+        if scale is not None and elem_type(scale) != x_type:
             raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
         rounding = 0 if x_type == _FLOAT else x_type
         attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
     else:
         # ORT's contrib ops: Y has the scale's type, rounded once.
-        y_type = _dtype(scale) if scale is not None else x_type
+        y_type = elem_type(scale) if scale is not None else x_type
         if y_type == 0:
             raise _Skip("the element type of its scale is unknown")
         attrs = NormAttributes(axis=axis, epsilon=epsilon, output_type=0 if y_type == x_type else y_type)

@@ -11,6 +11,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite import constants, driver, silent, targets
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
@@ -156,7 +157,7 @@ def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
     onnx's inference leaves unknown when `a` has symbolic dims; True when it set any."""
     changed = False
     for node in graph:
-        if node.op_type not in ("Reshape", "Expand") or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        if node.op_type not in ("Reshape", "Expand") or not is_onnx_domain(node.domain) or len(node.inputs) < 2:
             continue
         source, target = node.inputs[0], node.inputs[1]
         shape_node = None if target is None else target.producer()
@@ -189,7 +190,7 @@ def _run_symbolic_inference(inference_class: Any, proto: onnx.ModelProto) -> onn
     """`SymbolicShapeInference.infer_shapes` without its side effect: when inference stops short, that
     function writes `sym_shape_infer_temp.onnx` and one external-data file per weight into the working
     directory before raising. A partial result is still useful to the matchers, so keep it instead."""
-    if not any(op.domain in ("", "ai.onnx") and op.version >= 7 for op in proto.opset_import):
+    if not any(is_onnx_domain(op.domain) and op.version >= 7 for op in proto.opset_import):
         return None
     # Merging lets inference go past dims it cannot prove equal (BERT's Min(max_positions, sequence) vs
     # sequence): dims that a valid input makes equal anyway. Only the matchers see the result.

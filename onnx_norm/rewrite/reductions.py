@@ -16,6 +16,7 @@ import math
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import ANALYSED_FLOAT_TYPES, is_onnx_domain
 from onnx_norm.rewrite import constants
 
 _REL_TOLERANCE = {
@@ -25,7 +26,6 @@ _REL_TOLERANCE = {
 #: The reductions a row mean is made of. `GlobalAveragePool` is the mean over every dim after the first two, dims
 #: kept: tf2onnx writes Keras' mean over the last axis of a rank-3 tensor as one below opset 18.
 REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare", "GlobalAveragePool")
-_FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 
 @dataclasses.dataclass
@@ -46,10 +46,10 @@ class RowMean:
 
 
 def is_float_cast(node: ir.Node) -> bool:
-    if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+    if node.op_type != "Cast" or not is_onnx_domain(node.domain):
         return False
     to = node.attributes.get("to")
-    return to is not None and ir.DataType(to.value) in _FLOAT_TYPES
+    return to is not None and int(to.value) in ANALYSED_FLOAT_TYPES
 
 
 def rank_of(value: ir.Value) -> int | None:
@@ -142,7 +142,7 @@ def _path_to_reduction(value: ir.Value) -> _Path | None:
     current: ir.Value | None = value
     for _ in range(10):
         node = current.producer() if current is not None else None
-        if node is None or node.domain not in ("", "ai.onnx"):
+        if node is None or not is_onnx_domain(node.domain):
             return None
         op = node.op_type
         if op in REDUCTIONS:

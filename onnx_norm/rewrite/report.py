@@ -8,6 +8,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
+
 
 @dataclasses.dataclass
 class NormRecord:
@@ -70,6 +72,6 @@ def op_counts(model: ir.Model) -> dict[str, int]:
     graphs: list[ir.Graph | ir.Function] = [model.graph, *(f for f in model.functions.values() if f.domain != DOMAIN)]
     for graph in graphs:
         for node in ir.traversal.RecursiveGraphIterator(graph):
-            name = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            name = node.op_type if is_onnx_domain(node.domain) else f"{node.domain}::{node.op_type}"
             counts[name] += 1
     return dict(sorted(counts.items()))

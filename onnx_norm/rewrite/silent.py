@@ -10,10 +10,11 @@ else that no norm ending below it was recognised.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.reductions import REDUCTIONS, rank_of, reduction_axes
 from onnx_norm.rewrite.structure import NearMiss, centred, squared
@@ -27,7 +28,7 @@ _REPORTED_DEPTH = 24
 
 
 def _is_statistic_like(node: ir.Node) -> bool:
-    if node.op_type not in REDUCTIONS or node.domain not in ("", "ai.onnx") or not node.inputs:
+    if node.op_type not in REDUCTIONS or not is_onnx_domain(node.domain) or not node.inputs:
         return False
     source = node.inputs[0]
     if source is None:
@@ -35,45 +36,50 @@ def _is_statistic_like(node: ir.Node) -> bool:
     return node.op_type == "ReduceSumSquare" or squared(source) is not None or centred(source) is not None
 
 
-def _reaches_rsqrt(value: ir.Value) -> bool:
-    """True when `value` reaches a Sqrt, a Reciprocal, a negative Pow or a Div's divisor within a few ops."""
-    frontier = [(value, 0)]
+def _search_readers(
+    values: Iterable[ir.Value], max_depth: int, found: Callable[[ir.Usage], bool], follow: Callable[[ir.Node], bool]
+) -> bool:
+    """True when some use of `values`, or of what the readers `follow` accepts compute (at most `max_depth` ops
+    down), is `found`."""
+    frontier = [(v, 0) for v in values]
     seen: set[ir.Value] = set()
     while frontier:
         current, depth = frontier.pop()
-        if current in seen or depth > _DEPTH:
+        if current in seen or depth > max_depth:
             continue
         seen.add(current)
         for use in current.uses():
-            node = use.node
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            op = node.op_type
-            if op in ("Sqrt", "Reciprocal") or (op == "Div" and use.idx == 1):
+            if found(use):
                 return True
-            if op == "Pow" and use.idx == 0:
-                exponent = constants.scalar(node.inputs[1] if len(node.inputs) > 1 else None)
-                if exponent is not None and exponent < 0:
-                    return True
-            if op in _ON_THE_WAY:
-                frontier.extend((out, depth + 1) for out in node.outputs)
+            if follow(use.node):
+                frontier.extend((out, depth + 1) for out in use.node.outputs)
     return False
+
+
+def _is_rsqrt_use(use: ir.Usage) -> bool:
+    """A Sqrt, a Reciprocal, a negative Pow of the value, or a Div by it."""
+    node = use.node
+    if not is_onnx_domain(node.domain):
+        return False
+    op = node.op_type
+    if op in ("Sqrt", "Reciprocal") or (op == "Div" and use.idx == 1):
+        return True
+    if op == "Pow" and use.idx == 0:
+        exponent = constants.scalar(node.inputs[1] if len(node.inputs) > 1 else None)
+        return exponent is not None and exponent < 0
+    return False
+
+
+def _reaches_rsqrt(value: ir.Value) -> bool:
+    """True when `value` reaches a Sqrt, a Reciprocal, a negative Pow or a Div's divisor within a few ops."""
+    return _search_readers(
+        [value], _DEPTH, _is_rsqrt_use, lambda node: is_onnx_domain(node.domain) and node.op_type in _ON_THE_WAY
+    )
 
 
 def _below(node: ir.Node, targets: set[ir.Node]) -> bool:
     """True when one of `targets` reads, directly or within a few ops, what `node` computes."""
-    frontier = [(v, 0) for v in node.outputs]
-    seen: set[ir.Value] = set()
-    while frontier:
-        current, depth = frontier.pop()
-        if current in seen or depth > _REPORTED_DEPTH:
-            continue
-        seen.add(current)
-        for use in current.uses():
-            if use.node in targets:
-                return True
-            frontier.extend((out, depth + 1) for out in use.node.outputs)
-    return False
+    return _search_readers(node.outputs, _REPORTED_DEPTH, lambda use: use.node in targets, lambda _node: True)
 
 
 def diagnose(node: ir.Node) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.match import Candidate
 
@@ -36,7 +37,7 @@ def fold_residual(candidate: Candidate) -> Candidate | None:
         return None
     x = spec.x
     add = x.producer()
-    if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+    if add is None or add.op_type != "Add" or not is_onnx_domain(add.domain) or len(add.inputs) != 2:
         return None
     a, b = add.inputs
     if a is None or b is None or constants.is_constant(a) or constants.is_constant(b):

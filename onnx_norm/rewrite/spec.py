@@ -16,6 +16,11 @@ from onnx_norm.ops.schema import NormAttributes
 Kind = str
 
 
+def elem_type(value: ir.Value | None) -> int:
+    """The element type of `value` as a TensorProto number, 0 when absent or unknown."""
+    return 0 if value is None or value.dtype is None else int(value.dtype)
+
+
 @dataclasses.dataclass
 class NormSpec:
     """One norm to fuse, with the values it reads and the values it replaces."""
@@ -37,8 +42,7 @@ class NormSpec:
 
     @property
     def x_type(self) -> int:
-        dtype = self.x.dtype
-        return 0 if dtype is None else int(dtype)
+        return elem_type(self.x)
 
     def replaced(self) -> list[ir.Value]:
         """The values the fused op's outputs replace, in the order an emitter returns them."""

@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.reductions import is_float_cast, row_mean
 
@@ -23,7 +24,6 @@ _WIDTH = {
     ir.DataType.FLOAT: 32,
     ir.DataType.DOUBLE: 64,
 }
-NARROW_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 class NearMiss(Exception):
@@ -71,7 +71,7 @@ def strip_nonnegative_clamp(value: ir.Value) -> ir.Value:
     A variance computed as E[x^2] - E[x]^2 can round below zero, so some implementations (Flax's fast variance)
     clamp it; the clamp changes nothing in exact arithmetic, which is what the fused op computes more closely."""
     node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+    if node is None or not is_onnx_domain(node.domain) or not node.inputs or node.inputs[0] is None:
         return value
     op = node.op_type
     if op == "Relu":
@@ -107,7 +107,7 @@ def squared(value: ir.Value) -> ir.Value | None:
     """For `Pow(t, 2)` or `Mul(t, t)` (the two operands the same up to Casts): `t`, else None."""
     value = strip_casts(value)
     node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+    if node is None or not is_onnx_domain(node.domain) or len(node.inputs) != 2:
         return None
     a, b = node.inputs
     if a is None or b is None:
@@ -120,14 +120,21 @@ def squared(value: ir.Value) -> ir.Value | None:
     return None
 
 
+def difference(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
+    """For `a - b` (up to Casts, default domain): (a, b), else None."""
+    node = strip_casts(value).producer()
+    if node is None or node.op_type != "Sub" or not is_onnx_domain(node.domain):
+        return None
+    a, b = node.inputs
+    return None if a is None or b is None else (a, b)
+
+
 def centred(value: ir.Value) -> tuple[ir.Value, tuple[int, ...]] | None:
     """For `x - mean(x)` (up to Casts): (x, axes), else None."""
-    node = strip_casts(value).producer()
-    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
+    operands = difference(value)
+    if operands is None:
         return None
-    a, m = node.inputs
-    if a is None or m is None:
-        return None
+    a, m = operands
     mean = row_mean(m)
     if mean is None or mean.squared or not same_data(mean.input, a):
         return None
@@ -141,7 +148,7 @@ def is_centred(value: ir.Value, x: ir.Value, axes: tuple[int, ...]) -> bool:
 
 def narrow(dtype: ir.DataType | None) -> int:
     """The element type a value of `dtype` is rounded to, if narrower than float32, else 0."""
-    return int(dtype) if dtype in NARROW_TYPES else 0
+    return int(dtype) if dtype is not None and int(dtype) in NARROW_TYPES else 0
 
 
 @dataclasses.dataclass
@@ -201,7 +208,7 @@ class _Flattener:
             factors.constants.append((current, exponent))
             return
         node = current.producer()
-        if node is None or node.domain not in ("", "ai.onnx"):
+        if node is None or not is_onnx_domain(node.domain):
             raise NearMiss(
                 f"operand {current.name!r} is neither the normalised input, the statistic nor a constant", current
             )

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset
+from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset, type_name
 from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, OpSignature
 from onnx_norm.rewrite import family
 from onnx_norm.rewrite.family import Emitter, Lowering
-from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.spec import NormSpec, elem_type
 
 #: Key of the metadata property naming the rule that produced a node.
 RULE_METADATA_KEY = "onnx_norm.rule"
@@ -45,15 +45,8 @@ LIBRARY_TYPES_Y_LIKE_X = True
 _FLOAT = int(ir.DataType.FLOAT)
 _BF16 = int(ir.DataType.BFLOAT16)
 _INT64_MAX = np.iinfo(np.int64).max
-_TYPE_NAMES = {int(ir.DataType.FLOAT): "float32", int(ir.DataType.FLOAT16): "float16", _BF16: "bfloat16"}
-
-
-def _type_name(elem_type: int) -> str:
-    return _TYPE_NAMES.get(elem_type, ir.DataType(elem_type).name if elem_type else "unknown")
-
-
-def _dtype(value: ir.Value | None) -> int:
-    return 0 if value is None or value.dtype is None else int(value.dtype)
+#: How messages list the element types the ops take ("fp32, fp16 or bf16").
+FLOAT_TYPE_LIST = ", ".join(type_name(t) for t in FLOAT_TYPES[:-1]) + f" or {type_name(FLOAT_TYPES[-1])}"
 
 
 def _float_if_unset(elem_type: int) -> int:
@@ -115,11 +108,11 @@ def _exact_cast(src: int, dst: int) -> bool:
 def _common_reason(spec: NormSpec) -> str | None:
     """What no built-in op takes: other element types, a bias or mean on an RMS norm, a negative axis."""
     if spec.x_type not in FLOAT_TYPES:
-        return f"input element type {_type_name(spec.x_type)} is not float32, float16 or bfloat16"
+        return f"input element type {type_name(spec.x.dtype)} is not {FLOAT_TYPE_LIST}"
     for name, value in (("skip", spec.skip), ("scale", spec.scale), ("bias", spec.bias)):
-        if value is not None and _dtype(value) not in FLOAT_TYPES:
-            return f"{name} element type {_type_name(_dtype(value))} is not float32, float16 or bfloat16"
-    if spec.skip is not None and _dtype(spec.skip) != spec.x_type:
+        if value is not None and elem_type(value) not in FLOAT_TYPES:
+            return f"{name} element type {type_name(value.dtype)} is not {FLOAT_TYPE_LIST}"
+    if spec.skip is not None and elem_type(spec.skip) != spec.x_type:
         return "the residual addends have different element types"
     for name, elem in (
         ("normalized_type", spec.attrs.normalized_type),
@@ -127,7 +120,7 @@ def _common_reason(spec: NormSpec) -> str | None:
         ("output_type", spec.attrs.output_type),
     ):
         if elem and elem not in FLOAT_TYPES:
-            return f"{name} {elem} is not float32, float16 or bfloat16"
+            return f"{name} {elem} is not {FLOAT_TYPE_LIST}"
     if "mean" not in family.get(spec.kind).outputs and (spec.bias is not None or spec.mean is not None):
         return "an RMS norm has no bias and no mean"
     if spec.sum is not None and spec.skip is None:
@@ -173,7 +166,7 @@ def _exact(
     if core.takes_skip and core_type != spec.x_type:
         return False
     steps = _steps(spec)[:folded]
-    if not all(_exact_cast(_dtype(value), core_type) for _, value in steps):
+    if not all(_exact_cast(elem_type(value), core_type) for _, value in steps):
         return False
     # The Skip ops take a 1-D gamma and beta.
     return not (core.takes_skip and folded and any(_rank_of(value) != 1 for _, value in steps))
@@ -282,8 +275,8 @@ def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
         return "the onnx_norm Skip ops have no statistics outputs"
     if LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec):
         return (
-            f"Y must be {_type_name(spec.attrs.output_type)} without rounding through the input's "
-            f"{_type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
+            f"Y must be {type_name(spec.attrs.output_type)} without rounding through the input's "
+            f"{type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
         )
     signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
     return _Plan(signature, 0, False, len(_steps(spec)), False, False)
@@ -388,8 +381,8 @@ def _standard_planner(
         # produce a reason rather than a wrong plan.
         return (
             f"{core.op_type} cannot reproduce the graph's rounding (normalized_type="
-            f"{_type_name(spec.attrs.normalized_type)}, multiply_type={_type_name(spec.attrs.multiply_type)}, "
-            f"input {_type_name(spec.x_type)}, scale {_type_name(_dtype(spec.scale))}) exactly"
+            f"{type_name(spec.attrs.normalized_type)}, multiply_type={type_name(spec.attrs.multiply_type)}, "
+            f"input {type_name(spec.x_type)}, scale {type_name(elem_type(spec.scale))}) exactly"
         )
 
     return plan
@@ -419,7 +412,7 @@ def _ones(op: Any, spec: NormSpec, x: ir.Value, elem_type: int, one_dim: bool) -
     dims = None if shape is None else list(shape)[-n_dims:]
     if dims is not None and all(isinstance(d, int) for d in dims):
         array = np.ones(dims, np.float32)
-        tensor = ir.tensor(array) if elem_type == _FLOAT else ir.tensor(array.astype(_np_dtype(elem_type)))
+        tensor = ir.tensor(array) if elem_type == _FLOAT else ir.tensor(array.astype(_npelem_type(elem_type)))
         return op.Constant(value=tensor)
     norm_shape = op.Slice(
         op.Shape(x),
@@ -430,7 +423,7 @@ def _ones(op: Any, spec: NormSpec, x: ir.Value, elem_type: int, one_dim: bool) -
     return _cast(op, ones, elem_type, _FLOAT)
 
 
-def _np_dtype(elem_type: int) -> np.dtype:
+def _npelem_type(elem_type: int) -> np.dtype:
     return ir.DataType(elem_type).numpy()
 
 
@@ -450,7 +443,7 @@ def _emit_standard(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
         assert spec.skip is not None
         x = sum_value = _add(op, spec.x, spec.skip, spec.x_type)
     core_in = _cast(op, x, plan.core_type, spec.x_type) if plan.cast_x else x
-    params = {name: _cast(op, value, plan.core_type, _dtype(value)) for name, value in _steps(spec)[: plan.folded]}
+    params = {name: _cast(op, value, plan.core_type, elem_type(value)) for name, value in _steps(spec)[: plan.folded]}
     scale = params.get("scale")
     if scale is None:
         scale = _ones(op, spec, x, plan.core_type, one_dim=core.takes_skip)
@@ -487,7 +480,7 @@ def _remaining_steps(op: Any, spec: NormSpec, plan: _Plan, y: ir.Value) -> ir.Va
     for index in range(plan.folded, len(steps)):
         name, param = steps[index]
         rounding = roundings[index + 1]
-        param_type = _dtype(param)
+        param_type = elem_type(param)
         if y_type == param_type == rounding and rounding != _BF16:
             y = op.Mul(y, param) if name == "scale" else op.Add(y, param)
         else:

@@ -21,7 +21,7 @@ from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.family import FusionRule, NormFamily, Statistic, register
 from onnx_norm.rewrite.reductions import row_mean
-from onnx_norm.rewrite.structure import centred, same_data, squared, strip_casts
+from onnx_norm.rewrite.structure import centred, difference, same_data, squared
 
 KIND = "layer"
 
@@ -44,12 +44,10 @@ def layer_statistic(stat: ir.Value) -> Statistic | None:
 
 def _mean_square_minus_square_mean(stat: ir.Value) -> Statistic | None:
     """`E[x^2] - E[x]^2`, the variance as LayerNormalization's function expansion computes it."""
-    node = strip_casts(stat).producer()
-    if node is None or node.op_type != "Sub" or node.domain not in ("", "ai.onnx"):
+    operands = difference(stat)
+    if operands is None:
         return None
-    p, q = node.inputs
-    if p is None or q is None:
-        return None
+    p, q = operands
     mean_of_square = row_mean(p, dropped_ok=True)
     square_of_mean = squared(q)
     if mean_of_square is None or square_of_mean is None:
@@ -64,9 +62,10 @@ def _mean_square_minus_square_mean(stat: ir.Value) -> Statistic | None:
 
 
 def reference(
-    x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
+    x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes, *, rms: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    return normalize(x, params.get("scale"), params.get("bias"), attrs, rms=False)
+    """The float64 reference of the built-in families (`rms`: RMSNorm's), from ops.reference."""
+    return normalize(x, params.get("scale"), params.get("bias"), attrs, rms=rms)
 
 
 FAMILY = register(

@@ -9,14 +9,12 @@ The mean square may be taken with its dims dropped and restored after the epsilo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
 
-import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.reference import normalize
-from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import targets
+from onnx_norm.rewrite.families import layer_norm
 from onnx_norm.rewrite.family import FusionRule, NormFamily, Statistic, register
 from onnx_norm.rewrite.reductions import row_mean
 from onnx_norm.rewrite.structure import centred, squared
@@ -38,18 +36,12 @@ def rms_statistic(stat: ir.Value) -> Statistic | None:
     return Statistic(KIND, base, mean.axes, "mean square")
 
 
-def reference(
-    x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    return normalize(x, params.get("scale"), params.get("bias"), attrs, rms=True)
-
-
 FAMILY = register(
     NormFamily(
         kind=KIND,
         summary="RMSNorm: x / sqrt(mean(x^2) + eps) * scale",
         rules=(FusionRule("skip_rms_norm", KIND, residual=True), FusionRule("rms_norm", KIND)),
-        reference=reference,
+        reference=functools.partial(layer_norm.reference, rms=True),
         lowerings=targets.standard_lowerings(),
         statistic=rms_statistic,
         outputs=("inv_std",),
