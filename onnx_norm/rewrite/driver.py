@@ -49,6 +49,8 @@ def fuse(model: ir.Model, session: Session, enabled: list[FusionRule]) -> int:
     count = 0
     for sweep in sweeps:
         walk = _Walk(model, session, [r for r in enabled if family.get(r.kind).sweep == sweep])
+        # Constant nodes' outputs carry their tensor (const_value), as under onnxscript's driver before: the
+        # matchers' constant tests and the values the rewrite rewires see it (onnxscript's public API).
         onnxscript.optimizer.basic_constant_propagation(model.graph)
         count += walk.graph(model.graph)
         for function in functions:

@@ -12,7 +12,8 @@ A family is everything the rewrite needs to know about one kind of norm (docs/ad
 - its rules: the names users can disable, each configured by constructor arguments (residual, channels first).
 
 Families live in `onnx_norm/rewrite/families/`, one module each; every module there is imported (and so
-registered) the first time the registry is read. Nothing outside the family module names its kind.
+registered) the first time the registry is read. A new family's kind is named only in its module; the built-in
+"layer" and "rms" also key the built-in targets' op tables (targets.py) and the native take-over (native.py).
 """
 
 from __future__ import annotations
