@@ -20,6 +20,8 @@ from onnx_norm.ops.reference import REFERENCES, elem_type, np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPS
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+# The statistics/Skip ops; the modulated (adaLN) ops have their own tests (tests/test_adaln_ops.py).
+NORM_OPS = [name for name, op in OPS.items() if not op.modulated]
 
 
 def _random(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator, loc: float = 0.0) -> np.ndarray:
@@ -158,7 +160,9 @@ def _presence(op: str) -> list[tuple[tuple[bool, ...], tuple[bool, ...]]]:
     return combos
 
 
-@pytest.mark.parametrize(("op", "inputs", "outputs"), [(op, i, o) for op in OPS for i, o in _presence(op)], ids=str)
+@pytest.mark.parametrize(
+    ("op", "inputs", "outputs"), [(op, i, o) for op in NORM_OPS for i, o in _presence(op)], ids=str
+)
 def test_every_signature_fp32(op: str, inputs: tuple[bool, ...], outputs: tuple[bool, ...]) -> None:
     attrs = {"axis": -1, "epsilon": 1e-5, "normalized_type": 0, "multiply_type": 0, "output_type": 0}
     _check(op, _model(op, (2, 3, 16), F32, inputs, outputs, (16,), F32, attrs), attrs)
@@ -178,7 +182,7 @@ ROUNDING_CASES = [
 ]
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("dtypes", ROUNDING_CASES, ids=str)
 def test_rounding_attributes(op: str, dtypes: tuple[int, int, int, int, int]) -> None:
     x_type, p_type, nt, mt, ot = dtypes
@@ -203,7 +207,7 @@ def test_rounding_is_applied() -> None:
     assert np.abs(actual - _expected(op, feeds, plain)["y"]).max() > 1e-3
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize(
     ("axis", "x_shape", "p_shape"),
     [(-2, (3, 4, 8), (4, 8)), (1, (2, 3, 4, 5), (3, 4, 5)), (-3, (2, 3, 4, 5), (4, 5)), (0, (6, 7), (7,))],
@@ -427,7 +431,7 @@ def test_registered_library_runs_the_kernel_not_the_function(tmp_path) -> None:
 
 
 @needs_library
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("dtypes", ROUNDING_CASES[:7], ids=str)
 def test_kernel_and_function_agree(op: str, dtypes: tuple[int, int, int, int, int]) -> None:
     """The same model (with its functions) run with and without the library: both match the reference."""

@@ -36,6 +36,8 @@ OrtError = (
     ort.capi.onnxruntime_pybind11_state.RuntimeException,
 )
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
+# The statistics/Skip ops; the modulated (adaLN) ops have their own tests (tests/test_adaln_ops.py).
+NORM_OPS = sorted(name for name, op in OPS.items() if not op.modulated)
 TYPE_NAMES = {F32: "f32", F16: "f16", BF16: "bf16", TensorProto.DOUBLE: "f64", TensorProto.INT32: "i32"}
 
 # Relative and absolute tolerance on Y per output type: the kernels hold float32 statistics, the
@@ -227,14 +229,14 @@ def check_op(op: str, arrays: Sequence[np.ndarray | None], shaped: bool = False,
     list(itertools.product(FLOAT_TYPES, FLOAT_TYPES)),
     ids=lambda t: TYPE_NAMES[t],
 )
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 def test_matches_reference(op: str, x_type: int, scale_type: int, hidden: int) -> None:
     rng = np.random.default_rng(hidden * 31 + x_type * 7 + scale_type)
     arrays = make_inputs(op, (3, hidden), -1, x_type, scale_type, rng)
     check_op(op, arrays, epsilon=1e-5)
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("x_type", [F32, BF16], ids=lambda t: TYPE_NAMES[t])
 def test_many_rows_split_over_threads(op: str, x_type: int) -> None:
     # Enough rows for several blocks of work on ORT's intra-op pool (the sessions have 2 threads);
@@ -245,7 +247,7 @@ def test_many_rows_split_over_threads(op: str, x_type: int) -> None:
     check_op(op, arrays)
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 def test_outputs_larger_than_the_caches(op: str) -> None:
     # 2049 x 4097 float32 is over the 32 MB above which Y and Sum are written with non-temporal stores;
     # the odd row length puts every row at a different 16-byte alignment.
@@ -254,7 +256,7 @@ def test_outputs_larger_than_the_caches(op: str) -> None:
     check_op(op, arrays, epsilon=1e-5)
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize(
     ("shape", "axis", "scale_shape"),
     [
@@ -278,7 +280,7 @@ def test_axes_and_broadcast(
 # --- rounding attributes -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize(
     ("x_type", "scale_type", "normalized_type", "multiply_type"),
     [
@@ -314,7 +316,7 @@ def test_rounding_points_are_applied() -> None:
     assert mismatched <= x.size // 1000, f"{mismatched} of {x.size} values differ from the reference"
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize(
     ("x_type", "output_type"),
     [(F16, F32), (BF16, F32), (F32, F16), (F32, BF16), (F16, BF16), (F16, F16)],
@@ -430,7 +432,7 @@ def test_unnamed_dims_stay_unknown(level: ort.GraphOptimizationLevel) -> None:
 # --- special values ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("x_type", FLOAT_TYPES, ids=lambda t: TYPE_NAMES[t])
 def test_zero_variance_rows(op: str, x_type: int) -> None:
     rng = np.random.default_rng(5)
@@ -448,7 +450,7 @@ def test_zero_variance_rows(op: str, x_type: int) -> None:
         np.testing.assert_allclose(y[1], arrays[-1].astype(np.float32), rtol=0, atol=Y_TOLERANCE[x_type][1])
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("x_type", [F16, BF16], ids=lambda t: TYPE_NAMES[t])
 def test_values_that_overflow_fp16_squares(op: str, x_type: int) -> None:
     """x^2 of |x| ~ 1e3..6e4 overflows fp16 in a decomposed fp16 graph; the kernel accumulates in fp32."""
@@ -469,7 +471,7 @@ def test_values_that_overflow_fp16_squares(op: str, x_type: int) -> None:
     assert np.isfinite(run_op(op, arrays)[0].astype(np.float32)).all()
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("x_type", FLOAT_TYPES, ids=lambda t: TYPE_NAMES[t])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nan_and_inf_propagate_to_their_row_only(op: str, x_type: int, bad: float) -> None:
@@ -482,7 +484,7 @@ def test_nan_and_inf_propagate_to_their_row_only(op: str, x_type: int, bad: floa
     assert np.isfinite(y[[0, 2, 3]]).all()
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 def test_empty_batch(op: str) -> None:
     rng = np.random.default_rng(9)
     arrays = make_inputs(op, (0, 768), -1, F16, F32, rng)
@@ -496,7 +498,7 @@ def test_empty_batch(op: str) -> None:
 # --- optional inputs and outputs ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 def test_optional_outputs_can_be_left_out(op: str) -> None:
     rng = np.random.default_rng(10)
     arrays = make_inputs(op, (5, 96), -1, F32, F32, rng)
@@ -521,7 +523,7 @@ def test_bias_without_scale(op: str) -> None:
     check_op(op, arrays)
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 def test_without_scale_or_bias(op: str) -> None:
     rng = np.random.default_rng(12)
     arrays = make_inputs(op, (3, 40), -1, BF16, None, rng, with_bias=False)
@@ -555,7 +557,7 @@ def _run_expecting_error(op: str, arrays: Sequence[np.ndarray | None], match: st
         run_op(op, arrays, **attrs)
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 def test_scale_of_the_wrong_size(op: str) -> None:
     rng = np.random.default_rng(15)
     arrays = make_inputs(op, (2, 16), -1, F32, F32, rng, scale_shape=(15,))
@@ -580,7 +582,7 @@ def test_bias_of_another_size_than_scale() -> None:
     )
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize("axis", [2, -3, 5])
 def test_axis_out_of_range(op: str, axis: int) -> None:
     rng = np.random.default_rng(18)
@@ -655,7 +657,7 @@ def _simd_agreement_outputs() -> dict[str, np.ndarray]:
     rounding attributes (the Cast-wrapped fp16/bf16 norms take their own vector path), bf16 as bits."""
     results = {}
     roundings = ((0, 0), (F16, F16), (BF16, BF16), (BF16, F16))
-    for op, x_type, hidden, (nt, mt) in itertools.product(sorted(OPS), FLOAT_TYPES, (7, 768, 1000), roundings):
+    for op, x_type, hidden, (nt, mt) in itertools.product(NORM_OPS, FLOAT_TYPES, (7, 768, 1000), roundings):
         rng = np.random.default_rng(hidden + x_type)
         arrays = make_inputs(op, (5, hidden), -1, x_type, F32, rng)
         for i, out in enumerate(run_op(op, arrays, normalized_type=nt, multiply_type=mt)):

@@ -467,9 +467,10 @@ def _randomize_norms(module: Any) -> None:
 
 
 def diffusers_fixtures() -> Iterator[Fixture]:
-    """Attention with RMSNorm on q and k, AdaLayerNorm and AdaLayerNormZero, through both torch exporters."""
+    """Attention with RMSNorm on q and k, AdaLayerNorm, AdaLayerNormZero and AdaLayerNormContinuous (LayerNorm
+    without affine as SD3's final norm, and RMSNorm with its weight), through both torch exporters."""
     from diffusers.models.attention_processor import Attention
-    from diffusers.models.normalization import AdaLayerNorm, AdaLayerNormZero
+    from diffusers.models.normalization import AdaLayerNorm, AdaLayerNormContinuous, AdaLayerNormZero
 
     torch = _torch()
 
@@ -494,6 +495,10 @@ def diffusers_fixtures() -> Iterator[Fixture]:
     x, emb = torch.randn(2, SEQ, HIDDEN), torch.randn(2, HIDDEN)
     models = {"attention-qk-rmsnorm": (attention, (x,)), "adalayernorm": (Ada(), (x, emb))}
     models["adalayernorm-zero"] = (AdaZero(), (x, emb))
+    continuous = AdaLayerNormContinuous(HIDDEN, HIDDEN, elementwise_affine=False, eps=1e-6)
+    models["adalayernorm-continuous"] = (continuous, (x, emb))
+    continuous_rms = AdaLayerNormContinuous(HIDDEN, HIDDEN, elementwise_affine=True, eps=1e-6, norm_type="rms_norm")
+    models["adalayernorm-continuous-rms"] = (continuous_rms, (x, emb))
     for module, _ in models.values():
         _randomize_norms(module)
     yield from _torch_fixtures(models, ("torchscript", "dynamo"), version("diffusers", "torch"), "diffusers")

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "common/modulation.h"
 #include "common/norm_op.h"
+#include "cpu/modulated_cpu.h"
 #include "cpu/norm_cpu.h"
 
 #ifdef ONNX_NORM_WITH_CUDA
@@ -23,6 +25,8 @@ namespace onnx_norm {
 namespace cuda {
 // Defined in cuda/cuda_ops.cc.
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+// Defined in cuda/modulated_ops.cc.
+OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
 }  // namespace cuda
 }  // namespace onnx_norm
 #endif
@@ -49,12 +53,24 @@ void AddProvider(Registry& registry, const char* provider, ComputeFn compute) {
   }
 }
 
+// The modulated (adaLN) ops: one instance per type of Scale/Bias/ModScale/ModShift (declared alike), no Skip.
+void AddModulatedProvider(Registry& registry, const char* provider, ComputeFn compute) {
+  for (const OpSignature* op : {&kModulatedLayerNorm, &kModulatedRMSNorm}) {
+    for (int type : {kFloat, kFloat16, kBFloat16}) {
+      registry.ops.push_back(std::make_unique<NormOp>(*op, provider, compute, type, type));
+      registry.domain.Add(registry.ops.back().get());
+    }
+  }
+}
+
 Registry& GetRegistry() {
   static Registry* registry = [] {
     auto* r = new Registry();  // never freed: ORT may use the ops until the process ends
     AddProvider(*r, "CPUExecutionProvider", &cpu::Compute);
+    AddModulatedProvider(*r, "CPUExecutionProvider", &cpu::ComputeModulated);
 #ifdef ONNX_NORM_WITH_CUDA
     AddProvider(*r, "CUDAExecutionProvider", &cuda::Compute);
+    AddModulatedProvider(*r, "CUDAExecutionProvider", &cuda::ComputeModulated);
 #endif
     return r;
   }();

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, NormAttributes, OpSignature
+from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPS, OPSET_VERSION, NormAttributes, OpSignature
 
-__all__ = ["DOMAIN", "OPS", "OPSET_VERSION", "NormAttributes", "OpSignature"]
+__all__ = ["DOMAIN", "MODULATED_OPS", "OPS", "OPSET_VERSION", "NormAttributes", "OpSignature"]

@@ -160,6 +160,40 @@ def _statistics(
     return centred, mean, inv
 
 
+def _modulate(
+    op: Callable[..., ir.Value],
+    const: Callable[[np.ndarray], ir.Value],
+    cast: Callable[[ir.Value, int], ir.Value],
+    round_to: Callable[[ir.Value, int], ir.Value],
+    y: ir.Value,
+    x: ir.Value,
+    mod_scale: ir.Value,
+    mod_shift: ir.Value,
+    a: NormAttributes,
+) -> ir.Value:
+    """y * round_m(1 + ModScale) + ModShift, each step rounded to multiply_type, with ModScale/ModShift reshaped to
+    [B or 1, 1, ..., 1, *normalised dims] (their first dim, 1 for X's dims up to `axis`, X's normalised dims):
+    that covers both accepted shapes whatever X's rank, with reductions of nothing but Shape and Slice."""
+
+    def i64(*values: int) -> ir.Value:
+        return const(np.array(values, np.int64))
+
+    x_shape = op("Shape", [x])
+    middle = op("Slice", [x_shape, i64(1), i64(a.axis)])
+    ones = op("Add", [op("Mul", [middle, i64(0)]), i64(1)])
+    normalized = op("Slice", [x_shape, i64(a.axis), i64(_INT64_MAX)])
+    one = const(np.array(1.0, np.float32))
+    m = a.multiply_type
+
+    def broadcastable(v: ir.Value) -> ir.Value:
+        batch = op("Slice", [op("Shape", [v]), i64(0), i64(1)])
+        return op("Reshape", [cast(v, _FLOAT), op("Concat", [batch, ones, normalized], {"axis": 0})])
+
+    factor = round_to(op("Add", [broadcastable(mod_scale), one]), m)
+    y = round_to(op("Mul", [y, factor]), m)
+    return round_to(op("Add", [y, broadcastable(mod_shift)]), m)
+
+
 def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
     """The model-local function for one signature, as an onnx-ir function of domain onnx_norm, with the
     given overload name (by default the signature's own)."""
@@ -238,23 +272,28 @@ def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Fu
         centred, mean, inv = _statistics(op, rows, eps, reduce_mean_rows, rms=schema.rms)
         reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
         y = op("Reshape", [op("Mul", [centred, inv]), x_shape], reshape_attrs)
-        # Statistics keep X's leading dims and have 1 for every normalised dim.
-        leading = op("Slice", [x_shape, const(np.array([0], np.int64)), const(np.array([axis], np.int64))])
-        tail = op("Slice", [x_shape, const(np.array([axis], np.int64)), const(np.array([_INT64_MAX], np.int64))])
-        ones = op("Add", [op("Mul", [tail, const(np.array(0, np.int64))]), const(np.array(1, np.int64))])
-        stat_shape = op("Concat", [leading, ones], {"axis": 0})
-        mean = None if mean is None else op("Reshape", [mean, stat_shape], reshape_attrs)
-        inv_out = op("Reshape", [inv, stat_shape], reshape_attrs)
+        inv_out = inv
+        if not schema.modulated:  # the modulated ops have no statistics outputs
+            # Statistics keep X's leading dims and have 1 for every normalised dim.
+            leading = op("Slice", [x_shape, const(np.array([0], np.int64)), const(np.array([axis], np.int64))])
+            tail = op("Slice", [x_shape, const(np.array([axis], np.int64)), const(np.array([_INT64_MAX], np.int64))])
+            ones = op("Add", [op("Mul", [tail, const(np.array(0, np.int64))]), const(np.array(1, np.int64))])
+            stat_shape = op("Concat", [leading, ones], {"axis": 0})
+            mean = None if mean is None else op("Reshape", [mean, stat_shape], reshape_attrs)
+            inv_out = op("Reshape", [inv, stat_shape], reshape_attrs)
     y = round_to(y, a.normalized_type)
     if "Scale" in formal:
         y = round_to(op("Mul", [y, cast(formal["Scale"], _FLOAT)]), a.multiply_type)
     if "Bias" in formal:
         y = round_to(op("Add", [y, cast(formal["Bias"], _FLOAT)]), a.multiply_type)
+    if schema.modulated:
+        y = _modulate(op, const, cast, round_to, y, x_shape_source, formal["ModScale"], formal["ModShift"], a)
     out_type = a.output_type or sig.x_type
     results["Y"] = y if out_type == _FLOAT else cast(y, out_type)
     if mean is not None:
         results["Mean"] = mean
-    results["InvRMS" if schema.rms else "InvStdDev"] = inv_out
+    if not schema.modulated:
+        results["InvRMS" if schema.rms else "InvStdDev"] = inv_out
 
     outputs = []
     for name in schema.outputs[:n_out]:

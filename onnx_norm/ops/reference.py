@@ -43,7 +43,7 @@ def _normalized_axes(x: np.ndarray, axis: int) -> tuple[int, ...]:
     return tuple(range(axis % rank, rank))
 
 
-def normalize(
+def _normalized(
     x: np.ndarray,
     scale: np.ndarray | None,
     bias: np.ndarray | None,
@@ -51,7 +51,7 @@ def normalize(
     *,
     rms: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Returns (Y, inverse std or inverse RMS, mean or None); statistics float32, keepdims."""
+    """(y in float64 before the output cast, inverse std or RMS, mean or None); statistics keepdims, float64."""
     axes = _normalized_axes(x, attrs.axis)
     xf = x.astype(np.float64)
     if rms:
@@ -68,9 +68,74 @@ def normalize(
         y = _round_to(y * scale.astype(np.float64), attrs.multiply_type)
     if bias is not None:
         y = _round_to(y + bias.astype(np.float64), attrs.multiply_type)
+    return y, inv, mean
+
+
+def _output(y: np.ndarray, x: np.ndarray, attrs: NormAttributes) -> np.ndarray:
     out_dtype = np_dtype(attrs.output_type) if attrs.output_type else x.dtype
-    y_out = y.astype(np.float32).astype(out_dtype)
-    return y_out, inv.astype(np.float32), None if mean is None else mean.astype(np.float32)
+    return y.astype(np.float32).astype(out_dtype)
+
+
+def normalize(
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    attrs: NormAttributes,
+    *,
+    rms: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Returns (Y, inverse std or inverse RMS, mean or None); statistics float32, keepdims."""
+    y, inv, mean = _normalized(x, scale, bias, attrs, rms=rms)
+    return _output(y, x, attrs), inv.astype(np.float32), None if mean is None else mean.astype(np.float32)
+
+
+def modulation_shape(mod_shape: tuple[int, ...], x_shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """The shape ModScale/ModShift take to broadcast against X (docs/ops.md): [B or 1, 1, ..., 1, *normalised dims].
+
+    Accepted: [B, *normalised dims], or that with the dims between the batch and `axis` present as 1s; B is X's
+    first dim or 1. Raises ValueError naming the mismatch otherwise."""
+    rank = len(x_shape)
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for rank {rank}")
+    first = axis % rank
+    if first == 0:
+        raise ValueError("a modulated norm needs a batch dim before the normalised dims (axis >= 1)")
+    normalized = tuple(x_shape[first:])
+    mod = tuple(mod_shape)
+    middle = mod[1 : len(mod) - len(normalized)]
+    ok = (
+        len(mod) in (1 + len(normalized), rank)
+        and mod[0] in (1, x_shape[0])
+        and all(d == 1 for d in middle)
+        and mod[len(mod) - len(normalized) :] == normalized
+    )
+    if not ok:
+        raise ValueError(
+            f"modulation of shape {list(mod)} does not fit X of shape {list(x_shape)} with axis {axis}: it must be "
+            f"[{x_shape[0]} or 1, {', '.join(map(str, normalized))}], optionally with 1s for the dims in between"
+        )
+    return (mod[0], *([1] * (first - 1)), *normalized)
+
+
+def modulated_norm(
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    mod_scale: np.ndarray,
+    mod_shift: np.ndarray,
+    attrs: NormAttributes,
+    *,
+    rms: bool,
+) -> np.ndarray:
+    """Y of ModulatedLayerNorm / ModulatedRMSNorm: the norm (with its own Scale/Bias and rounding points), then
+    y = round_m(y * round_m(1 + ModScale)), y = round_m(y + ModShift), per sample, broadcast over the rows."""
+    y, _, _ = _normalized(x, scale, bias, attrs, rms=rms)
+    m = attrs.multiply_type
+    s = mod_scale.astype(np.float64).reshape(modulation_shape(mod_scale.shape, x.shape, attrs.axis))
+    t = mod_shift.astype(np.float64).reshape(modulation_shape(mod_shift.shape, x.shape, attrs.axis))
+    y = _round_to(y * _round_to(1.0 + s, m), m)
+    y = _round_to(y + t, m)
+    return _output(y, x, attrs)
 
 
 def layer_norm(
@@ -112,9 +177,30 @@ def skip_rms_norm(
     return y, s
 
 
+def modulated_layer_norm(
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    mod_scale: np.ndarray,
+    mod_shift: np.ndarray,
+    **attrs: float,
+) -> tuple[np.ndarray]:
+    """ModulatedLayerNorm -> (Y,)."""
+    return (modulated_norm(x, scale, bias, mod_scale, mod_shift, NormAttributes(**attrs), rms=False),)
+
+
+def modulated_rms_norm(
+    x: np.ndarray, scale: np.ndarray | None, mod_scale: np.ndarray, mod_shift: np.ndarray, **attrs: float
+) -> tuple[np.ndarray]:
+    """ModulatedRMSNorm -> (Y,)."""
+    return (modulated_norm(x, scale, None, mod_scale, mod_shift, NormAttributes(**attrs), rms=True),)
+
+
 REFERENCES = {
     "LayerNorm": layer_norm,
     "RMSNorm": rms_norm,
     "SkipLayerNorm": skip_layer_norm,
     "SkipRMSNorm": skip_rms_norm,
+    "ModulatedLayerNorm": modulated_layer_norm,
+    "ModulatedRMSNorm": modulated_rms_norm,
 }

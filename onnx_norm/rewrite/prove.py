@@ -116,13 +116,26 @@ def _proof_input_shape(candidate: Candidate) -> list[int]:
     return shape
 
 
-def _broadcast_shape(value: ir.Value, x_shape: list[int]) -> list[int]:
-    """The shape of an extra input fed with an input of `x_shape`: its dims of 1 stay, the others are x's
-    (aligned from the end, as they broadcast)."""
+def _broadcast_shape(value: ir.Value, x_shape: list[int], x_dims: ir.Shape | None) -> list[int]:
+    """The shape of an extra input fed with an input of `x_shape`: its dims of 1 stay, the others are x's: the dim
+    of x aligned from the end (as they broadcast) when it is the same dim in the model, else the first dim of x
+    that is. An extra input of lower rank whose first dim is none of x's is per sample (adaLN's [B, H] modulation
+    of a [B, S, H] input): that dim is x's first."""
     if value.shape is None or len(value.shape) > len(x_shape):
         raise NearMiss(f"extra input {value.name!r} has no shape that broadcasts against the input", value)
     offset = len(x_shape) - len(value.shape)
-    return [1 if d == 1 else x_shape[offset + i] for i, d in enumerate(value.shape)]
+    dims = list(x_dims) if x_dims is not None and len(x_dims) == len(x_shape) else None
+
+    def size(i: int, d: object) -> int:
+        if d == 1:
+            return 1
+        if dims is not None and dims[offset + i] != d and d in dims:
+            return x_shape[dims.index(d)]
+        if i == 0 and offset > 0 and len(value.shape) > 1 and (dims is None or d not in dims):
+            return x_shape[0]
+        return x_shape[offset + i]
+
+    return [size(i, d) for i, d in enumerate(value.shape)]
 
 
 def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
@@ -134,7 +147,7 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
     extra = {}
     for name, value in spec.extra_inputs.items():
         assert value.dtype is not None
-        array = rng.standard_normal(_broadcast_shape(value, shape)).astype(np.float32)
+        array = rng.standard_normal(_broadcast_shape(value, shape, spec.x.shape)).astype(np.float32)
         extra[name] = array.astype(np_dtype(int(value.dtype)))
     given = {spec.extra_inputs[name]: array for name, array in extra.items()}
     if spec.skip is None:

@@ -258,7 +258,10 @@ def _unknown(name: str) -> str:
 # onnx-norm: our ops, one per (family, residual), every attribute set explicitly.
 
 _LIBRARY_OPS: dict[tuple[str, bool], OpSignature] = {
-    (kind, op.skip): op for op in OPS.values() for kind in ("layer", "rms") if op.rms == (kind == "rms")
+    (kind, op.skip): op
+    for op in OPS.values()
+    for kind in ("layer", "rms")
+    if op.rms == (kind == "rms") and not op.modulated  # the modulated ops belong to their own family
 }
 #: Our ops' statistic outputs, by the NormSpec field each replaces.
 _LIBRARY_OUTPUTS = {"Sum": "sum", "Mean": "mean", "InvStdDev": "inv_std", "InvRMS": "inv_std"}

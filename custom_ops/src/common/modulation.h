@@ -1,0 +1,35 @@
+// The modulated (adaLN) ops of docs/ops.md, ModulatedLayerNorm and ModulatedRMSNorm: a norm, then per sample
+// y = round_m(y * round_m(1 + ModScale)) and y = round_m(y + ModShift). What the CPU and CUDA wrappers share:
+// the signatures and the validation of ModScale/ModShift. The norm part (X, Scale, Bias, Y, attributes) is
+// validated by PrepareProblem (norm_attributes.h) exactly as for the plain ops: the signatures below have no
+// Skip and no statistics outputs, so it reads X, Scale and Bias at the same input positions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/norm_attributes.h"
+#include "common/ort_api.h"
+
+namespace onnx_norm {
+
+inline constexpr OpSignature kModulatedLayerNorm{"ModulatedLayerNorm", false, false, 5, 1};  // X, Scale, Bias, ModScale, ModShift
+inline constexpr OpSignature kModulatedRMSNorm{"ModulatedRMSNorm", true, false, 4, 1};       // X, Scale, ModScale, ModShift
+
+struct Modulation {
+  const void* scale = nullptr;  // ModScale, [batch, cols] in memory (any accepted shape is that, contiguous)
+  const void* shift = nullptr;  // ModShift, same
+  int type = 0;                 // element type of both
+  int64_t batch = 0;            // rows of ModScale: 1 (one modulation for every sample) or X's first dim
+  int64_t rows_per_sample = 0;  // norm rows per sample of X: prod(shape(X)[1:axis])
+};
+
+// Reads and checks ModScale/ModShift for a node whose norm part PrepareProblem has already validated into `p`.
+// Returns an empty string or an error message naming the input.
+std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
+                              const NormProblem& p, Modulation* m);
+
+// round_m(1 + ModScale) and ModShift as float32, [batch, cols] each, for kernels that apply them per row.
+void ModulationFactors(const Modulation& m, int64_t cols, int multiply_type, float* factors, float* shifts);
+
+}  // namespace onnx_norm

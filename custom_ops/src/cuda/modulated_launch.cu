@@ -1,0 +1,187 @@
+// LaunchModulated (modulated_launch.h): validates, picks the configuration (vector or scalar units, row in
+// registers or re-read) and launches on the given stream. Host code only, so that the CPU emulator of the kernels
+// (tools/gpu_harness/modulated_emulator.cc) runs this very launcher.
+#include "modulated_launch.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "modulated_config.cuh"
+
+namespace onnx_norm {
+namespace cuda {
+namespace {
+
+int ElementSize(int type) { return type == kFloat32 ? 4 : (type == kFloat16 || type == kBFloat16) ? 2 : 0; }
+
+bool RoundingType(int type) { return type == 0 || ElementSize(type) != 0; }
+
+// Aligned for units of `vector` elements: min(16, vector * size) bytes (every row and modulation row starts at a
+// multiple of cols, which the vector path needs to be a multiple of `vector`).
+bool VectorAligned(const void* p, int size, int vector) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(std::min(16, vector * size)) == 0;
+}
+
+int Fail(int code, const char* message, const char** error) {
+  if (error != nullptr) *error = message;
+  return code;
+}
+
+int FailCuda(cudaError_t status, const char** error) {
+  return Fail(static_cast<int>(status), cudaGetErrorString(status), error);
+}
+
+bool Overlap(const void* p, int64_t bytes, const void* q, int64_t other) {
+  if (p == nullptr || q == nullptr) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto b = reinterpret_cast<uintptr_t>(q);
+  return a < b + static_cast<uintptr_t>(other) && b < a + static_cast<uintptr_t>(bytes);
+}
+
+constexpr int kMaxDevices = 64;
+
+// Multiprocessor count per device, read once (nothing to refuse inside a CUDA graph capture later).
+cudaError_t SmCount(int device, int* count) {
+  static std::atomic<int> counts[kMaxDevices] = {};
+  *count = counts[device].load(std::memory_order_relaxed);
+  if (*count > 0) return cudaSuccess;
+  const cudaError_t status = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess) counts[device].store(*count, std::memory_order_relaxed);
+  return status;
+}
+
+int NextPowerOfTwo(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Up to kModulatedUnits units per thread in registers, 8 to 1024 threads per row (blocks of at least 128 threads);
+// rows longer than 1024 * kModulatedUnits units are re-read, one row per 1024-thread block.
+ModulatedConfig ChooseConfig(ModulatedArgs* args, bool vector, int element_size) {
+  ModulatedConfig config;
+  config.vector = vector;
+  const int64_t units = vector ? args->cols / (16 / element_size) : args->cols;
+  const int64_t group = std::max(8, NextPowerOfTwo((units + kModulatedUnits - 1) / kModulatedUnits));
+  config.cached = group <= kModulatedMaxBlock;
+  args->group = config.cached ? static_cast<int>(group) : kModulatedMaxBlock;
+  config.block = std::max(args->group, 128);
+  const int64_t rows_per_block = config.block / args->group;
+  config.grid = static_cast<unsigned>(std::min<int64_t>((args->rows + rows_per_block - 1) / rows_per_block, INT_MAX));
+  return config;
+}
+
+}  // namespace
+
+int LaunchModulated(const ModulatedLaunchParams& mp, void* stream_handle, const char** error) {
+  if (error != nullptr) *error = nullptr;
+  const NormLaunchParams& p = mp.norm;
+  const int y_type = p.y_type == 0 ? p.x_type : p.y_type;
+  const int x_size = ElementSize(p.x_type);
+  const int y_size = ElementSize(y_type);
+  const int param_size = ElementSize(mp.mod_type);
+  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
+  if (x_size == 0 || y_size == 0 || param_size == 0 || (has_parameters && p.scale_type != mp.mod_type) ||
+      !RoundingType(p.normalized_type) || !RoundingType(p.multiply_type)) {
+    return Fail(-1,
+                "LaunchModulated: X, Y, the modulation (and Scale/Bias, of its type) and the rounding types must be "
+                "float32, float16 or bfloat16",
+                error);
+  }
+  if (p.rows < 0 || p.rows > INT_MAX || p.cols <= 0 || p.cols > INT_MAX) {
+    return Fail(cudaErrorInvalidValue, "LaunchModulated: rows must be in [0, 2^31 - 1] and cols in [1, 2^31 - 1]",
+                error);
+  }
+  if (p.rows == 0) return 0;
+  if (p.x == nullptr || p.y == nullptr || mp.mod_scale == nullptr || mp.mod_shift == nullptr) {
+    return Fail(cudaErrorInvalidValue, "LaunchModulated: X, Y, ModScale and ModShift are required", error);
+  }
+  if (p.skip != nullptr || p.sum != nullptr || p.mean != nullptr || p.inv_std != nullptr || (p.rms && p.bias)) {
+    return Fail(cudaErrorInvalidValue, "LaunchModulated: no Skip, Sum or statistics, and no Bias for RMSNorm", error);
+  }
+  if (has_parameters && p.scale_size != p.cols) {
+    return Fail(cudaErrorInvalidValue, "LaunchModulated: Scale/Bias must cover the whole row", error);
+  }
+  if (mp.rows_per_sample <= 0 || p.rows % mp.rows_per_sample != 0 ||
+      (mp.mod_batch != 1 && mp.mod_batch != p.rows / mp.rows_per_sample)) {
+    return Fail(cudaErrorInvalidValue, "LaunchModulated: the modulation must have one row per sample, or one", error);
+  }
+  const int64_t y_bytes = p.rows * p.cols * y_size;
+  const int64_t mod_bytes = mp.mod_batch * p.cols * param_size;
+  const int64_t param_bytes = p.cols * param_size;
+  if (Overlap(p.y, y_bytes, p.x, p.rows * p.cols * x_size) || Overlap(p.y, y_bytes, mp.mod_scale, mod_bytes) ||
+      Overlap(p.y, y_bytes, mp.mod_shift, mod_bytes) || Overlap(p.y, y_bytes, p.scale, param_bytes) ||
+      Overlap(p.y, y_bytes, p.bias, param_bytes)) {
+    return Fail(cudaErrorInvalidValue, "LaunchModulated: Y may not overlap an input", error);
+  }
+  const void* pointers[] = {p.x, p.y, p.scale, p.bias, mp.mod_scale, mp.mod_shift};
+  const int sizes[] = {x_size, y_size, param_size, param_size, param_size, param_size};
+  for (int i = 0; i < 6; ++i) {
+    if (!VectorAligned(pointers[i], sizes[i], 1)) {
+      return Fail(cudaErrorInvalidValue, "LaunchModulated: a tensor is not aligned to its element size", error);
+    }
+  }
+  const int vector = 16 / x_size;
+  bool vector_ok = p.cols % vector == 0;
+  for (int i = 0; i < 6; ++i) vector_ok = vector_ok && VectorAligned(pointers[i], sizes[i], vector);
+
+  ModulatedArgs args{};
+  args.x = p.x;
+  args.scale = p.scale;
+  args.bias = p.bias;
+  args.mod_scale = mp.mod_scale;
+  args.mod_shift = mp.mod_shift;
+  args.y = p.y;
+  args.rows = p.rows;
+  args.rows_per_sample = mp.rows_per_sample;
+  args.mod_broadcast = mp.mod_batch == 1;
+  args.cols = static_cast<int>(p.cols);
+  args.epsilon = p.epsilon;
+  args.rms = p.rms;
+  args.param_type = mp.mod_type;
+  args.y_type = y_type;
+  args.normalized_type = p.normalized_type;
+  args.multiply_type = p.multiply_type;
+  ModulatedConfig config = ChooseConfig(&args, vector_ok, x_size);
+
+  (void)cudaGetLastError();  // an earlier call's error, already reported: not this launch's
+  int device = p.device;
+  cudaError_t status = cudaSuccess;
+  if (device < 0) {
+    cudaPointerAttributes attributes{};
+    status = cudaPointerGetAttributes(&attributes, p.x);
+    if (status != cudaSuccess) return FailCuda(status, error);
+    device = attributes.device;
+  }
+  if (device >= kMaxDevices) return Fail(cudaErrorInvalidDevice, "LaunchModulated: device id out of range", error);
+  int current = -1;
+  status = cudaGetDevice(&current);
+  if (status == cudaSuccess && current != device) status = cudaSetDevice(device);
+  if (status != cudaSuccess) return FailCuda(status, error);
+  int sm_count = 0;
+  status = SmCount(device, &sm_count);
+  if (status != cudaSuccess) return FailCuda(status, error);
+  // Blocks loop over rows: a few waves of resident blocks are enough.
+  config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * (2048 / config.block) * 4));
+
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  switch (p.x_type) {
+    case kFloat32:
+      status = LaunchModulatedFloat32(args, config, stream);
+      break;
+    case kFloat16:
+      status = LaunchModulatedFloat16(args, config, stream);
+      break;
+    default:
+      status = LaunchModulatedBFloat16(args, config, stream);
+      break;
+  }
+  return status == cudaSuccess ? 0 : FailCuda(status, error);
+}
+
+}  // namespace cuda
+}  // namespace onnx_norm

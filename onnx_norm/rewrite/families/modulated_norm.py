@@ -1,0 +1,225 @@
+"""The modulated norm of diffusion transformers (adaLN): `norm(x) * (1 + scale) + shift`, scale and shift per sample.
+
+DiT, PixArt, SD3, Flux and Wan normalise (LayerNorm without affine, or RMSNorm) and then modulate with vectors that
+a Linear computes from the conditioning, chunked and unsqueezed to `[B, 1, H]`. Exported, that is the norm, an
+`Add(1, scale)`, a `Mul` and an `Add` over the whole activation; the onnx-norm target fuses the four into one
+`ModulatedLayerNorm` / `ModulatedRMSNorm` (docs/ops.md). The recogniser is anchored at the final Add:
+
+    Add(Mul(n, Add(1, scale)), shift)     any operand order, the 1 any constant scalar 1
+
+where `n` ends a norm the built-in recognisers find (match.find_norm, its own constant scale/bias folded in) and
+scale/shift have X's rank, ones between the batch and the normalised dims, and the normalised dims themselves.
+Near-misses (`inspect --explain`): a modulation that varies along the sequence, one without the `1 +`, a shape
+that is unknown. The onnx and ort targets have no such op: there the match is a near-miss with their reason and the
+inner norm is fused alone by the built-in families in the next sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.ops.reference import modulated_norm, normalize
+from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION, NormAttributes
+from onnx_norm.rewrite import constants, match
+from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily, register
+from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.structure import NearMiss
+
+#: Inner norm kind -> (this family's kind, the op that replaces the match).
+_KINDS = {"layer": ("modulated_layer", "ModulatedLayerNorm"), "rms": ("modulated_rms", "ModulatedRMSNorm")}
+_DEFAULT = ("", "ai.onnx")
+_FLOAT = int(ir.DataType.FLOAT)
+_NARROW = (int(ir.DataType.FLOAT16), int(ir.DataType.BFLOAT16))
+
+
+def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    node = None if value is None else value.producer()
+    if node is None or node.op_type != op_type or node.domain not in _DEFAULT or len(node.inputs) != 2:
+        return None
+    return node
+
+
+_LAYOUT = ("Unsqueeze", "Reshape")
+
+
+def _one_plus(gate: ir.Value) -> tuple[list[ir.Node], ir.Value] | None:
+    """(its nodes, s) when `gate` is `1 + s` or `s + 1`, the 1 any constant of value 1 and s computed, or that
+    unsqueezed or reshaped (`(1 + scale)[:, None, :]`, AdaLayerNormContinuous): s is then the [B, H] chunk."""
+    layout = gate.producer()
+    if layout is not None and layout.op_type in _LAYOUT and layout.domain in _DEFAULT and layout.inputs[0] is not None:
+        found = _one_plus(layout.inputs[0])
+        return None if found is None else ([*found[0], layout], found[1])
+    add = _producer(gate, "Add")
+    if add is None:
+        return None
+    a, b = add.inputs
+    for one, s in ((a, b), (b, a)):
+        if s is not None and not constants.is_constant(s) and constants.scalar(one) == 1.0:
+            return [add], s
+    return None
+
+
+def _per_sample(value: ir.Value, x: ir.Value, axis: int, *, squeezed: bool = False) -> str | None:
+    """Why `value` is not a modulation of X's rows ([B or 1, 1, ..., 1, *normalised dims]; with `squeezed`, the
+    [B, *normalised dims] a layout op turned into that), or None when it is."""
+    if value.shape is None or x.shape is None:
+        return "the modulation's shape is unknown"
+    shape, x_shape = list(value.shape), list(x.shape)
+    first = len(x_shape) + axis
+    rank = 1 - axis if squeezed else len(x_shape)
+    if len(shape) != rank:
+        return f"the modulation has shape {shape}, not [B, 1, ..., H] of X's rank (it is not per sample)"
+    if any(d != 1 for d in shape[1 : rank + axis]):
+        return "modulation varies along the sequence (only per-sample modulation [B, 1, ..., H] is fused)"
+    if any(d == 1 and x_shape[first + i] != 1 for i, d in enumerate(shape[rank + axis :])):
+        return "the modulation broadcasts inside the normalised row"
+    return None
+
+
+def _inner(n: ir.Value, kind: str) -> match.Candidate | None:
+    node = n.producer()
+    if node is None:
+        return None
+    try:
+        inner = match.find_norm(node, kinds=frozenset({kind}), channels_first=False)
+    except NearMiss:
+        return None  # the built-in family reports it when it meets the norm itself
+    if inner is None or inner.spec.skip is not None or inner.spec.y is not n:
+        return None
+    return inner
+
+
+def _attributes(inner: match.Candidate, t: int) -> NormAttributes | None:
+    """The op's attributes: the inner norm's, with the modulation's steps rounded to its type `t` (an fp16 graph
+    computes `1 + s`, the Mul and the Add in fp16), and the normalised value rounded to `t` first when the norm has
+    no affine (its output is `t`). None when no attribute set reproduces the graph."""
+    a = inner.spec.attrs
+    if t not in _NARROW:
+        return a if a.multiply_type in (0, _FLOAT) else None
+    affine = inner.spec.scale is not None or inner.spec.bias is not None
+    normalized = a.normalized_type or (0 if affine else t)
+    return dataclasses.replace(a, normalized_type=normalized, multiply_type=t)
+
+
+def _candidate(anchor: ir.Node, shift: ir.Value, mul: ir.Node, n: ir.Value, gate: ir.Value, kind: str):
+    inner = _inner(n, kind)
+    if inner is None:
+        return None
+    x, axis = inner.spec.x, inner.spec.attrs.axis
+    if inner.spec.mean is not None or inner.spec.inv_std is not None:
+        raise NearMiss("the norm's statistics are read elsewhere; the modulated op has no statistics outputs", n)
+    plus = _one_plus(gate)
+    if plus is None:
+        if constants.is_constant(gate) or _per_sample(gate, x, axis) is not None:
+            return None  # a constant scale is the inner norm's; anything else is not a modulation
+        raise NearMiss("no 1 + scale: the norm is multiplied by the modulation itself; only the norm is fused", gate)
+    gate_nodes, scale = plus
+    for value, squeezed in ((gate, False), (scale, len(gate_nodes) > 1), (shift, False)):
+        reason = _per_sample(value, x, axis, squeezed=squeezed)
+        if reason is not None:
+            raise NearMiss(reason, value)
+    t = int(n.dtype) if n.dtype is not None else 0
+    if {scale.dtype, shift.dtype, anchor.outputs[0].dtype} != {n.dtype}:
+        return None
+    attrs = _attributes(inner, t)
+    if attrs is None:
+        raise NearMiss("the norm rounds its scale multiply to another type than the modulation's", n)
+    spec = dataclasses.replace(
+        inner.spec,
+        kind=_KINDS[kind][0],
+        y=anchor.outputs[0],
+        attrs=attrs,
+        extra_inputs={"mod_scale": scale, "mod_shift": shift},
+    )
+    return dataclasses.replace(inner, spec=spec, nodes=[*inner.nodes, *gate_nodes, mul, anchor])
+
+
+def _find(anchor: ir.Node, kind: str) -> match.Candidate | None:
+    """The modulated norm ending at the Add `anchor`, for an inner norm of `kind`."""
+    if len(anchor.inputs) != 2 or len(anchor.outputs) != 1:
+        return None
+    a, b = anchor.inputs
+    for product, shift in ((a, b), (b, a)):
+        mul = _producer(product, "Mul")
+        if mul is None or shift is None or constants.is_constant(shift):
+            continue
+        p, q = mul.inputs
+        for n, gate in ((p, q), (q, p)):
+            if n is None or gate is None or constants.is_constant(n):
+                continue
+            found = _candidate(anchor, shift, mul, n, gate, kind)
+            if found is not None:
+                return found
+    return None
+
+
+def _reference(kind: str):
+    def reference(
+        x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        rms = kind == "rms"
+        scale, bias = params.get("scale"), params.get("bias")
+        y = modulated_norm(x, scale, bias, params["mod_scale"], params["mod_shift"], attrs, rms=rms)
+        _, inv, mean = normalize(x, None, None, attrs, rms=rms)
+        return y, inv, mean
+
+    return reference
+
+
+def _emitter(op_name: str):
+    signature = MODULATED_OPS[op_name]
+
+    def emit(op, spec: NormSpec, opset: int) -> list[ir.Value]:
+        given = {
+            "X": spec.x,
+            "Scale": spec.scale,
+            "Bias": spec.bias,
+            "ModScale": spec.extra_inputs["mod_scale"],
+            "ModShift": spec.extra_inputs["mod_shift"],
+        }
+        params = [given[name] for name in ("Scale", "Bias", "ModScale", "ModShift") if given[name] is not None]
+        if len({v.dtype for v in params}) > 1:
+            # The library declares one type for all four (docs/ops.md): widen them to float32, exactly.
+            for name in ("Scale", "Bias", "ModScale", "ModShift"):
+                value = given[name]
+                if value is not None and value.dtype != ir.DataType.FLOAT:
+                    given[name] = op.Cast(value, to=_FLOAT)
+        inputs = [given[name] for name in signature.inputs]
+        return [op.op(signature.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **spec.attrs.as_dict())]
+
+    return emit
+
+
+def _unsupported(spec: NormSpec, opset: int) -> str | None:
+    if spec.attrs.output_type and (spec.x.shape is None):
+        return "Y takes another type than X and X's rank is unknown (the library's shape inference needs it)"
+    return None
+
+
+def _register(inner_kind: str) -> NormFamily:
+    kind, op_name = _KINDS[inner_kind]
+    what = "LayerNorm" if inner_kind == "layer" else "RMSNorm"
+    return register(
+        NormFamily(
+            kind=kind,
+            summary=f"modulated {what}: {what}(x) * (1 + scale) + shift, scale and shift per sample (adaLN)",
+            rules=(FusionRule(f"{kind}_norm", kind),),
+            reference=_reference(inner_kind),
+            lowerings={
+                "onnx-norm": Lowering(emit=_emitter(op_name), unsupported=_unsupported),
+                "onnx": f"ONNX has no modulated {what}; the {what} inside is fused alone",
+                "ort": f"ONNX Runtime has no modulated {what}; the {what} inside is fused alone",
+            },
+            find=lambda anchor: _find(anchor, inner_kind),
+            anchor_ops=frozenset({"Add"}),
+            sweep=-1,  # before the built-in families fuse the norm inside
+        )
+    )
+
+
+LAYER_FAMILY = _register("layer")
+RMS_FAMILY = _register("rms")

@@ -1,0 +1,66 @@
+"""The CUDA kernel of the modulated (adaLN) ops, run from its real source by the CPU emulator of the kernels
+(tools/gpu_harness/modulated_emulator.cc, built on tools/gpu_harness/emulator.cc) through the real launcher, against
+the numpy reference. A GPU runs the same cases with `python tools/gpu_harness/modulated_check.py --gpu`."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
+import modulated_check as check
+
+F32, F16, BF16 = check.F32, check.F16, check.BF16
+
+needs_emulator = pytest.mark.skipif(
+    check.find_cuda_include() is None or shutil.which("g++") is None,
+    reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
+)
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> check.HostRunner:
+    include = check.find_cuda_include()
+    assert include is not None
+    return check.HostRunner(check.Harness(check.build_emulator(include, tmp_path_factory.mktemp("emulator"))))
+
+
+# One case per kernel variant and per feature of the epilogue, small enough for the emulator (one coroutine per
+# CUDA thread): vector units in registers, scalar units (odd length, misaligned tensors), the re-reading kernel
+# (rows past 1024 threads x 4 units), the norm's affine with rounding, a shared modulation, other Y/Scale types.
+CASES = [
+    check.Case(False, F16, 2, 3, 96),
+    check.Case(True, BF16, 2, 2, 1152, affine=True, rounding=BF16),
+    check.Case(False, F32, 2, 2, 7),
+    check.Case(True, F16, 2, 3, 96, misaligned=True),
+    check.Case(False, F16, 1, 2, 40000),
+    check.Case(False, F32, 3, 2, 64, shared=True, affine=True),
+    check.Case(True, F32, 2, 3, 256, param_type=BF16, output_type=F16),
+    check.Case(False, BF16, 2, 3, 256, param_type=F32, output_type=F32, rounding=BF16),
+]
+
+
+@needs_emulator
+def test_kernel_matches_the_reference_in_the_emulator(emulated: check.HostRunner) -> None:
+    failures = check.run_cases(emulated, CASES)
+    assert failures == []
+    assert set(emulated.kernels) == {
+        "modulated vector registers",
+        "modulated scalar registers",
+        "modulated vector reread",
+    }, emulated.kernels
+
+
+@needs_emulator
+def test_a_wrong_output_is_caught(emulated: check.HostRunner) -> None:
+    """The comparison fails where the kernel and the reference disagree: a reference without the `1 +`."""
+    case = CASES[0]
+    inputs = check.make_inputs(case, np.random.default_rng(0))
+    got = emulated.run(case, inputs)
+    assert check.compare(case, got, check.reference(case, inputs)) is None
+    wrong = dict(inputs, mod_scale=(inputs["mod_scale"].astype(np.float32) - 1).astype(inputs["mod_scale"].dtype))
+    assert check.compare(case, got, check.reference(case, wrong)) is not None

@@ -1,0 +1,222 @@
+"""The modulated-norm (adaLN) family of the rewrite (onnx_norm/rewrite/families/modulated_norm.py): graphs that spell
+`norm(x) * (1 + scale) + shift` out are fused into one ModulatedLayerNorm / ModulatedRMSNorm with the numbers of the
+original (through the model-local function and through the library's kernel); the near-misses say why a graph is
+not fused, and the other targets fuse the norm inside alone; diffusers' blocks exported by TorchScript fuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from test_rewrite_support import FLOAT, FLOAT16, const, fused_ops, make_model, random_feeds, run
+
+import onnx_norm
+from onnx_norm import library
+from onnx_norm.rewrite import optimize
+
+D = 32
+SHAPES = {"x": [2, 5, D], "scale": [2, 1, D], "shift": [2, 1, D]}
+FIXTURES = Path(__file__).resolve().parent / "data" / "exporters"
+
+
+def _norm(kind: str, x: str = "x", out: str = "n", dtype: int = FLOAT) -> list[onnx.NodeProto]:
+    """A decomposed norm without affine, reading `x`, writing `out`."""
+    eps = "eps16" if dtype == FLOAT16 else "eps"
+    if kind == "rms":
+        return [
+            helper.make_node("Mul", [x, x], ["sq"]),
+            helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+            helper.make_node("Add", ["ms", eps], ["me"]),
+            helper.make_node("Sqrt", ["me"], ["r"]),
+            helper.make_node("Div", [x, "r"], [out]),
+        ]
+    return [
+        helper.make_node("ReduceMean", [x, "axes"], ["m"]),
+        helper.make_node("Sub", [x, "m"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var"]),
+        helper.make_node("Add", ["var", eps], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], [out]),
+    ]
+
+
+def _model(
+    kind: str = "layer",
+    *,
+    swap: tuple[bool, bool, bool] = (False, False, False),
+    one_plus: bool = True,
+    dtype: int = FLOAT,
+    scale_shape: list | None = None,
+    extra: list[onnx.NodeProto] = (),
+    inputs: list | None = None,
+    extra_inits: list[onnx.TensorProto] = (),
+) -> onnx.ModelProto:
+    """`norm(x) * (1 + scale) + shift`; swap: the operand orders of (1 + s), the Mul and the final Add."""
+    gate = ["one", "scale"][:: -1 if swap[0] else 1]
+    nodes = [*extra, *_norm(kind, dtype=dtype)]
+    if one_plus:
+        nodes.append(helper.make_node("Add", gate, ["gate"]))
+    product = ["n", "gate" if one_plus else "scale"][:: -1 if swap[1] else 1]
+    nodes.append(helper.make_node("Mul", product, ["p"]))
+    nodes.append(helper.make_node("Add", ["p", "shift"][:: -1 if swap[2] else 1], ["y"]))
+    np_type = np.float16 if dtype == FLOAT16 else np.float32
+    inits = [
+        const("axes", [-1], np.int64),
+        const("eps", 1e-5, np.float32),
+        const("eps16", 1e-5, np.float16),
+        const("one", 1.0, np_type),
+        *extra_inits,
+    ]
+    if inputs is None:
+        inputs = [
+            ("x", dtype, ["b", "s", D]),
+            ("scale", dtype, scale_shape or ["b", 1, D]),
+            ("shift", dtype, ["b", 1, D]),
+        ]
+    model = make_model(nodes, inputs, [("y", dtype, ["b", "s", D])], inits, opset=18)
+    used = {i for node in model.graph.node for i in node.input}
+    kept = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
+
+
+def _run_with_library(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(
+        model.SerializeToString(), library.session_options(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def _check_fused(model: onnx.ModelProto, op: str, shapes: dict = SHAPES, tol: float = 1e-5) -> None:
+    optimized, report = optimize(model)
+    onnx.checker.check_model(optimized)
+    assert fused_ops(optimized) == [op], [m.reason for m in report.near_misses]
+    feeds = random_feeds(model, shapes)
+    want = run(model, feeds)[0]
+    runs = [run(optimized, feeds)[0]]  # the model-local function
+    if library.library_available():
+        runs.append(_run_with_library(optimized, feeds)[0])  # our kernel
+    for got in runs:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("swap", [(a, b, c) for a in (False, True) for b in (False, True) for c in (False, True)])
+def test_every_operand_order_is_fused(swap: tuple[bool, bool, bool]) -> None:
+    _check_fused(_model(swap=swap), "ModulatedLayerNorm")
+
+
+def test_rms_norm_is_fused() -> None:
+    _check_fused(_model("rms"), "ModulatedRMSNorm")
+
+
+def test_float16_graph_is_fused_with_its_rounding_points() -> None:
+    """Every step in fp16, as an fp16 model computes it: the op rounds where the graph does."""
+    model = _model(dtype=FLOAT16)
+    _check_fused(model, "ModulatedLayerNorm", tol=2e-3)
+    node = next(n for n in optimize(model)[0].graph.node if n.op_type == "ModulatedLayerNorm")
+    attrs = {a.name: a.i for a in node.attribute if a.name.endswith("_type")}
+    assert attrs["normalized_type"] == attrs["multiply_type"] == FLOAT16
+
+
+def test_norm_with_its_own_affine() -> None:
+    model = _model()
+    graph = model.graph
+    n_node = next(n for n in graph.node if n.output[0] == "n")
+    n_node.output[0] = "n0"
+    graph.node.insert(
+        list(graph.node).index(n_node) + 1, helper.make_node("Mul", ["n0", "gamma"], ["n1"], name="affine")
+    )
+    graph.node.insert(list(graph.node).index(n_node) + 2, helper.make_node("Add", ["n1", "beta"], ["n"]))
+    rng = np.random.default_rng(0)
+    graph.initializer.extend(
+        [const("gamma", rng.normal(1, 0.1, D), np.float32), const("beta", rng.normal(0, 0.1, D), np.float32)]
+    )
+    _check_fused(model, "ModulatedLayerNorm")
+
+
+def test_modulation_from_a_chunked_linear_as_diffusers_exports_it() -> None:
+    """emb [B, 2D] -> Split into shift/scale [B, D] -> Unsqueeze to [B, 1, D], as `emb.chunk(2, dim=1)` and
+    `scale[:, None]` export."""
+    extra = [
+        helper.make_node("Split", ["emb", "halves"], ["shift2", "scale2"], axis=1),
+        helper.make_node("Unsqueeze", ["shift2", "one_axis"], ["shift"]),
+        helper.make_node("Unsqueeze", ["scale2", "one_axis"], ["scale"]),
+    ]
+    inits = [const("halves", [D, D], np.int64), const("one_axis", [1], np.int64)]
+    model = _model(extra=extra, inputs=[("x", FLOAT, ["b", "s", D]), ("emb", FLOAT, ["b", 2 * D])], extra_inits=inits)
+    _check_fused(model, "ModulatedLayerNorm", {"x": [2, 5, D], "emb": [2, 2 * D]})
+
+
+def _near_miss(model: onnx.ModelProto, reason: str, shapes: dict = SHAPES) -> None:
+    """Not modulated-fused, with `reason`; the norm inside is fused alone, the outputs unchanged."""
+    optimized, report = optimize(model)
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert reason in reasons, reasons
+    assert [op for op in fused_ops(optimized) if op.startswith("Modulated")] == []
+    assert fused_ops(optimized) == ["LayerNorm"]
+    feeds = random_feeds(model, shapes)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_modulation_that_varies_along_the_sequence_is_a_near_miss() -> None:
+    model = _model(scale_shape=["b", "s", D])
+    _near_miss(model, "modulation varies along the sequence", {**SHAPES, "scale": [2, 5, D]})
+
+
+def test_no_one_plus_is_a_near_miss() -> None:
+    _near_miss(_model(one_plus=False), "no 1 + scale")
+
+
+def test_a_constant_gate_is_the_norms_scale_not_a_modulation() -> None:
+    model = _model()
+    model.graph.input.remove(next(i for i in model.graph.input if i.name == "scale"))
+    model.graph.initializer.append(const("scale", np.full((1, 1, D), 0.5), np.float32))
+    optimized, _ = optimize(model)
+    assert "ModulatedLayerNorm" not in fused_ops(optimized)
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_other_targets_fuse_the_norm_inside_and_say_why(target: str) -> None:
+    optimized, report = optimize(_model(), target=target)
+    assert report.rule_counts == {"layer_norm": 1}
+    assert any("no modulated LayerNorm" in m.reason for m in report.near_misses), report.near_misses
+    feeds = random_feeds(_model(), SHAPES)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(_model(), feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+# The committed diffusers fixtures (tools/make_exporter_fixtures.py --family diffusers) -> the op they fuse into.
+# The dynamo exports of the LayerNorm blocks hold a native LayerNormalization, which the take-over turns into our
+# LayerNorm after the rewrite: the modulation around it is not fused yet (the recogniser reads decomposed norms).
+DIFFUSERS = {
+    "adalayernorm-zero-torchscript": "ModulatedLayerNorm",
+    "adalayernorm-torchscript": "ModulatedLayerNorm",
+    "adalayernorm-continuous-torchscript": "ModulatedLayerNorm",
+    "adalayernorm-continuous-rms-torchscript": "ModulatedRMSNorm",
+    "adalayernorm-continuous-rms-dynamo": "ModulatedRMSNorm",
+    "adalayernorm-zero-dynamo": "LayerNorm",
+    "adalayernorm-dynamo": "LayerNorm",
+    "adalayernorm-continuous-dynamo": "LayerNorm",
+}
+
+
+@pytest.mark.parametrize(("name", "op"), DIFFUSERS.items())
+def test_diffusers_blocks_fuse_into_the_modulated_op(name: str, op: str) -> None:
+    """diffusers' AdaLayerNormZero, AdaLayerNorm and AdaLayerNormContinuous (LayerNorm, and RMSNorm with weight):
+    one fused op, with parity through the library (tests/test_exporter_fixtures.py runs the parity gate on them)."""
+    model = onnx.load(FIXTURES / f"diffusers-{name}.onnx")
+    optimized, report = onnx_norm.optimize(model, take_over_native=True)
+    assert fused_ops(optimized) == [op], [m.reason for m in report.near_misses]
+    shapes = {i.name: [d.dim_value or 2 for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    shapes = {k: [2, 5, 16] if len(v) == 3 else [2, 16] for k, v in shapes.items()}
+    feeds = random_feeds(model, shapes)
+    want = run(model, feeds)
+    got = _run_with_library(optimized, feeds) if library.library_available() else run(optimized, feeds)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""Checks the CUDA kernel of the modulated (adaLN) ops against the numpy reference (docs/ops.md).
+
+    python tools/gpu_harness/modulated_check.py --emulate   # no GPU: the kernel's real source in the CPU emulator
+    python tools/gpu_harness/modulated_check.py --gpu       # a GPU, nvcc and torch: the kernel itself
+
+Both run every case (op x X type x row length x Scale/Y types x the norm's affine x per-sample or shared
+modulation x rounding attributes x misaligned tensors) through the real launcher (LaunchModulated,
+custom_ops/src/cuda/modulated_launch.cu), with guard bands around Y that must stay untouched, and compare Y with
+`onnx_norm.ops.reference.modulated_norm`. `--emulate` builds tools/gpu_harness/modulated_emulator.cc (the CPU
+emulator of tools/gpu_harness/emulator.cc, extended with this kernel) with g++ and the CUDA headers; it also
+reports which kernel variants the cases reached. Exits 1 on a mismatch, 2 when it cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from onnx import TensorProto  # noqa: E402
+
+from onnx_norm.ops.reference import modulated_norm, np_dtype  # noqa: E402
+from onnx_norm.ops.schema import NormAttributes  # noqa: E402
+
+F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+TYPE_NAMES = {0: "-", F32: "f32", F16: "f16", BF16: "bf16"}
+SOURCES = REPO / "custom_ops" / "src" / "cuda"
+HERE = Path(__file__).resolve().parent
+GUARD = 64
+# About one unit in the last place of Y's type (float32 statistics vs the float64 reference; two where a rounding
+# step can tie the other way).
+TOLERANCE = {F32: 3e-5, F16: 4e-3, BF16: 3.2e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    rms: bool
+    x_type: int
+    samples: int
+    rows_per_sample: int
+    cols: int
+    param_type: int | None = None  # None: X's type
+    affine: bool = False  # the norm's own Scale (and Bias for LayerNorm)
+    shared: bool = False  # one modulation row for every sample
+    rounding: int = 0  # normalized_type = multiply_type
+    output_type: int = 0
+    offset: int = 0  # elements between a 256-byte boundary and X (and Y, params: offset + 1 when misaligned)
+    misaligned: bool = False
+
+    @property
+    def ptype(self) -> int:
+        return self.param_type or self.x_type
+
+    @property
+    def y_type(self) -> int:
+        return self.output_type or self.x_type
+
+    def name(self) -> str:
+        parts = [
+            "rms" if self.rms else "ln",
+            TYPE_NAMES[self.x_type],
+            f"{self.samples}x{self.rows_per_sample}x{self.cols}",
+            f"p{TYPE_NAMES[self.ptype]}",
+        ]
+        parts += ["affine"] * self.affine + ["shared"] * self.shared + ["misaligned"] * self.misaligned
+        if self.rounding:
+            parts.append(f"round{TYPE_NAMES[self.rounding]}")
+        if self.output_type:
+            parts.append(f"y{TYPE_NAMES[self.output_type]}")
+        return "-".join(parts)
+
+
+def build_cases(quick: bool = False) -> list[Case]:
+    """Row lengths reach every kernel variant: vector units in registers (1 to 4 per thread, 8 to 1024 threads per
+    row), the re-read kernel beyond 4096 units, and scalar units for odd lengths and misaligned tensors."""
+    cases = []
+    lengths = (8, 96, 1152) if quick else (1, 8, 7, 96, 1000, 1152, 4100, 16392, 40000)
+    for rms in (False, True):
+        for x_type in (F32, F16, BF16):
+            for cols in lengths:
+                rows_per_sample = max(1, min(5, 6000 // cols))
+                cases.append(Case(rms, x_type, 2, rows_per_sample, cols))
+            cases.append(Case(rms, x_type, 3, 4, 64, affine=True))
+            cases.append(Case(rms, x_type, 3, 4, 96, shared=True))
+            cases.append(Case(rms, x_type, 2, 3, 96, misaligned=True, affine=True))
+            if x_type != F32:
+                cases.append(Case(rms, x_type, 2, 3, 256, rounding=x_type, affine=True))
+                cases.append(Case(rms, x_type, 2, 3, 256, param_type=F32, output_type=F32))
+            else:
+                cases.append(Case(rms, x_type, 2, 3, 256, rounding=F16))
+                cases.append(Case(rms, x_type, 2, 3, 256, param_type=BF16, output_type=F16))
+    return cases
+
+
+def make_inputs(case: Case, rng: np.random.Generator) -> dict[str, np.ndarray | None]:
+    def rand(shape: tuple[int, ...], elem: int, scale: float, loc: float = 0.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale + loc).astype(np.float32).astype(np_dtype(elem))
+
+    mod_rows = 1 if case.shared else case.samples
+    return {
+        "x": rand((case.samples, case.rows_per_sample, case.cols), case.x_type, 2.0, 3.0),
+        "scale": rand((case.cols,), case.ptype, 0.5, 1.0) if case.affine else None,
+        "bias": rand((case.cols,), case.ptype, 0.5) if case.affine and not case.rms else None,
+        "mod_scale": rand((mod_rows, case.cols), case.ptype, 0.5),
+        "mod_shift": rand((mod_rows, case.cols), case.ptype, 0.5),
+    }
+
+
+def reference(case: Case, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+    attrs = NormAttributes(normalized_type=case.rounding, multiply_type=case.rounding, output_type=case.output_type)
+    return modulated_norm(
+        inputs["x"], inputs["scale"], inputs["bias"], inputs["mod_scale"], inputs["mod_shift"], attrs, rms=case.rms
+    )
+
+
+def compare(case: Case, got: np.ndarray, want: np.ndarray) -> str | None:
+    tol = TOLERANCE[case.y_type]
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
+    if not bad.any():
+        return None
+    i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+    return f"{int(bad.sum())} of {bad.size} elements differ; first at {tuple(map(int, i))}: got {g[i]}, want {w[i]}"
+
+
+class Harness:
+    """ctypes binding of onnx_norm_harness_modulated_launch (modulated_harness.cu)."""
+
+    def __init__(self, library: Path) -> None:
+        self._lib = ctypes.CDLL(str(library))
+        fn = self._lib.onnx_norm_harness_modulated_launch
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, p]
+        fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
+        fn.restype = i32
+        self._fn = fn
+        self._last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)
+        if self._last_kernel is not None:
+            self._last_kernel.restype = ctypes.c_char_p
+
+    def last_kernel(self) -> str | None:
+        return self._last_kernel().decode() if self._last_kernel is not None else None
+
+    def launch(self, case: Case, pointers: dict[str, int | None], stream: int = 0, device: int = -1) -> None:
+        error = ctypes.c_char_p()
+        rows = case.samples * case.rows_per_sample
+        rc = self._fn(
+            pointers["x"], pointers["scale"], pointers["bias"], pointers["mod_scale"], pointers["mod_shift"],
+            pointers["y"], rows, case.cols, case.rows_per_sample, 1 if case.shared else case.samples, 1e-5,
+            int(case.rms), case.x_type, case.ptype, case.y_type, case.rounding, case.rounding, device, stream,
+            ctypes.byref(error),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"LaunchModulated returned {rc}: {error.value.decode() if error.value else ''}")
+
+
+def _offset(case: Case, name: str) -> int:
+    # Misaligned: X on a 16-byte boundary plus one element, the others on two: scalar units, every access checked.
+    return case.offset + (1 + (name != "x") if case.misaligned else 0)
+
+
+class HostRunner:
+    """Host memory, for the CPU emulator: every tensor in a buffer with guard bands (NaN) around it."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.kernels: dict[str, int] = {}
+
+    @staticmethod
+    def _buffer(count: int, dtype: np.dtype, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        total = (offset + count + GUARD) * dtype.itemsize
+        raw = np.empty(total + 256, dtype=np.uint8)
+        start = (-raw.ctypes.data) % 256
+        buf = raw[start : start + total].view(dtype)
+        buf[...] = np.asarray(np.nan, np.float32).astype(dtype)
+        return buf, buf[offset : offset + count]
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+        keep, pointers = [], {}
+        for name, a in inputs.items():
+            if a is None:
+                pointers[name] = None
+                continue
+            buf, view = self._buffer(a.size, a.dtype, _offset(case, name))
+            view[...] = a.reshape(-1)
+            keep.append(buf)
+            pointers[name] = view.ctypes.data
+        shape = inputs["x"].shape
+        y_buf, y = self._buffer(math.prod(shape), np_dtype(case.y_type), _offset(case, "y"))
+        pointers["y"] = y.ctypes.data
+        self.harness.launch(case, pointers)
+        kernel = self.harness.last_kernel()
+        if kernel:
+            self.kernels[kernel.rsplit(" group=", 1)[0]] = self.kernels.get(kernel.rsplit(" group=", 1)[0], 0) + 1
+        start = (y.ctypes.data - y_buf.ctypes.data) // y_buf.itemsize
+        outside = np.concatenate([y_buf[:start], y_buf[start + y.size :]]).astype(np.float32)
+        if not np.isnan(outside).all():
+            raise RuntimeError("the kernel wrote outside Y")
+        return y.reshape(shape).copy()
+
+
+class TorchRunner:
+    """torch CUDA tensors (the GPU check): inputs copied to the device at the case's offsets, Y guarded."""
+
+    def __init__(self, harness: Harness) -> None:
+        import torch
+
+        self.torch = torch
+        self.harness = harness
+        self.kernels: dict[str, int] = {}
+
+    def _device(self, a: np.ndarray, offset: int) -> tuple[Any, Any]:
+        torch = self.torch
+        flat = a.reshape(-1).view(np.uint16) if a.dtype.itemsize == 2 else a.reshape(-1).view(np.uint32)
+        host = torch.from_numpy(flat.astype(flat.dtype).view(np.int16 if a.dtype.itemsize == 2 else np.int32))
+        buf = torch.empty(offset + a.size + GUARD, dtype=host.dtype, device="cuda")
+        buf[offset : offset + a.size].copy_(host)
+        return buf, buf[offset:]
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+        torch = self.torch
+        keep, pointers = [], {}
+        for name, a in inputs.items():
+            if a is None:
+                pointers[name] = None
+                continue
+            buf, view = self._device(a, _offset(case, name))
+            keep.append(buf)
+            pointers[name] = view.data_ptr()
+        shape = inputs["x"].shape
+        count = math.prod(shape)
+        y_dtype = np_dtype(case.y_type)
+        sentinel = np.full(count + 2 * GUARD + 2, np.nan, np.float32).astype(y_dtype)
+        y_buf, _ = self._device(sentinel, 0)
+        offset = GUARD + _offset(case, "y")
+        pointers["y"] = y_buf[offset:].data_ptr()
+        self.harness.launch(case, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
+        torch.cuda.synchronize()
+        raw = y_buf.cpu().numpy()
+        values = raw.view(np.uint16 if y_dtype.itemsize == 2 else np.uint32).view(y_dtype)
+        outside = np.concatenate([values[:offset], values[offset + count :]]).astype(np.float32)
+        if not np.isnan(outside).all():
+            raise RuntimeError("the kernel wrote outside Y")
+        return values[offset : offset + count].reshape(shape).copy()
+
+
+def find_cuda_include() -> Path | None:
+    for root in ("/usr/local/cuda", *sorted(map(str, Path("/usr/local").glob("cuda-*")), reverse=True)):
+        if (Path(root) / "include" / "cuda_fp16.h").is_file():
+            return Path(root) / "include"
+    return None
+
+
+def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++") -> Path:
+    """modulated_emulator.cc (which includes emulator.cc) with the real launcher and the ctypes entry."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / "libonnx_norm_modulated_emulator.so"
+    cmd = [
+        cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{SOURCES}",
+        f"-I{HERE}", str(HERE / "modulated_emulator.cc"), "-x", "c++", str(SOURCES / "modulated_launch.cu"),
+        str(HERE / "modulated_harness.cu"), "-o", str(library),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return library
+
+
+def build_harness(nvcc: str, arch: str, out_dir: Path) -> tuple[Path, str]:
+    """The kernel, launcher and ctypes entry built by nvcc for one architecture; returns the library and ptxas's
+    report (registers, spills) for the kernels."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / "libonnx_norm_modulated.so"
+    sources = [SOURCES / "modulated_kernels.cu", SOURCES / "modulated_launch.cu", HERE / "modulated_harness.cu"]
+    cmd = [
+        nvcc, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
+        "-Xcompiler=-fPIC,-fvisibility=hidden", f"-I{SOURCES}", "-shared", *map(str, sources), "-o", str(library),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return library, result.stderr
+
+
+def run_cases(runner: Any, cases: list[Case]) -> list[str]:
+    failures = []
+    for i, case in enumerate(cases):
+        inputs = make_inputs(case, np.random.default_rng(i))
+        try:
+            got = runner.run(case, inputs)
+        except RuntimeError as exc:
+            failures.append(f"{case.name()}: {exc}")
+            continue
+        problem = compare(case, got, reference(case, inputs))
+        if problem:
+            failures.append(f"{case.name()}: {problem}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--emulate", action="store_true", help="run the kernel's source in the CPU emulator")
+    mode.add_argument("--gpu", action="store_true", help="build with nvcc and run on the GPU (needs torch)")
+    parser.add_argument("--quick", action="store_true", help="fewer row lengths")
+    parser.add_argument("--arch", default="90", help="--gpu: the architecture to build for (default 90)")
+    args = parser.parse_args(argv)
+    cases = build_cases(args.quick)
+    out = Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_"))
+    if args.emulate:
+        include = find_cuda_include()
+        if include is None or shutil.which("g++") is None:
+            print("--emulate needs the CUDA headers (cuda_fp16.h) and g++")
+            return 2
+        runner: Any = HostRunner(Harness(build_emulator(include, out)))
+    else:
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        library, report = build_harness(nvcc, args.arch, out)
+        spills = [line.strip() for line in report.splitlines() if "spill" in line and " 0 bytes spill" not in line]
+        print(f"ptxas: {len(spills)} kernels with spills" + "".join(f"\n  {s}" for s in spills))
+        runner = TorchRunner(Harness(library))
+    failures = run_cases(runner, cases)
+    for failure in failures:
+        print(f"FAIL {failure}")
+    kernels = ", ".join(f"{k} x{n}" for k, n in sorted(runner.kernels.items()))
+    print(f"{len(cases)} cases, {len(failures)} failures" + (f"; kernels: {kernels}" if kernels else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
