@@ -1,6 +1,7 @@
 // Entry point of the library: RegisterCustomOps, called by ONNX Runtime when the library is loaded
 // with SessionOptions.register_custom_ops_library. Registers the domain `onnx_norm` (opset 1) with the
-// ops of docs/ops.md (the four norms and the two modulated norms) for the CPU provider, and for the CUDA provider when built with CUDA.
+// ops of docs/ops.md (the four norms and the two modulated norms) for the CPU provider, and for the CUDA
+// provider when built with CUDA.
 //
 // Declared types. ORT types a custom op's outputs in two steps: first from the input types (a
 // type-agnostic output takes the type of the last present type-agnostic input), then the op's shape
