@@ -53,6 +53,7 @@ NVDISASM = sass_report.find_nvdisasm(NVCC)
 # 3 X types x 3 vectors-per-thread x 8 flag combinations (skip, rms, native), and 2 shared-row variants per type.
 REGISTER_ROW_KERNELS = 3 * 3 * 8
 SHARED_ROW_KERNELS = 3 * 2
+CLUSTER_ROW_KERNELS = 3  # one per X type: the cluster size is a launch attribute
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,7 @@ def _check_no_spills(reports: dict, arch: str) -> None:
     names = [r.name for r in reports.values()]
     assert sum(n.startswith("RegisterRowKernel") for n in names) == REGISTER_ROW_KERNELS, names
     assert sum(n.startswith("SharedRowKernel") for n in names) == SHARED_ROW_KERNELS, names
+    assert sum(n.startswith("ClusterRowKernel") for n in names) == CLUSTER_ROW_KERNELS, names
 
 
 @needs_nvcc
@@ -106,15 +108,21 @@ def test_register_row_kernels_keep_all_of_a_rows_loads_in_flight(sm90_cubins: tu
         if parameters is None:
             continue
         vpt, flags = parameters
-        skip, native = bool(flags & 1), bool(flags & 4)
-        # Native types: every X and Skip load. Other types (Y or Scale in another type, a runtime choice in the
-        # epilogue): ptxas issues the last vector's Skip loads after the first sums at 4 vectors per thread
-        # (6 of 8), so X's loads plus at least one Skip load per two vectors.
-        expected = vpt * (2 if skip else 1) if native else vpt + (max(1, vpt // 2) if skip else 0)
+        # Every X and Skip load of the row, whatever the types (at 4 vectors per thread with Skip, 8 loads: the
+        # non-native kernels had 6 while the loads were branches in the PTX; see LoadWordsIf).
+        expected = vpt * (2 if flags & 1 else 1)
         _, in_flight = sass_report.loads_in_flight(instructions)
         checked += 1
         if in_flight < expected:
             too_few.append(f"{sass_report.describe(symbol)}: {in_flight} < {expected}")
+    # The cluster kernel: a batch of 4 X and 4 Skip vectors per thread.
+    cluster = {
+        sass_report.describe(symbol): sass_report.loads_in_flight(instructions)[1]
+        for symbol, instructions in functions.items()
+        if "ClusterRowKernel" in symbol
+    }
+    assert len(cluster) == CLUSTER_ROW_KERNELS, sorted(cluster)
+    too_few += [f"{name}: {n} < 8" for name, n in cluster.items() if n < 8]
     assert checked == REGISTER_ROW_KERNELS
     assert not too_few, "16-byte loads in flight below the expected count:\n" + "\n".join(too_few)
 
@@ -154,7 +162,7 @@ def test_launch_plan_for_an_h200_keeps_sms_busy_and_rows_read_once_where_they_fi
     """The real launcher's choices for a 132-SM GPU (the table of docs/cuda_kernels.md)."""
     plan = {(r[0], r[1], r[2]): r for r in gpu_check.launch_plan(emulator_library)}
     assert len(plan) == len(gpu_check.OPS) * 3 * len(gpu_check.PLAN_SHAPES)
-    kernel, vpt, group, block, grid = 4, 5, 6, 7, 8
+    kernel, vpt, blocks, group, block, grid = 4, 5, 6, 7, 8, 9
     row = plan[("SkipLayerNorm", "f16", "8192x4096")]
     assert (row[kernel], row[vpt], row[group], row[block]) == ("register", "2", "256", "256")
     assert int(row[grid]) == 132 * (2048 // 256) * 4  # capped at 4 waves: blocks loop over rows
@@ -163,8 +171,16 @@ def test_launch_plan_for_an_h200_keeps_sms_busy_and_rows_read_once_where_they_fi
     assert plan[("RMSNorm", "bf16", "4096x16384")][vpt] == "4"
     assert plan[("LayerNorm", "f32", "2048x32768")][kernel] == "shared"  # 128 KiB: one block per SM
     assert plan[("LayerNorm", "f32", "2048x32768")][grid] == "132"
-    assert plan[("LayerNorm", "f32", "1024x65536")][kernel] == "reread"  # over 227 KiB of shared memory
-    assert plan[("RMSNorm", "f16", "1x4096")][grid] == "1"
+    # Over one block's 227 KiB: the row over a cluster of 2 (fp32 65536) or 4 (fp16 262144) blocks, X read once.
+    row = plan[("LayerNorm", "f32", "1024x65536")]
+    assert (row[kernel], row[blocks], row[block], row[grid]) == ("cluster", "2", "512", "132")
+    row = plan[("SkipRMSNorm", "f16", "256x262144")]
+    assert (row[kernel], row[blocks], row[grid]) == ("cluster", "4", "132")
+    # Too few rows for 132 SMs: a decode row over 4 blocks of 128 vectors, 64 rows over 2 blocks each.
+    row = plan[("RMSNorm", "f16", "1x4096")]
+    assert (row[kernel], row[blocks], row[group], row[grid]) == ("cluster", "4", "128", "4")
+    assert (plan[("RMSNorm", "f32", "1x4096")][blocks], plan[("LayerNorm", "f16", "64x4096")][blocks]) == ("8", "2")
+    assert plan[("LayerNorm", "f16", "8192x4096")][kernel] == "register"  # many rows: one block per row
 
 
 def _call(harness: object, **overrides: object) -> tuple[int, str]:
@@ -174,7 +190,7 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
         "x": ctypes.addressof(buffers["x"]), "skip": None, "scale": ctypes.addressof(buffers["scale"]), "bias": None,
         "y": ctypes.addressof(buffers["y"]), "sum": None, "mean": None, "inv_std": None, "rows": 4, "cols": 16,
         "scale_size": 16, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
-        "normalized_type": 0, "multiply_type": 0, "device": -1, "stream": None,
+        "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "stream": None,
     }  # fmt: skip
     args.update(overrides)
     error = ctypes.c_char_p()
@@ -226,7 +242,7 @@ def test_kernel_code_matches_the_reference_in_the_cpu_emulator(emulator: object)
     assert not outcome.failures, "\n".join(outcome.failures[:20])
     assert outcome.checked == len(cases)
     used = set(backend.kernels)
-    for expected in ("register vpt=1", "register vpt=2", "register vpt=4", "shared", "reread"):
+    for expected in ("register vpt=1", "register vpt=2", "register vpt=4", "shared", "cluster blocks=2"):
         assert any(kernel.startswith(expected) for kernel in used), (expected, sorted(used))
     flags = {int(m.group(1)) for k in used if (m := re.search(r"flags=(\d+)", k))}
     assert flags == set(range(8)), sorted(flags)  # skip x rms x native types
@@ -262,8 +278,12 @@ def test_skip_ops_are_safe_in_place_with_sum_bound_onto_x_or_skip(emulator: obje
     backend = gpu_check.HostHarnessBackend(emulator)
     outcome = gpu_check.Outcome(quiet=True)
     gpu_check.run_cases(backend, cases, "emulated", outcome)
+    # Without clusters (emulated device 1) the widest row is re-read, from Sum.
+    no_clusters = gpu_check.HostHarnessBackend(emulator, device=1)
+    gpu_check.run_cases(no_clusters, [c for c in cases if c.cols == 60000], "emulated, no clusters", outcome)
     assert not outcome.failures, "\n".join(outcome.failures[:8])
-    assert {k.split()[0] for k in backend.kernels} == {"register", "shared", "reread"}, sorted(backend.kernels)
+    assert {k.split()[0] for k in backend.kernels} == {"register", "shared", "cluster"}, sorted(backend.kernels)
+    assert {k.split()[0] for k in no_clusters.kernels} == {"reread"}, sorted(no_clusters.kernels)
     buffer = (ctypes.c_float * 200)()
     base = ctypes.addressof(buffer)
     rc, message = _call(emulator, skip=base + 256, sum=base + 4, y=base + 512)  # Sum one element into X
@@ -272,6 +292,47 @@ def test_skip_ops_are_safe_in_place_with_sum_bound_onto_x_or_skip(emulator: obje
     rc, message = _call(emulator, x=base, y=base + 8, scale=base + 512)  # Y two elements into X
     assert rc != 0
     assert "may not overlap" in message
+
+
+@needs_emulator
+@pytest.mark.parametrize("device", [1, 2])
+def test_rows_split_over_a_cluster_or_fall_back_without_clusters(emulator: object, device: int) -> None:
+    """Emulated device 2 (clusters, 64 SMs, 48 KiB of shared memory) splits few or wide rows over clusters of
+    4 and 8 blocks (partial sums through distributed shared memory; the emulator runs a cluster's blocks
+    together and checks its barrier and every peer access); device 1 (no clusters) runs the same shapes one
+    block per row, re-reading the rows over its shared memory."""
+    cases = gpu_check.device_cases(device, quick=True)
+    backend = gpu_check.HostHarnessBackend(emulator, device=device)
+    outcome = gpu_check.Outcome(quiet=True)
+    gpu_check.run_cases(backend, cases, f"emulated device {device}", outcome)
+    assert not outcome.failures, "\n".join(outcome.failures[:8])
+    assert outcome.checked == len(cases)
+    used = {k.split(" group")[0] for k in backend.kernels}
+    if device == 2:
+        assert {"cluster blocks=4", "cluster blocks=8"} <= used, sorted(used)
+    else:
+        assert not any(k.startswith("cluster") for k in used) and "reread" in used, sorted(used)
+
+
+@needs_emulator
+def test_emulator_refuses_a_cluster_kernel_whose_blocks_exit_before_their_peers_have_read(tmp_path: Path) -> None:
+    """The emulator's own strictness: the cluster kernel without its last barrier (a block may then exit while a
+    peer still reads its partial sums, undefined on the GPU) must fail in the emulator, though its results
+    would be right there."""
+    sources = tmp_path / "cuda"
+    shutil.copytree(CUDA_SOURCES, sources)
+    kernel = sources / "cluster_row_kernel.cuh"
+    text = kernel.read_text()
+    final_barrier = "  ClusterSync();\n#endif\n}"
+    assert text.count(final_barrier) == 1
+    kernel.write_text(text.replace(final_barrier, "#endif\n}"))
+    assert CUDA_INCLUDE is not None
+    library = gpu_check.build_emulator(CUDA_INCLUDE, tmp_path / "build", sources=sources)
+    backend = gpu_check.HostHarnessBackend(gpu_check.Harness(library), device=2)
+    outcome = gpu_check.Outcome(quiet=True)
+    gpu_check.run_cases(backend, [gpu_check._default_case("RMSNorm", F32, (1, 4096))], "mutant", outcome)
+    assert len(outcome.failures) == 1
+    assert "exits without a cluster barrier" in outcome.failures[0]
 
 
 def test_gpu_check_catches_a_wrong_element_in_any_output() -> None:

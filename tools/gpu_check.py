@@ -55,12 +55,13 @@ from onnx import TensorProto  # noqa: E402
 
 from onnx_norm.ops import reference  # noqa: E402
 from onnx_norm.ops.reference import np_dtype  # noqa: E402
+from onnx_norm.ops.schema import OPS as SIGNATURES  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 TYPE_NAMES = {0: "-", F32: "f32", F16: "f16", BF16: "bf16"}
 FLOAT_TYPES = (F32, F16, BF16)
-OPS = ("LayerNorm", "RMSNorm", "SkipLayerNorm", "SkipRMSNorm")
+OPS = tuple(SIGNATURES)
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
 # The issue's goals: >= 85% of copy bandwidth at [8192, 4096] and [32768, 1024], >= 75% from 16K to 64K hidden,
 # [1, 4096] RMSNorm in <= 2 us.
@@ -94,6 +95,7 @@ class Case:
     # contiguous | shifted (one common element offset) | misaligned (mixed offsets) | sum-on-x / sum-on-skip
     # (Skip ops: the Sum output bound onto the X or Skip buffer, in-place)
     layout: str = "contiguous"
+    clusters: bool = True  # False: LaunchNorm may not split a row over a thread-block cluster
 
     @property
     def rms(self) -> bool:
@@ -145,6 +147,8 @@ class Case:
             parts.append(self.layout)
         if not self.outputs:
             parts.append("y-only")
+        if not self.clusters:
+            parts.append("no-cluster")
         return " ".join(parts)
 
 
@@ -214,6 +218,11 @@ def build_cases(quick: bool = False) -> list[Case]:
             cases.append(_default_case(op, F32, (2, 65536)))
             cases.append(_default_case(op, F16, (1, 262144)))
             cases.append(_default_case(op, F16, (1, 4096)))
+            # A row split over a cluster with scalar ends on rank 0, clusters looping over rows; the paths that
+            # the split replaces (re-read, one block per decode row), as on a GPU without clusters.
+            cases.append(_default_case(op, F32, (5, 65537), layout="shifted"))
+            cases.append(_default_case(op, F32, (2, 65536), clusters=False))
+            cases.append(_default_case(op, F16, (1, 4096), clusters=False))
     if not quick:
         # Rows longer than the register path (shared-memory cache) and longer than shared memory (re-read).
         for op in OPS:
@@ -226,6 +235,28 @@ def build_cases(quick: bool = False) -> list[Case]:
 
 
 IN_PLACE = ("sum-on-x", "sum-on-skip")
+
+# The CPU emulator's devices (tools/gpu_harness/emulator.cc, kDevices): 0 has an H100's clusters and shared
+# memory (every case runs there), 1 no clusters (the fallbacks of the paths that split a row), 2 many SMs and
+# 48 KiB of shared memory (few rows split over 4 and 8 blocks, rows over 8 blocks at small sizes).
+EMULATED_DEVICES = {0: "clusters, 227 KiB, 3 SMs", 1: "no clusters, 163 KiB, 3 SMs", 2: "clusters, 48 KiB, 64 SMs"}
+
+
+def device_cases(device: int, quick: bool = False) -> list[Case]:
+    """The cases for emulated device 1 or 2: the shapes that split a row over a cluster where there are
+    clusters, with scalar ends, in place, and too wide even for 8 blocks of 48 KiB."""
+    shapes = [(F16, (1, 4096), "contiguous"), (F32, (1, 4096), "contiguous"), (F16, (5, 4096), "shifted")]
+    shapes += [(F32, (2, 50000), "contiguous"), (BF16, (3, 50001), "shifted"), (F32, (2, 8000), "misaligned")]
+    if device == 1 or not quick:
+        shapes += [(F32, (2, 70001), "contiguous"), (F16, (1, 131072), "sum-on-x")]
+    if device == 2 and not quick:
+        shapes += [(F32, (1, 200000), "contiguous")]  # 800 KB: more than 8 x 48 KiB, re-read
+    cases = []
+    for op in OPS:
+        for x_type, shape, layout in shapes:
+            usable = layout if layout not in IN_PLACE or op.startswith("Skip") else "contiguous"
+            cases.append(_default_case(op, x_type, shape, layout=usable))
+    return cases
 
 
 def layout_offsets(case: Case) -> dict[str, int]:
@@ -480,14 +511,15 @@ def find_cuda_include(nvcc: str | None) -> Path | None:
     return None
 
 
-def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++") -> Path:
+def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources: Path = SOURCES) -> Path:
     """Builds the CPU emulator of the kernels (tools/gpu_harness/emulator.cc) with the real launcher and
-    harness entry into out_dir/libonnx_norm_emulator.so."""
+    harness entry into out_dir/libonnx_norm_emulator.so; `sources`: the kernels' folder (a test's altered
+    copy)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / "libonnx_norm_emulator.so"
     cmd = [
-        cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{SOURCES}",
-        str(HARNESS.parent / "emulator.cc"), "-x", "c++", str(SOURCES / "launch.cu"), str(HARNESS),
+        cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{sources}",
+        str(HARNESS.parent / "emulator.cc"), "-x", "c++", str(sources / "launch.cu"), str(HARNESS),
         "-o", str(library),
     ]  # fmt: skip
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
@@ -503,7 +535,7 @@ class Harness:
         self._lib = ctypes.CDLL(str(library))
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, p]
+        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32, p]
         fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
         fn.restype = i32
         self._fn = fn
@@ -539,12 +571,14 @@ class Harness:
         normalized_type: int = 0,
         multiply_type: int = 0,
         device: int = -1,
+        clusters: bool = True,
     ) -> None:
-        """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes."""
+        """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes; clusters:
+        False keeps one block per row (never a thread-block cluster)."""
         error = ctypes.c_char_p()
         rc = self._fn(
             x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
-            scale_type, y_type, normalized_type, multiply_type, device, stream, ctypes.byref(error),
+            scale_type, y_type, normalized_type, multiply_type, device, int(clusters), stream, ctypes.byref(error),
         )  # fmt: skip
         if rc != 0:
             message = error.value.decode() if error.value else "no message"
@@ -645,6 +679,7 @@ class TorchHarnessBackend:
                 normalized_type=case.normalized_type,
                 multiply_type=case.multiply_type,
                 device=self.device.index,
+                clusters=case.clusters,
             )
         side.synchronize()
         results = {}
@@ -660,8 +695,9 @@ class HostHarnessBackend:
     """Runs cases through LaunchNorm on host memory, for the CPU emulator of the kernels: the same launches,
     offsets and guard bands as TorchHarnessBackend, without a GPU."""
 
-    def __init__(self, harness: Harness) -> None:
+    def __init__(self, harness: Harness, device: int = 0) -> None:
         self.harness = harness
+        self.device = device  # an emulated device (EMULATED_DEVICES)
         self.kernels: dict[str, int] = {}
         self._keep: list[np.ndarray] = []
 
@@ -725,6 +761,8 @@ class HostHarnessBackend:
             rms=case.rms,
             normalized_type=case.normalized_type,
             multiply_type=case.multiply_type,
+            device=self.device,
+            clusters=case.clusters,
         )
         kernel = self.harness.last_kernel()
         if kernel and case.rows > 0:
@@ -812,7 +850,6 @@ class OrtBackend:
         from onnx import helper
 
         from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION
-        from onnx_norm.ops.schema import OPS as SIGNATURES
 
         signature = SIGNATURES[case.op]
         inputs = [helper.make_tensor_value_info("X", case.x_type, case.shape)]
@@ -890,6 +927,7 @@ def ort_cases(cases: Iterable[Case], limit: int = 80) -> list[Case]:
         c
         for c in cases
         if c.layout == "contiguous"
+        and c.clusters
         and BF16 not in (c.x_type, c.scale_type, c.output_type)
         and c.rows > 0
         and c.cols <= 16384
@@ -1095,16 +1133,21 @@ def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> 
             outcome.fail(f"[{label}] {case.name()}: {problem}")
 
 
-# One capture per kernel path: register rows (prefill and decode sizes), shared-memory cache, re-read.
+# One capture per kernel path: register rows, shared-memory cache, a wide row over a cluster (with clusters off:
+# re-read), a decode row over a cluster (off: register rows). The last field: clusters allowed.
 CAPTURE_CASES = (
-    ("SkipLayerNorm", F16, (64, 4096)),
-    ("RMSNorm", BF16, (1, 4096)),
-    ("LayerNorm", F32, (3, 20000)),
-    ("SkipRMSNorm", F32, (2, 70001)),
+    ("SkipLayerNorm", F16, (64, 4096), True),
+    ("LayerNorm", F32, (3, 20000), True),
+    ("SkipRMSNorm", F32, (2, 70001), True),
+    ("SkipRMSNorm", F32, (2, 70001), False),
+    ("RMSNorm", BF16, (1, 4096), True),
+    ("RMSNorm", BF16, (1, 4096), False),
 )
 
 
-def _capture_one(backend: TorchHarnessBackend, op: str, x_type: int, shape: tuple[int, int]) -> list[str]:
+def _capture_one(
+    backend: TorchHarnessBackend, op: str, x_type: int, shape: tuple[int, int], clusters: bool = True
+) -> list[str]:
     """One launch captured in a CUDA graph, replayed after new inputs were written: the mismatches."""
     torch = backend.torch
     case = _default_case(op, x_type, shape)
@@ -1122,7 +1165,7 @@ def _capture_one(backend: TorchHarnessBackend, op: str, x_type: int, shape: tupl
             stream=torch.cuda.current_stream(backend.device).cuda_stream,
             skip=skip.data_ptr() if skip is not None else None, scale=scale.data_ptr(),
             bias=bias.data_ptr() if bias is not None else None, sum_out=s.data_ptr() if s is not None else None,
-            scale_size=case.cols, scale_type=x_type, rms=case.rms, device=backend.device.index,
+            scale_size=case.cols, scale_type=x_type, rms=case.rms, device=backend.device.index, clusters=clusters,
         )  # fmt: skip
 
     graph = torch.cuda.CUDAGraph()
@@ -1151,10 +1194,10 @@ def check_graph_capture(backend: TorchHarnessBackend, outcome: Outcome) -> tuple
     that queried the stream, allocated or synchronised would invalidate the capture. Each replay must follow
     new input values. Returns (all captured, one line saying what happened) and records failures."""
     failed = []
-    for op, x_type, shape in CAPTURE_CASES:
-        name = _default_case(op, x_type, shape).name()
+    for op, x_type, shape, clusters in CAPTURE_CASES:
+        name = _default_case(op, x_type, shape).name() + ("" if clusters else " no-cluster")
         try:
-            problems = _capture_one(backend, op, x_type, shape)
+            problems = _capture_one(backend, op, x_type, shape, clusters)
             outcome.checked += 1
         except Exception as exc:  # reported, then the run goes on without graphs
             problems = [f"capture/replay failed: {type(exc).__name__}: {exc}"]
@@ -1202,6 +1245,8 @@ class BenchRow:
     torch_us: float
     triton_us: float | None
     timing: str  # "graph" or "events" (capture failed)
+    # Ours with clusters off (one block per row), where the launcher may split rows over a cluster.
+    single_us: float | None = None
 
     def cells(self) -> list[str]:
         gbs = self.bytes_moved / (self.ours_us * 1e3)
@@ -1221,18 +1266,21 @@ class BenchRow:
             f"{self.torch_us / self.ours_us:.2f}x",
             triton,
             vs_triton,
+            "-" if self.single_us is None else f"{self.single_us:.1f}",
             self.timing,
         ]
 
 
 BENCH_HEADER = [
     "op", "dtype", "shape", "MB", "ours us", "ours GB/s", "copy GB/s", "of copy", "torch us", "vs torch",
-    "triton us", "vs triton", "timing",
+    "triton us", "vs triton", "no-cluster us", "timing",
 ]  # fmt: skip
 BENCH_NOTE = (
     "MB: bytes read + written per call (X, Skip, Scale, Bias, Y, Sum). GB/s = MB / time. copy: a device-to-device "
     "copy moving the same bytes. torch: F.layer_norm / F.rms_norm (Skip ops: x + skip first). triton: one row per "
-    "program (tools/gpu_harness/triton_norm.py). vs: their time / ours. timing: median over replays of a CUDA "
+    "program (tools/gpu_harness/triton_norm.py). vs: their time / ours. no-cluster: ours with clusters off (one "
+    "block per row), where rows are few (rows x 2 <= SMs) or wider than a block's shared memory. timing: median "
+    "over replays of a CUDA "
     "graph of the calls (inputs rotated past L2), or CUDA events around eager calls where capture failed."
 )
 
@@ -1306,14 +1354,14 @@ def _bench_one(
     dsts = [torch.empty_like(s) for s in srcs]
     triton_norm = _load_triton()
 
-    def ours(i: int) -> Callable[[], None]:
+    def ours(i: int, clusters: bool = True) -> Callable[[], None]:
         def call() -> None:
             backend.harness.launch(
                 x=xs[i].data_ptr(), y=ys[i].data_ptr(), rows=rows, cols=cols, x_type=dtype, y_type=dtype,
                 stream=torch.cuda.current_stream().cuda_stream, skip=skips[i].data_ptr() if skip_op else None,
                 scale=weight.data_ptr(), bias=bias.data_ptr() if bias is not None else None,
                 sum_out=sums[i].data_ptr() if skip_op else None, scale_size=cols, scale_type=dtype, rms=rms,
-                device=device.index,
+                device=device.index, clusters=clusters,
             )  # fmt: skip
 
         return call
@@ -1340,6 +1388,11 @@ def _bench_one(
     triton_us = None
     if triton_norm is not None and triton_norm.supports(cols, size):
         triton_us = time_calls(torch, [triton_call(i) for i in order], use_graph)
+    props = torch.cuda.get_device_properties(device)
+    optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+    single_us = None
+    if rows * 2 <= props.multi_processor_count or cols * size > optin:
+        single_us = time_calls(torch, [ours(i, clusters=False) for i in order], use_graph)
     return BenchRow(
         op,
         TYPE_NAMES[dtype],
@@ -1350,6 +1403,7 @@ def _bench_one(
         time_calls(torch, [eager(i) for i in order], use_graph),
         triton_us,
         "graph" if use_graph else "events",
+        single_us,
     )
 
 
@@ -1400,10 +1454,10 @@ H200_SMS = 132
 
 
 def launch_plan(library: Path, shapes: Iterable[tuple[int, int]] = PLAN_SHAPES, sms: int = H200_SMS) -> list[list[str]]:
-    """Rows of (op, dtype, shape, MB moved, kernel, vectors per thread, threads per row, block, grid, shared
-    memory) as LaunchNorm chooses them for a GPU of `sms` SMs: the real launcher, run by the CPU emulator in
-    plan-only mode (it reads no tensor). Loads a private copy of the emulator library, whose per-device
-    attribute cache then holds `sms`."""
+    """Rows of (op, dtype, shape, MB moved, kernel, vectors per thread, blocks per row (a cluster), threads per
+    row in each block, block, grid, dynamic shared memory per block) as LaunchNorm chooses them for a GPU of `sms`
+    SMs: the real launcher, run by the CPU emulator in plan-only mode (it reads no tensor). Loads a private copy
+    of the emulator library, whose per-device attribute cache then holds `sms`."""
     private = Path(tempfile.mkdtemp(prefix="onnx_norm_plan_")) / "libonnx_norm_plan.so"
     shutil.copyfile(library, private)
     harness = Harness(private)
@@ -1428,16 +1482,19 @@ def launch_plan(library: Path, shapes: Iterable[tuple[int, int]] = PLAN_SHAPES, 
                     item.split("=") for item in harness._lib.onnx_norm_emulator_last_launch().decode().split()
                 )
                 fields = dict(item.split("=") for item in kernel.split()[1:])
-                smem = f"{int(launch['shared']) // 1024} KiB" if kernel == "shared" else "-"
+                smem = f"{int(launch['shared']) / 1024:.0f} KiB" if int(launch["shared"]) else "-"
                 rows.append([
                     op, TYPE_NAMES[dtype], f"{n_rows}x{cols}", f"{bytes_moved(op, size, n_rows, cols) / 1e6:.2f}",
-                    kernel.split()[0], fields.get("vpt", "-"), fields.get("group", launch["block"]),
+                    kernel.split()[0], fields.get("vpt", "-"), launch["cluster"], fields.get("group", launch["block"]),
                     launch["block"], launch["grid"], smem,
                 ])  # fmt: skip
     return rows
 
 
-PLAN_HEADER = ["op", "dtype", "shape", "MB moved", "kernel", "vectors/thread", "threads/row", "block", "grid", "smem"]
+PLAN_HEADER = [
+    "op", "dtype", "shape", "MB moved", "kernel", "vectors/thread", "blocks/row", "threads/block/row", "block", "grid",
+    "smem/block",
+]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -1544,6 +1601,19 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
         )
         if emulated.failures:
             return 1
+        for device in (1, 2):
+            started = time.perf_counter()
+            other = HostHarnessBackend(backend.harness, device=device)
+            subset = device_cases(device)
+            on_device = Outcome()
+            run_cases(other, subset, f"emulated device {device}", on_device)
+            print(
+                f"self-test: {on_device.checked} cases on emulated device {device} ({EMULATED_DEVICES[device]}), "
+                f"{len(on_device.failures)} failures ({time.perf_counter() - started:.0f} s); kernels used: "
+                + ", ".join(f"{k} x{n}" for k, n in sorted(other.kernels.items()))
+            )
+            if on_device.failures:
+                return 1
         plan = launch_plan(emulator)
         print(f"self-test: launch plan for an H200, {len(plan)} rows (python tools/gpu_check.py --plan)")
     elif emulate:

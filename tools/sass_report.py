@@ -57,6 +57,8 @@ class KernelReport:
 
 def describe(symbol: str) -> str:
     """A readable name for a mangled kernel symbol: RegisterRowKernel<float16, 2, skip|native>."""
+    if m := re.search(r"ClusterRowKernelI(f|6__half|13__nv_bfloat16)E", symbol):
+        return f"ClusterRowKernel<{_TYPE_NAMES[m.group(1)]}>"
     m = re.search(r"(RegisterRowKernel|SharedRowKernel)I(f|6__half|13__nv_bfloat16)L(i|b)(\d+)E(?:Li(\d+)E)?", symbol)
     if not m:
         return symbol

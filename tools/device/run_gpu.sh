@@ -4,9 +4,12 @@
 #
 #   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (~6 min on an H200)
 #      the kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
-#      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows) against the
-#      reference, CUDA graph capture of every kernel path, and GB/s against a device-to-device copy, torch and
-#      a one-row-per-program Triton kernel. Tables: $OUT/gpu_check.md and .json.
+#      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
+#      thread-block cluster and the same shapes with clusters off) against the reference, CUDA graph capture
+#      of every kernel path (cluster launches included), and GB/s against a device-to-device copy, torch and
+#      a one-row-per-program Triton kernel, plus ours with clusters off where the launcher splits rows (few or
+#      wide rows). The bandwidth table stops growing at --budget (420 s), inside the 480 s timeout.
+#      Tables: $OUT/gpu_check.md and .json.
 #   2. once per part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
 #      Ignored files already on the machine stay between calls while it is warm, so the parts add up there;
 #      naming all of .ortgpu in one carry would exceed the 64 MiB a transfer takes.

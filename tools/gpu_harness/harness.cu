@@ -8,7 +8,8 @@
 extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
     const void* x, const void* skip, const void* scale, const void* bias, void* y, void* sum, float* mean,
     float* inv_std, int64_t rows, int64_t cols, int64_t scale_size, float epsilon, int rms, int x_type, int scale_type,
-    int y_type, int normalized_type, int multiply_type, int device, void* stream, const char** error) {
+    int y_type, int normalized_type, int multiply_type, int device, int clusters, void* stream,
+    const char** error) {
   onnx_norm::cuda::NormLaunchParams params;
   params.x = x;
   params.skip = skip;
@@ -29,5 +30,6 @@ extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
   params.normalized_type = normalized_type;
   params.multiply_type = multiply_type;
   params.device = device;
+  params.clusters = clusters != 0;
   return onnx_norm::cuda::LaunchNorm(params, stream, error);
 }

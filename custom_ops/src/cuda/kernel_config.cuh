@@ -12,7 +12,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached };
+enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow };
 
 // Compile-time variants of the register-row kernel (RegisterRowKernel's kFlags): what would otherwise be
 // uniform runtime branches between a row's loads, which keep the compiler from issuing them back to back.
@@ -30,6 +30,14 @@ constexpr int kMaxVectorsPerThread = 4;
 constexpr int RegisterRowMaxBlock(int /*vectors_per_thread*/) { return 512; }
 constexpr int RegisterRowMinBlocks(int vectors_per_thread) { return vectors_per_thread >= 4 ? 1 : 2; }
 
+// The cluster kernel (ClusterRowKernel): vectors a thread loads before it uses any, and the least slice of
+// a row (16-byte vectors) worth a block of its own when rows are split only because there are few of them.
+constexpr int kClusterBatch = 4;
+// Launch bounds of the cluster kernel: 512 threads, up to 128 registers for the batch's 2 x 4 vectors
+// (at 1024 threads ptxas has 64 and spills).
+constexpr int kClusterMaxBlock = 512;
+constexpr int kMinSliceVectors = 128;
+
 struct KernelConfig {
   KernelKind kind = KernelKind::kRegisterRow;
   int vectors_per_thread = 1;  // kRegisterRow only: 1, 2 or 4
@@ -37,8 +45,9 @@ struct KernelConfig {
   int group = 8;               // threads per row (NormArgs::group)
   int block = 128;
   unsigned grid = 1;
-  size_t shared_bytes = 0;   // dynamic shared memory, kSharedRowCached only
-  int max_shared_bytes = 0;  // the device's opt-in limit, kSharedRowCached only
+  size_t shared_bytes = 0;   // dynamic shared memory, kSharedRowCached and kClusterRow only
+  int max_shared_bytes = 0;  // the device's opt-in limit, kSharedRowCached and kClusterRow only
+  int cluster = 1;           // blocks per cluster (one row each), kClusterRow only
   int device = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kernel_config.cuh"
+#include "cluster_row_kernel.cuh"
 #include "norm_kernels.cuh"
 
 namespace onnx_norm {
@@ -40,6 +41,8 @@ NormKernel SelectNormKernel(const KernelConfig& config) {
       return &SharedRowKernel<TX, true>;
     case KernelKind::kSharedRowUncached:
       return &SharedRowKernel<TX, false>;
+    case KernelKind::kClusterRow:
+      return &ClusterRowKernel<TX>;
   }
   return nullptr;
 }

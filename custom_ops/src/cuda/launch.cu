@@ -57,6 +57,7 @@ constexpr int kMaxDevices = 64;
 struct DeviceInfo {
   std::atomic<int> sm_count{0};
   std::atomic<int> max_shared{0};
+  std::atomic<int> cluster_launch{0};  // the attribute + 1 (0: not read yet)
 };
 
 DeviceInfo& Info(int device) {
@@ -69,6 +70,20 @@ cudaError_t CachedAttribute(std::atomic<int>& slot, cudaDeviceAttr attribute, in
   if (*value > 0) return cudaSuccess;
   const cudaError_t status = cudaDeviceGetAttribute(value, attribute, device);
   if (status == cudaSuccess) slot.store(*value, std::memory_order_relaxed);
+  return status;
+}
+
+// A yes/no attribute, cached like CachedAttribute (stored as value + 1, so that "no" is cached too).
+cudaError_t CachedFlag(std::atomic<int>& slot, cudaDeviceAttr attribute, int device, bool* value) {
+  const int cached = slot.load(std::memory_order_relaxed);
+  if (cached > 0) {
+    *value = cached > 1;
+    return cudaSuccess;
+  }
+  int read = 0;
+  const cudaError_t status = cudaDeviceGetAttribute(&read, attribute, device);
+  if (status == cudaSuccess) slot.store(read != 0 ? 2 : 1, std::memory_order_relaxed);
+  *value = status == cudaSuccess && read != 0;
   return status;
 }
 
@@ -107,6 +122,50 @@ KernelConfig ChooseConfig(const NormArgs& args, int element_size) {
   // Body and scalars, padded so that the scalars never run past the buffer.
   config.shared_bytes = static_cast<size_t>(((static_cast<int64_t>(args.cols) + 2 * vector) * element_size + 15) / 16 * 16);
   return config;
+}
+
+// A row split over the blocks of a thread-block cluster (ClusterRowKernel, devices with clusters only,
+// vector-aligned tensors only), replacing `single` (ChooseConfig's one block per row) when
+//   - the row does not fit in one block's shared memory (`single` would re-read it): the fewest blocks
+//     (2, 4 or 8) whose shared memory holds it, so X is read once;
+//   - or there are too few rows to fill the GPU (rows * 2 <= SMs): blocks per row doubled (up to 8) while
+//     rows * blocks fits in one wave and each block keeps at least kMinSliceVectors of the row.
+// Returns false when neither applies (or a row is too wide even for 8 blocks).
+bool ChooseClusterConfig(const NormArgs& args, int element_size, const KernelConfig& single, int sm_count,
+                         int max_shared, KernelConfig* config) {
+  const int64_t body = args.cols / (16 / element_size);  // vectors per row, +-1 with the row's head
+  // A block's slice, with one vector of slack for rows whose head leaves one more vector.
+  const auto slice = [&](int cluster) { return (body + cluster - 1) / cluster + 1; };
+  const auto bytes = [&](int cluster) { return static_cast<int64_t>(sizeof(ClusterShared)) + slice(cluster) * 16; };
+  int cluster = 1;
+  const bool wide = single.kind == KernelKind::kSharedRowCached &&
+                    single.shared_bytes + sizeof(ReduceScratch) > static_cast<size_t>(max_shared);
+  if (wide) {
+    cluster = 2;
+    while (cluster <= kMaxClusterSize && bytes(cluster) > max_shared) cluster *= 2;
+    if (cluster > kMaxClusterSize) return false;
+  }
+  while (cluster * 2 <= kMaxClusterSize && args.rows * cluster * 2 <= sm_count &&
+         body >= static_cast<int64_t>(kMinSliceVectors) * cluster * 2) {
+    cluster *= 2;
+  }
+  if (cluster < 2) return false;
+  *config = single;
+  config->kind = KernelKind::kClusterRow;
+  config->cluster = cluster;
+  config->vectors_per_thread = 1;
+  config->flags = 0;
+  config->block = static_cast<int>(
+      std::clamp<int64_t>(NextPowerOfTwo((slice(cluster) + kClusterBatch - 1) / kClusterBatch), 128,
+                           kClusterMaxBlock));
+  config->group = config->block;
+  config->shared_bytes = static_cast<size_t>(bytes(cluster));
+  config->max_shared_bytes = max_shared;
+  // One wave of resident clusters, each looping over rows (shared memory bounds them first).
+  const int per_sm = std::max(1, std::min(2048 / config->block, max_shared / static_cast<int>(config->shared_bytes)));
+  const int64_t clusters = std::min<int64_t>(args.rows, std::max(1, sm_count * per_sm / cluster));
+  config->grid = GridSize(clusters * cluster);
+  return true;
 }
 
 int RegisterRowFlagsFor(const NormArgs& args, bool native) {
@@ -244,8 +303,20 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
   int sm_count = 0;
   status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
   if (status != cudaSuccess) return FailCuda(status, error);
+  bool clusters = false;
+  status = CachedFlag(Info(device).cluster_launch, cudaDevAttrClusterLaunch, device, &clusters);
+  if (status != cudaSuccess) return FailCuda(status, error);
+  if (clusters && p.clusters && args.vector_ok) {
+    int max_shared = 0;
+    status = CachedAttribute(Info(device).max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &max_shared);
+    if (status != cudaSuccess) return FailCuda(status, error);
+    KernelConfig split;
+    if (ChooseClusterConfig(args, x_size, config, sm_count, max_shared, &split)) config = split;
+  }
   // Blocks loop over rows: a few waves of resident blocks are enough, and a bounded grid.
-  config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * (2048 / config.block) * 4));
+  if (config.kind != KernelKind::kClusterRow) {
+    config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * (2048 / config.block) * 4));
+  }
   args.group = config.group;
   if (config.kind == KernelKind::kRegisterRow) config.flags = RegisterRowFlagsFor(args, native);
   if (config.kind == KernelKind::kSharedRowCached) {

@@ -33,6 +33,9 @@ struct NormLaunchParams {
   // tensor's device index). -1: taken from X's pointer attributes. Never asked of the stream, so
   // nothing in a launch is a call that a CUDA graph capture can refuse.
   int device = -1;
+  // false: never split a row over a thread-block cluster (one block per row, as on a GPU without
+  // clusters), for comparing the two on a GPU (tools/gpu_check.py).
+  bool clusters = true;
 };
 
 // Launches on `stream` (a cudaStream_t), after making `device` current. No allocation, no

@@ -49,5 +49,19 @@ struct ReduceScratch {
   float partial[2][32];
 };
 
+// The most blocks a cluster splits a row over: 8 is the portable cluster size (any sm_90 GPU can launch it).
+constexpr int kMaxClusterSize = 8;
+// At the start of the cluster kernel's dynamic shared memory (it has no static shared memory, so that each
+// block of a cluster has its own in the CPU emulator too): the block's reduction scratch, its partial sums
+// that the cluster's other blocks read (two buffers used alternately, like ReduceScratch), and the row's
+// scalar ends (at most 2 * (V - 1) elements, rank 0 only). The row's slice follows.
+struct ClusterShared {
+  ReduceScratch scratch;
+  float partial[2];
+  float pad[2];
+  uint32_t scalars[16];
+};
+static_assert(sizeof(ClusterShared) % 16 == 0, "the slice that follows is read as 16-byte vectors");
+
 }  // namespace cuda
 }  // namespace onnx_norm

@@ -223,23 +223,13 @@ __global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int k = rank + i * group;
-      if (k < layout.body) {
-        LoadWords<kWords, true>(x + base + layout.head + k * V, xw[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kWords; ++j) xw[i][j] = 0u;
-      }
+      LoadWordsIf(k < layout.body, x + base + layout.head + k * V, xw[i]);
     }
     if constexpr (kSkip) {
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
         const int k = rank + i * group;
-        if (k < layout.body) {
-          LoadWords<kWords, true>(skip + base + layout.head + k * V, sw[i]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < kWords; ++j) sw[i][j] = 0u;
-        }
+        LoadWordsIf(k < layout.body, skip + base + layout.head + k * V, sw[i]);
       }
     }
     float xs[kSlots];

@@ -10,17 +10,16 @@
 namespace onnx_norm {
 namespace cuda {
 
-// The shared-memory kernel opts in to the device's whole shared memory once per device, so that
-// launches inside a CUDA graph capture (after a first, eager run) make no attribute calls.
+// The shared-memory and cluster kernels opt in to the device's whole shared memory once per device, so
+// that launches inside a CUDA graph capture (after a first, eager run) make no attribute calls.
 constexpr int kMaxDevices = 64;
 
-template <typename TX>
-cudaError_t AllowMaxSharedMemory(int device, int bytes) {
+template <typename TX, KernelKind kKind>
+cudaError_t AllowMaxSharedMemory(NormKernel kernel, int device, int bytes) {
   static std::atomic<int> allowed[kMaxDevices] = {};
   const bool known = device >= 0 && device < kMaxDevices;
   if (known && allowed[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
-  const cudaError_t status =
-      cudaFuncSetAttribute(SharedRowKernel<TX, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (status == cudaSuccess && known) allowed[device].store(bytes, std::memory_order_release);
   return status;
 }
@@ -29,11 +28,34 @@ template <typename TX>
 cudaError_t LaunchNormKernel(const NormArgs& args, const KernelConfig& config, cudaStream_t stream) {
   const NormKernel kernel = SelectNormKernel<TX>(config);
   if (kernel == nullptr) return cudaErrorInvalidConfiguration;
+  const dim3 grid(config.grid);
+  const dim3 block(static_cast<unsigned>(config.block));
   if (config.kind == KernelKind::kSharedRowCached) {
-    const cudaError_t status = AllowMaxSharedMemory<TX>(config.device, config.max_shared_bytes);
+    const cudaError_t status =
+        AllowMaxSharedMemory<TX, KernelKind::kSharedRowCached>(kernel, config.device, config.max_shared_bytes);
     if (status != cudaSuccess) return status;
   }
-  kernel<<<dim3(config.grid), dim3(static_cast<unsigned>(config.block)), config.shared_bytes, stream>>>(args);
+  if (config.kind == KernelKind::kClusterRow) {
+    const cudaError_t status =
+        AllowMaxSharedMemory<TX, KernelKind::kClusterRow>(kernel, config.device, config.max_shared_bytes);
+    if (status != cudaSuccess) return status;
+    // The cluster shape is a launch attribute (one kernel serves every cluster size); a stream operation
+    // like <<<>>>, so a CUDA graph capture records it as a kernel node with its cluster dimension.
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(config.cluster);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    cudaLaunchConfig_t launch{};
+    launch.gridDim = grid;
+    launch.blockDim = block;
+    launch.dynamicSmemBytes = config.shared_bytes;
+    launch.stream = stream;
+    launch.attrs = &attribute;
+    launch.numAttrs = 1;
+    return cudaLaunchKernelEx(&launch, kernel, args);
+  }
+  kernel<<<grid, block, config.shared_bytes, stream>>>(args);
   return cudaGetLastError();
 }
 
