@@ -349,6 +349,35 @@ def test_contrib_float16_layer_norm_with_scale_and_bias_is_a_near_miss() -> None
     assert fused_ops(optimized) == []
 
 
+def test_float16_modulation_of_a_norm_rounded_once_after_its_affine_is_a_near_miss() -> None:
+    """A norm computed in fp32 with its scale and bias, cast to fp16 once, then modulated in fp16: the op would
+    round after the scale multiply too. Not fused with the modulation; the norm is fused alone."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=FLOAT),
+        *_norm("layer", x="xf", out="n0"),
+        helper.make_node("Mul", ["n0", "gamma"], ["n1"]),
+        helper.make_node("Add", ["n1", "beta"], ["n2"]),
+        helper.make_node("Cast", ["n2"], ["n"], to=FLOAT16),
+        helper.make_node("Add", ["one", "scale"], ["gate"]),
+        helper.make_node("Mul", ["n", "gate"], ["p"]),
+        helper.make_node("Add", ["p", "shift"], ["y"]),
+    ]
+    inits = [
+        const("axes", [-1], np.int64),
+        const("eps", 1e-5, np.float32),
+        const("one", 1.0, np.float16),
+        const("gamma", rng.normal(1, 0.2, D), np.float32),
+        const("beta", rng.normal(0, 0.2, D), np.float32),
+    ]
+    inputs = [("x", FLOAT16, ["b", "s", D]), ("scale", FLOAT16, ["b", 1, D]), ("shift", FLOAT16, ["b", 1, D])]
+    model = make_model(nodes, inputs, [("y", FLOAT16, ["b", "s", D])], inits, opset=18)
+    optimized, report = optimize(model)
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert "rounds to fp16 once after its scale and bias" in reasons, reasons
+    assert fused_ops(optimized) == ["LayerNorm"]
+
+
 def _single_node(op: str, dtype: int, **attrs: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     np_type = np.float16 if dtype == FLOAT16 else np.float32
     rng = np.random.default_rng(5)
