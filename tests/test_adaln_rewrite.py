@@ -451,3 +451,22 @@ def test_evaluator_refuses_statistics_it_cannot_stash() -> None:
     values = {v.name: v for v in graph.inputs}
     with pytest.raises(EvaluationError, match="stash_type 10"):
         evaluate([graph.outputs[0]], {values[n]: a for n, a in feeds.items()})
+
+
+def test_evaluator_gives_every_output_of_a_native_norm() -> None:
+    """Mean and InvStdDev of LayerNormalization (stash type float32), inv_std_var of the contrib RMS op."""
+    import onnx_ir as ir
+
+    from onnx_norm.rewrite.evaluate import evaluate
+
+    model, feeds = _single_node("LayerNormalization", FLOAT16)
+    node = model.graph.node[0]
+    node.output.extend(["mean", "inv"])
+    graph = ir.serde.deserialize_model(model).graph
+    values = {v.name: v for v in graph.inputs}
+    y, mean, inv = evaluate(list(graph.node(0).outputs), {values[n]: a for n, a in feeds.items()})
+    x = feeds["x"].astype(np.float64)
+    assert y.dtype == np.float16 and mean.dtype == inv.dtype == np.float32
+    assert mean.shape == inv.shape == (2, 3, 1)
+    np.testing.assert_allclose(mean, x.mean(-1, keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(inv, 1 / np.sqrt(x.var(-1, keepdims=True) + np.float32(1e-5)), rtol=1e-6)
