@@ -192,17 +192,17 @@ def test_other_targets_fuse_the_norm_inside_and_say_why(target: str) -> None:
 
 
 # The committed diffusers fixtures (tools/make_exporter_fixtures.py --family diffusers) -> the op they fuse into.
-# The dynamo exports of the LayerNorm blocks hold a native LayerNormalization, which the take-over turns into our
-# LayerNorm after the rewrite: the modulation around it is not fused yet (the recogniser reads decomposed norms).
+# The dynamo exports of the LayerNorm blocks hold a native LayerNormalization: the recogniser reads it as the
+# take-over does and fuses it with the modulation around it.
 DIFFUSERS = {
     "adalayernorm-zero-torchscript": "ModulatedLayerNorm",
     "adalayernorm-torchscript": "ModulatedLayerNorm",
     "adalayernorm-continuous-torchscript": "ModulatedLayerNorm",
     "adalayernorm-continuous-rms-torchscript": "ModulatedRMSNorm",
     "adalayernorm-continuous-rms-dynamo": "ModulatedRMSNorm",
-    "adalayernorm-zero-dynamo": "LayerNorm",
-    "adalayernorm-dynamo": "LayerNorm",
-    "adalayernorm-continuous-dynamo": "LayerNorm",
+    "adalayernorm-zero-dynamo": "ModulatedLayerNorm",
+    "adalayernorm-dynamo": "ModulatedLayerNorm",
+    "adalayernorm-continuous-dynamo": "ModulatedLayerNorm",
 }
 
 
@@ -220,3 +220,253 @@ def test_diffusers_blocks_fuse_into_the_modulated_op(name: str, op: str) -> None
     got = _run_with_library(optimized, feeds) if library.library_available() else run(optimized, feeds)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+# A native norm op inside: torch's dynamo exporter (and TorchScript from opset 17) writes nn.LayerNorm as ONNX's
+# LayerNormalization; ONNX Runtime's tools write its contrib ops. The recogniser reads them as the take-over does.
+MS = "com.microsoft"
+
+
+def _native_model(
+    op: str = "LayerNormalization",
+    *,
+    affine: bool = False,
+    dtype: int = FLOAT,
+    domain: str = "",
+    opset: int = 18,
+    stats: bool = False,
+    **attrs: int,
+) -> onnx.ModelProto:
+    """`op(x, gamma[, beta]) * (1 + scale) + shift`: gamma all ones without `affine` (dynamo's nn.LayerNorm
+    without elementwise_affine), random gamma and beta (LayerNormalization only) with it; `stats`: the Mean
+    output is a graph output too."""
+    np_type = np.float16 if dtype == FLOAT16 else np.float32
+    rng = np.random.default_rng(3)
+    gamma = rng.normal(1, 0.2, D) if affine else np.ones(D)
+    inits = [const("gamma", gamma, np_type), const("one", 1.0, np_type)]
+    norm_inputs = ["x", "gamma"]
+    if affine and op == "LayerNormalization":
+        inits.append(const("beta", rng.normal(0, 0.2, D), np_type))
+        norm_inputs.append("beta")
+    outputs = [("y", dtype, ["b", "s", D])]
+    if stats:
+        outputs.append(("mean", onnx.TensorProto.FLOAT, ["b", "s", 1]))
+    nodes = [
+        helper.make_node(op, norm_inputs, ["n", "mean"] if stats else ["n"], domain=domain, axis=-1, **attrs),
+        helper.make_node("Add", ["one", "scale"], ["gate"]),
+        helper.make_node("Mul", ["n", "gate"], ["p"]),
+        helper.make_node("Add", ["p", "shift"], ["y"]),
+    ]
+    inputs = [("x", dtype, ["b", "s", D]), ("scale", dtype, ["b", 1, D]), ("shift", dtype, ["b", 1, D])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        inits,
+    )
+    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(MS, 1)] if domain == MS else [])
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = 10
+    return model
+
+
+def test_native_layer_norm_without_affine_and_its_modulation_fuse() -> None:
+    """dynamo's spelling of DiT's norm: LayerNormalization(x, ones) then the modulation."""
+    model = _native_model()
+    _check_fused(model, "ModulatedLayerNorm")
+    node = next(n for n in optimize(model)[0].graph.node if n.op_type == "ModulatedLayerNorm")
+    assert [a.name for a in node.attribute if a.name.endswith("_type") and a.i] == []  # fp32: no rounding
+
+
+def test_native_layer_norm_with_affine_and_its_modulation_fuse() -> None:
+    optimized, _ = optimize(_native_model(affine=True))
+    node = next(n for n in optimized.graph.node if n.op_type == "ModulatedLayerNorm")
+    assert list(node.input) == ["x", "gamma", "beta", "scale", "shift"]
+    _check_fused(_native_model(affine=True), "ModulatedLayerNorm")
+
+
+def test_native_float16_layer_norm_with_affine_rounds_where_the_onnx_function_does() -> None:
+    """ONNX's LayerNormalization rounds the normalised value, the product and the sum to fp16 (its function body):
+    the op's normalized_type = multiply_type = fp16 reproduce that. ONNX Runtime's kernel rounds once instead: the
+    two are a unit in the last place apart, within the tolerance."""
+    model = _native_model(affine=True, dtype=FLOAT16)
+    _check_fused(model, "ModulatedLayerNorm", tol=4e-3)
+    node = next(n for n in optimize(model)[0].graph.node if n.op_type == "ModulatedLayerNorm")
+    attrs = {a.name: a.i for a in node.attribute if a.name.endswith("_type")}
+    assert attrs["normalized_type"] == attrs["multiply_type"] == FLOAT16
+
+
+def test_native_layer_norm_whose_mean_is_read_is_a_near_miss() -> None:
+    model = _native_model(stats=True)
+    optimized, report = optimize(model)
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert "statistics are read elsewhere" in reasons, reasons
+    assert fused_ops(optimized) == []
+    assert [n.op_type for n in optimized.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_native_layer_norm_the_take_over_cannot_read_is_a_near_miss_with_its_reason() -> None:
+    model = _native_model(stash_type=onnx.TensorProto.DOUBLE)
+    optimized, report = optimize(model)
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert "LayerNormalization inside is not fused with its modulation: stash_type 11" in reasons, reasons
+    assert fused_ops(optimized) == []
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_other_targets_keep_a_native_norm_and_its_modulation_and_say_why(target: str) -> None:
+    model = _native_model()
+    optimized, report = optimize(model, target=target)
+    assert report.rule_counts == {}
+    assert any("no modulated LayerNorm" in m.reason for m in report.near_misses), report.near_misses
+    assert [n.op_type for n in optimized.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_native_rms_normalization_and_its_modulation_fuse() -> None:
+    if onnx.defs.onnx_opset_version() < 23:
+        pytest.skip("the onnx package has no RMSNormalization (opset 23)")
+    model = _native_model("RMSNormalization", affine=True, opset=23)
+    try:
+        run(model, random_feeds(model, SHAPES))
+    except Exception as err:  # onnxruntime before 1.22 has no kernel for it
+        pytest.skip(f"onnxruntime cannot run RMSNormalization: {err}")
+    _check_fused(model, "ModulatedRMSNorm")
+
+
+def test_contrib_simplified_layer_norm_in_float16_fuses() -> None:
+    """ONNX Runtime's SimplifiedLayerNormalization rounds once, after its scale multiply: the op's rounding after
+    the multiply is the same single rounding."""
+    model = _native_model("SimplifiedLayerNormalization", affine=True, dtype=FLOAT16)
+    _check_fused(model, "ModulatedRMSNorm", tol=4e-3)
+
+
+def test_contrib_float16_layer_norm_with_scale_and_bias_is_a_near_miss() -> None:
+    """com.microsoft's LayerNormalization rounds once after its scale and bias; the op would round twice."""
+    optimized, report = optimize(_native_model(affine=True, dtype=FLOAT16, domain=MS))
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert "rounds to fp16 once after its scale and bias" in reasons, reasons
+    assert fused_ops(optimized) == []
+
+
+def test_float16_modulation_of_a_norm_rounded_once_after_its_affine_is_a_near_miss() -> None:
+    """A norm computed in fp32 with its scale and bias, cast to fp16 once, then modulated in fp16: the op would
+    round after the scale multiply too. Not fused with the modulation; the norm is fused alone."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=FLOAT),
+        *_norm("layer", x="xf", out="n0"),
+        helper.make_node("Mul", ["n0", "gamma"], ["n1"]),
+        helper.make_node("Add", ["n1", "beta"], ["n2"]),
+        helper.make_node("Cast", ["n2"], ["n"], to=FLOAT16),
+        helper.make_node("Add", ["one", "scale"], ["gate"]),
+        helper.make_node("Mul", ["n", "gate"], ["p"]),
+        helper.make_node("Add", ["p", "shift"], ["y"]),
+    ]
+    inits = [
+        const("axes", [-1], np.int64),
+        const("eps", 1e-5, np.float32),
+        const("one", 1.0, np.float16),
+        const("gamma", rng.normal(1, 0.2, D), np.float32),
+        const("beta", rng.normal(0, 0.2, D), np.float32),
+    ]
+    inputs = [("x", FLOAT16, ["b", "s", D]), ("scale", FLOAT16, ["b", 1, D]), ("shift", FLOAT16, ["b", 1, D])]
+    model = make_model(nodes, inputs, [("y", FLOAT16, ["b", "s", D])], inits, opset=18)
+    optimized, report = optimize(model)
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert "rounds to fp16 once after its scale and bias" in reasons, reasons
+    assert fused_ops(optimized) == ["LayerNorm"]
+
+
+def _single_node(op: str, dtype: int, **attrs: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    np_type = np.float16 if dtype == FLOAT16 else np.float32
+    rng = np.random.default_rng(5)
+    feeds = {
+        "x": (rng.standard_normal((2, 3, D)) * 2 + 0.5).astype(np_type),
+        "gamma": rng.normal(1, 0.3, D).astype(np_type),
+        "beta": rng.normal(0, 0.3, D).astype(np_type),
+    }
+    names = ["x", "gamma", "beta"] if op == "LayerNormalization" else ["x", "gamma"]
+    node = helper.make_node(op, names, ["y"], axis=-1, epsilon=1e-5, **attrs)
+    model = make_model([node], [(n, dtype, list(feeds[n].shape)) for n in names], [("y", dtype, [2, 3, D])], opset=18)
+    return model, {n: feeds[n] for n in names}
+
+
+def _function_body(dtype: int) -> onnx.ModelProto:
+    """LayerNormalization-17's function body spelled out (stash_type 1): statistics in float32, the normalised
+    value cast to X's type, the scale multiply and the bias add in X's type."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=FLOAT),
+        helper.make_node("ReduceMean", ["xf", "axes"], ["m"]),
+        helper.make_node("Sub", ["xf", "m"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["nf"]),
+        helper.make_node("Cast", ["nf"], ["nt"], to=dtype),
+        helper.make_node("Mul", ["nt", "gamma"], ["p"]),
+        helper.make_node("Add", ["p", "beta"], ["y"]),
+    ]
+    inputs = [("x", dtype, [2, 3, D]), ("gamma", dtype, [D]), ("beta", dtype, [D])]
+    inits = [const("axes", [-1], np.int64), const("eps", 1e-5, np.float32)]
+    return make_model(nodes, inputs, [("y", dtype, [2, 3, D])], inits, opset=18)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, FLOAT16])
+def test_evaluator_computes_layer_normalization_as_its_onnx_function(dtype: int) -> None:
+    """The proof's interpreter against the op's function body run node by node by the onnx package's reference
+    evaluator: the same rounding points. (ONNX Runtime's CPU provider computes fp16 Mul/Add in float32 and drops the
+    roundings between them, and the onnx package's LayerNormalization computes the statistics in X's type, so
+    neither is the definition.) Float64 statistics against float32 ones may move the normalised value by a unit in
+    its last place."""
+    import onnx_ir as ir
+    from onnx.reference import ReferenceEvaluator
+
+    from onnx_norm.rewrite.evaluate import evaluate
+
+    model, feeds = _single_node("LayerNormalization", dtype)
+    (want,) = ReferenceEvaluator(_function_body(dtype)).run(None, feeds)
+    graph = ir.serde.deserialize_model(model).graph
+    values = {v.name: v for v in graph.inputs}
+    (got,) = evaluate([graph.outputs[0]], {values[n]: a for n, a in feeds.items()})
+    assert got.dtype == want.dtype
+    error = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    if dtype == FLOAT:
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    else:
+        assert np.all(error <= 2 * np.spacing(np.abs(want)).astype(np.float64))
+        assert np.mean(error == 0) > 0.95  # rounded where the function rounds: a single final rounding is not
+    (wide,) = evaluate([graph.outputs[0]], {values[n]: a for n, a in feeds.items()}, widen=True)
+    assert wide.dtype == np.float64
+
+
+def test_evaluator_refuses_statistics_it_cannot_stash() -> None:
+    import onnx_ir as ir
+
+    from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
+
+    model, feeds = _single_node("LayerNormalization", FLOAT16, stash_type=FLOAT16)
+    graph = ir.serde.deserialize_model(model).graph
+    values = {v.name: v for v in graph.inputs}
+    with pytest.raises(EvaluationError, match="stash_type 10"):
+        evaluate([graph.outputs[0]], {values[n]: a for n, a in feeds.items()})
+
+
+def test_evaluator_gives_every_output_of_a_native_norm() -> None:
+    """Mean and InvStdDev of LayerNormalization (stash type float32), inv_std_var of the contrib RMS op."""
+    import onnx_ir as ir
+
+    from onnx_norm.rewrite.evaluate import evaluate
+
+    model, feeds = _single_node("LayerNormalization", FLOAT16)
+    node = model.graph.node[0]
+    node.output.extend(["mean", "inv"])
+    graph = ir.serde.deserialize_model(model).graph
+    values = {v.name: v for v in graph.inputs}
+    y, mean, inv = evaluate(list(graph.node(0).outputs), {values[n]: a for n, a in feeds.items()})
+    x = feeds["x"].astype(np.float64)
+    assert y.dtype == np.float16 and mean.dtype == inv.dtype == np.float32
+    assert mean.shape == inv.shape == (2, 3, 1)
+    np.testing.assert_allclose(mean, x.mean(-1, keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(inv, 1 / np.sqrt(x.var(-1, keepdims=True) + np.float32(1e-5)), rtol=1e-6)

@@ -2,10 +2,11 @@
 
 It serves two purposes: folding constant expressions (Gemma's `1 + w`, a `Cast` of a weight, the `Flatten` of a
 scale in LayerNormalization's function expansion) and proving a matched subgraph against the fused op's reference
-(`prove.py`). Keeping it to the ops the matchers accept makes the proof independent of any runtime's kernel
-coverage (ONNX Runtime has no bf16 ReduceMean on CPU, for one), and lets the same subgraph be evaluated either in
-its own element types or with every float widened to float64 (`widen=True`), which gives the exact value of the
-formula the graph spells.
+(`prove.py`); a matched subgraph may contain a native norm op (a modulated norm around an exported
+LayerNormalization), which is evaluated with the reference's math (`NORM_OPS`). Keeping it to the ops the matchers
+accept makes the proof independent of any runtime's kernel coverage (ONNX Runtime has no bf16 ReduceMean on CPU,
+for one), and lets the same subgraph be evaluated either in its own element types or with every float widened to
+float64 (`widen=True`), which gives the exact value of the formula the graph spells.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.dtypes import is_onnx_domain
-from onnx_norm.ops.reference import np_dtype
+from onnx_norm.dtypes import is_onnx_domain, onnx_opset
+from onnx_norm.ops.reference import _normalized, elem_type, np_dtype
+from onnx_norm.ops.schema import NormAttributes
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
@@ -311,6 +313,64 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
 SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
 
 
+#: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain): op ->
+#: whether it is an RMS norm. Not in SUPPORTED_OPS: constant folding and the decomposed matchers never meet them.
+NORM_OPS = {"LayerNormalization": False, "RMSNormalization": True, "SimplifiedLayerNormalization": True}
+_MS = "com.microsoft"
+_STASH = (int(ir.DataType.FLOAT), int(ir.DataType.DOUBLE))
+
+
+def _standard_norm(node: ir.Node) -> bool:
+    """Whether `node` has the ONNX-standard semantics (its function body: normalised value rounded to X's type,
+    affine in X's type) rather than ONNX Runtime's contrib ones (computed in float32, Y of the scale's type rounded
+    once). The same split as the take-over's (native.py): LayerNormalization from opset 17, RMSNormalization."""
+    if not is_onnx_domain(node.domain):
+        return False
+    if node.op_type == "RMSNormalization":
+        return True
+    graph = node.graph
+    opset = onnx_opset(graph.opset_imports) if graph is not None else None
+    return node.op_type == "LayerNormalization" and (opset or 0) >= 17
+
+
+def _native_norm(node: ir.Node, inputs: Sequence[np.ndarray | None], widen: bool) -> list[np.ndarray]:
+    """A native norm op's outputs (Y, then Mean and InvStdDev or the contrib ops' inv_std_var), computed by the
+    ops' reference (float64 statistics, then the op's rounding points in its element types; everything float64
+    with `widen`). Statistics stashed in float32 are computed in float64 and rounded to float32 at the end, within
+    a unit in the last place of a float32 computation; other stash types than float32/float64 are not evaluated."""
+    rms = NORM_OPS[node.op_type]
+    x = inputs[0]
+    scale = inputs[1] if len(inputs) > 1 else None
+    bias = inputs[2] if len(inputs) > 2 and not rms else None
+    if x is None:
+        raise EvaluationError(f"{node.op_type} without an input")
+    stash = int(_attr(node, "stash_type", 1))
+    if stash not in _STASH:
+        raise EvaluationError(f"{node.op_type} with stash_type {stash} (statistics only in float32 or float64)")
+    attrs = NormAttributes(axis=int(_attr(node, "axis", -1)), epsilon=float(_attr(node, "epsilon", 1e-5)))
+    standard = _standard_norm(node)
+    if standard and not widen and x.dtype != np.float64:
+        t = elem_type(x.dtype)  # the function body rounds the normalised value, the product and the sum to T
+        attrs = NormAttributes(attrs.axis, attrs.epsilon, normalized_type=t, multiply_type=t)
+    y, inv, mean = _normalized(x, scale, bias, attrs, rms=rms)
+    if widen:
+        out_dtype, stat_dtype = np.dtype(np.float64), np.dtype(np.float64)
+    else:  # ONNX: Y of X's type; contrib ops: Y of the scale's type, rounded once
+        out_dtype = x.dtype if standard or scale is None else scale.dtype
+        stat_dtype = np_dtype(stash)
+    # Narrow through float32 as the kernels do (double rounding through float32 is innocuous).
+    y = y if out_dtype == np.float64 else y.astype(np.float32).astype(out_dtype)
+    stats = [inv] if rms else [mean, inv]
+    outputs = [y, *(s.astype(stat_dtype) for s in stats if s is not None)]
+    if len(node.outputs) > len(outputs):
+        raise EvaluationError(f"{node.op_type} with {len(node.outputs)} outputs")
+    return outputs[: len(node.outputs)]
+
+
+def _is_native_norm(node: ir.Node) -> bool:
+    return node.op_type in NORM_OPS and (is_onnx_domain(node.domain) or node.domain == _MS)
+
+
 def _cast(array: np.ndarray, to: int, widen: bool) -> np.ndarray:
     dtype = ir.DataType(to)
     if widen and dtype in _FLOATS:
@@ -399,6 +459,11 @@ class _Evaluator:
             self.budget -= 1
             if self.budget < 0:
                 raise EvaluationError("subgraph too large to evaluate")
+            if _is_native_norm(node):
+                # Several outputs at once (Y and the statistics): keep each of them.
+                arrays = _native_norm(node, [self.get(v) for v in node.inputs], self.widen)
+                self.cache.update(zip(node.outputs, arrays, strict=False))
+                return self.cache[value]
             result = self.run_node(node)
         self.cache[value] = result
         return result

@@ -163,6 +163,21 @@ def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
     return NormSpec(kind, x, None, scale, bias, attrs, node.outputs[0], None, mean, inv_std, RULE)
 
 
+def native_kind(node: ir.Node) -> tuple[str, bool] | None:
+    """(kind, whether it adds a residual) of a native norm op; None when `node` is none."""
+    return _NATIVE.get((_group(node.domain), node.op_type))  # type: ignore[arg-type]
+
+
+def native_spec(node: ir.Node, opset: int) -> NormSpec | str:
+    """What the native norm op `node` computes, as the take-over reads it (`opset`: its graph's default-domain
+    opset), or why it cannot be read that way. For recognisers that fuse more than the node (the modulated norms),
+    so that they read the ops with the take-over's semantics."""
+    try:
+        return _spec(node, opset)
+    except _Skip as skipped:
+        return str(skipped)
+
+
 def _owners(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
     found = []
     graphs: list[ir.Graph | ir.Function] = [model.graph]

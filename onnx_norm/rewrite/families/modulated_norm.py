@@ -7,11 +7,22 @@ a Linear computes from the conditioning, chunked and unsqueezed to `[B, 1, H]`. 
 
     Add(Mul(n, Add(1, scale)), shift)     any operand order, the 1 any constant scalar 1
 
-where `n` ends a norm the built-in recognisers find (match.find_norm, its own constant scale/bias folded in) and
-scale/shift have X's rank, ones between the batch and the normalised dims, and the normalised dims themselves.
+where `n` ends a norm the built-in recognisers find (match.find_norm, its own constant scale/bias folded in), or is
+the Y of a native norm op (ONNX's LayerNormalization, as torch's dynamo exporter writes nn.LayerNorm, and
+RMSNormalization; ONNX Runtime's LayerNormalization/SimplifiedLayerNormalization), read with the take-over's
+semantics (native.py), and scale/shift have X's rank, ones between the batch and the normalised dims, and the
+normalised dims themselves.
 Near-misses (`inspect --explain`): a modulation that varies along the sequence, one without the `1 +`, a shape
-that is unknown. The onnx and ort targets have no such op: there the match is a near-miss with their reason and the
-inner norm is fused alone by the built-in families in the next sweep.
+that is unknown, a native norm whose Mean/InvStdDev are read or that the take-over cannot read (its reason). The
+onnx and ort targets have no such op: there the match is a near-miss with their reason and the inner norm is fused
+alone by the built-in families in the next sweep (a native one stays as it is).
+
+A native norm in float16/bfloat16 rounds where its definition does: ONNX's function body after the normalisation,
+the scale multiply and the bias add (the op's `normalized_type = multiply_type = T`, exact); ONNX Runtime's contrib
+ops once, at the end. The op rounds after every affine step, so a contrib op with both a scale and a bias in a
+narrow type is not reproduced (one rounding apart): a near-miss. ONNX Runtime's own kernel for the ONNX op also
+rounds once, not as the op's definition does; against it the fused op, like the take-over's LayerNorm, may differ
+by a unit in the last place of the scale product (more units of the output where the bias cancels it).
 """
 
 from __future__ import annotations
@@ -22,9 +33,10 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
+from onnx_norm.dtypes import onnx_opset, type_name
 from onnx_norm.ops.reference import modulated_norm, normalize
 from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION, NormAttributes
-from onnx_norm.rewrite import constants, match
+from onnx_norm.rewrite import casts, constants, match, native
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily, register
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
@@ -80,10 +92,36 @@ def _per_sample(value: ir.Value, x: ir.Value, axis: int, *, squeezed: bool = Fal
     return None
 
 
+def _native_inner(node: ir.Node, n: ir.Value) -> match.Candidate:
+    """The native norm op `node` whose Y is `n`, as a candidate, read as the take-over reads it."""
+    graph = node.graph
+    opset = (onnx_opset(graph.opset_imports) if graph is not None else None) or 0
+    spec = native.native_spec(node, opset)
+    if isinstance(spec, str):
+        raise NearMiss(f"the {node.op_type} inside is not fused with its modulation: {spec}", n)
+    if spec.x.shape is None:
+        raise NearMiss(f"the rank of the {node.op_type}'s input is unknown", spec.x)
+    rank = len(spec.x.shape)
+    return match.Candidate(
+        spec=spec,
+        nodes=[node],
+        axes=tuple(range(rank + spec.attrs.axis, rank)),
+        perm=None,
+        new_constants={},
+        variant=f"native {node.op_type}",
+        cast_placement=casts.describe(spec.x.dtype, None, spec.attrs),  # type: ignore[arg-type]
+        x_value=spec.x,
+    )
+
+
 def _inner(n: ir.Value, kind: str) -> match.Candidate | None:
     node = n.producer()
     if node is None:
         return None
+    found = native.native_kind(node)
+    if found is not None:  # a native norm op (its Y, not a statistic; no residual: the op has none)
+        inner_kind, residual = found
+        return _native_inner(node, n) if inner_kind == kind and not residual and node.outputs[0] is n else None
     try:
         inner = match.find_norm(node, kinds=frozenset({kind}), channels_first=False)
     except NearMiss:
@@ -93,14 +131,21 @@ def _inner(n: ir.Value, kind: str) -> match.Candidate | None:
     return inner
 
 
-def _attributes(inner: match.Candidate, t: int) -> NormAttributes | None:
+def _attributes(inner: match.Candidate, t: int) -> NormAttributes | str:
     """The op's attributes: the inner norm's, with the modulation's steps rounded to its type `t` (an fp16 graph
     computes `1 + s`, the Mul and the Add in fp16), and the normalised value rounded to `t` first when the norm has
-    no affine (its output is `t`). None when no attribute set reproduces the graph."""
+    no affine (its output is `t`). The reason when no attribute set reproduces the graph."""
     a = inner.spec.attrs
     if t not in _NARROW:
-        return a if a.multiply_type in (0, _FLOAT) else None
-    affine = inner.spec.scale is not None or inner.spec.bias is not None
+        if a.multiply_type in (0, _FLOAT):
+            return a
+        return "the norm rounds its scale multiply to another type than the modulation's"
+    spec = inner.spec
+    if a.multiply_type == 0 and spec.scale is not None and spec.bias is not None:
+        # Rounded once after scale and bias (ONNX Runtime's contrib LayerNormalization, or a norm computed wide and
+        # cast at its end); the op rounds after each affine step: up to one unit in the last place apart.
+        return f"the norm rounds to {type_name(t)} once after its scale and bias; the modulated op rounds after each"
+    affine = spec.scale is not None or spec.bias is not None
     normalized = a.normalized_type or (0 if affine else t)
     return dataclasses.replace(a, normalized_type=normalized, multiply_type=t)
 
@@ -122,12 +167,15 @@ def _candidate(anchor: ir.Node, shift: ir.Value, mul: ir.Node, n: ir.Value, gate
         reason = _per_sample(value, x, axis, squeezed=squeezed)
         if reason is not None:
             raise NearMiss(reason, value)
-    t = int(n.dtype) if n.dtype is not None else 0
-    if {scale.dtype, shift.dtype, anchor.outputs[0].dtype} != {n.dtype}:
+    # The norm's Y is of its output type or X's (docs/ops.md); shape inference leaves the types of ONNX Runtime's
+    # contrib ops, and of what follows them, unknown.
+    y_type = n.dtype or ir.DataType(inner.spec.attrs.output_type or inner.spec.x_type)
+    t = int(y_type)
+    if {scale.dtype, shift.dtype, anchor.outputs[0].dtype or y_type} != {y_type}:
         return None
     attrs = _attributes(inner, t)
-    if attrs is None:
-        raise NearMiss("the norm rounds its scale multiply to another type than the modulation's", n)
+    if isinstance(attrs, str):
+        raise NearMiss(attrs, n)
     spec = dataclasses.replace(
         inner.spec,
         kind=_KINDS[kind][0],
@@ -211,8 +259,8 @@ def _register(inner_kind: str) -> NormFamily:
             reference=_reference(inner_kind),
             lowerings={
                 "onnx-norm": Lowering(emit=_emitter(op_name), unsupported=_unsupported),
-                "onnx": f"ONNX has no modulated {what}; the {what} inside is fused alone",
-                "ort": f"ONNX Runtime has no modulated {what}; the {what} inside is fused alone",
+                "onnx": f"ONNX has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
+                "ort": f"ONNX Runtime has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
             },
             find=lambda anchor: _find(anchor, inner_kind),
             anchor_ops=frozenset({"Add"}),
