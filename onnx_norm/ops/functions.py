@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -146,164 +146,192 @@ class FunctionSignature:
             raise ValueError(f"{where}: {error}") from None
 
 
-def _statistics(
-    op: Callable[..., ir.Value], x: ir.Value, eps: ir.Value, reduce_mean: Callable[[ir.Value], ir.Value], *, rms: bool
-) -> tuple[ir.Value, ir.Value | None, ir.Value]:
-    """(centred x, mean or None, 1 / sqrt(variance + eps)), with the reductions `reduce_mean` makes."""
-    if rms:
-        mean, centred = None, x
-    else:
-        mean = reduce_mean(x)
-        centred = op("Sub", [x, mean])
-    variance = reduce_mean(op("Mul", [centred, centred]))
-    inv = op("Reciprocal", [op("Sqrt", [op("Add", [variance, eps])])])
-    return centred, mean, inv
+class _Body:
+    """The tape one function body is written on, with the idioms every body uses: constants, casts, float32
+    computation and rounding to a narrower type."""
+
+    def __init__(self, sig: FunctionSignature) -> None:
+        self.sig = sig
+        self.tape = ir.tape.Tape()
+
+    def op(self, op_type: str, inputs: list[ir.Value], attributes: dict | None = None) -> ir.Value:
+        return self.tape.op(op_type, inputs, attributes or {})
+
+    def const(self, array: np.ndarray) -> ir.Value:
+        return self.op("Constant", [], {"value": ir.tensor(array)})
+
+    def i64(self, *values: int) -> ir.Value:
+        return self.const(np.array(values, np.int64))
+
+    def cast(self, v: ir.Value, to: int) -> ir.Value:
+        return self.op("Cast", [v], {"to": ir.DataType(to)})
+
+    def to_float(self, v: ir.Value, elem_type: int | None) -> ir.Value:
+        return v if elem_type == _FLOAT else self.cast(v, _FLOAT)
+
+    def round_to(self, v: ir.Value, elem_type: int) -> ir.Value:
+        # Rounding to float32 of a float32 value is the identity.
+        if elem_type in (0, _FLOAT):
+            return v
+        return self.cast(self.cast(v, elem_type), _FLOAT)
+
+    def reduce_mean(self, v: ir.Value, axes: list[int]) -> ir.Value:
+        if self.sig.opset >= 18:
+            return self.op("ReduceMean", [v, self.const(np.array(axes, np.int64))], {"keepdims": 1})
+        return self.op("ReduceMean", [v], {"axes": axes, "keepdims": 1})
+
+    def statistics(self, x: ir.Value, axes: list[int], *, rms: bool) -> tuple[ir.Value, ir.Value | None, ir.Value]:
+        """(centred x, mean or None, 1 / sqrt(variance + eps)) over `axes`."""
+        if rms:
+            mean, centred = None, x
+        else:
+            mean = self.reduce_mean(x, axes)
+            centred = self.op("Sub", [x, mean])
+        variance = self.reduce_mean(self.op("Mul", [centred, centred]), axes)
+        eps = self.const(np.array(self.sig.attrs.epsilon, np.float32))
+        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [variance, eps])])])
+        return centred, mean, inv
 
 
-def _modulate(
-    op: Callable[..., ir.Value],
-    const: Callable[[np.ndarray], ir.Value],
-    cast: Callable[[ir.Value, int], ir.Value],
-    round_to: Callable[[ir.Value, int], ir.Value],
-    y: ir.Value,
-    x: ir.Value,
-    mod_scale: ir.Value,
-    mod_shift: ir.Value,
-    a: NormAttributes,
-) -> ir.Value:
+@dataclasses.dataclass
+class _Normalised:
+    """What the normalisation step leaves: Y before its affine, and the statistics outputs (None when absent)."""
+
+    y: ir.Value
+    mean: ir.Value | None
+    inv: ir.Value | None
+
+
+def _formals(sig: FunctionSignature) -> tuple[list[ir.Value], dict[str, ir.Value], int]:
+    """(the formal inputs, the present ones by name, the number of formal outputs).
+
+    ONNX Runtime binds a call's inputs and outputs to the formals by position, so the formals run up to the last
+    present one; an absent one in between is a formal that the body ignores (inputs) or computes anyway (outputs,
+    left unbound by the call)."""
+    schema = OPS[sig.op]
+    n_in = max(i for i, p in enumerate(sig.inputs) if p) + 1
+    n_out = max(i for i, p in enumerate(sig.outputs) if p) + 1
+    formals = [ir.Value(name=name) for name in schema.inputs[:n_in]]
+    present = {v.name: v for v, p in zip(formals, sig.inputs, strict=False) if p}
+    return formals, present, n_out  # type: ignore[misc]
+
+
+def _input(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value]:
+    """(X in float32, the value whose shape is X's): the residual sum for the Skip ops (also their Sum output)."""
+    sig, x = body.sig, formal["X"]
+    if not OPS[sig.op].skip:
+        return body.to_float(x, sig.x_type), x
+    total = body.op("Add", [body.to_float(x, sig.x_type), body.to_float(formal["Skip"], sig.x_type)])
+    s = total if sig.x_type == _FLOAT else body.cast(total, sig.x_type)
+    results["Sum"] = s
+    return body.to_float(s, sig.x_type), s
+
+
+def _normalise_trailing(body: _Body, xf: ir.Value, axis: int, n_out: int) -> _Normalised:
+    """A negative axis: the normalised dims are the last -axis ones whatever the rank; reducing over them with
+    keepdims also gives the statistics their shape."""
+    schema = OPS[body.sig.op]
+    axes = list(range(axis, 0))
+    centred, mean, inv = body.statistics(xf, axes, rms=schema.rms)
+    y = body.op("Mul", [centred, inv])
+    if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
+        # ONNX Runtime (1.31) reduces an empty tensor to its input shape; keep one element per normalised dim.
+        starts, ends, axes_value = body.i64(*[0] * len(axes)), body.i64(*[1] * len(axes)), body.i64(*axes)
+        mean = None if mean is None else body.op("Slice", [mean, starts, ends, axes_value])
+        inv = body.op("Slice", [inv, starts, ends, axes_value])
+    return _Normalised(y, mean, inv)
+
+
+def _normalise_flattened(body: _Body, xf: ir.Value, x_source: ir.Value, axis: int) -> _Normalised:
+    """A non-negative axis of an input of unknown rank: flatten to [rows, N] and reduce over axis 1."""
+    sig, schema = body.sig, OPS[body.sig.op]
+    x_shape = body.op("Shape", [x_source])
+    rows = body.op("Flatten", [xf], {"axis": axis})
+    centred, mean, inv = body.statistics(rows, [1], rms=schema.rms)
+    reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
+    y = body.op("Reshape", [body.op("Mul", [centred, inv]), x_shape], reshape_attrs)
+    if schema.modulated:  # the modulated ops have no statistics outputs
+        return _Normalised(y, None, None)
+    # Statistics keep X's leading dims and have 1 for every normalised dim.
+    leading = body.op("Slice", [x_shape, body.i64(0), body.i64(axis)])
+    tail = body.op("Slice", [x_shape, body.i64(axis), body.i64(_INT64_MAX)])
+    ones = body.op("Add", [body.op("Mul", [tail, body.i64(0)]), body.i64(1)])
+    stat_shape = body.op("Concat", [leading, ones], {"axis": 0})
+    mean = None if mean is None else body.op("Reshape", [mean, stat_shape], reshape_attrs)
+    return _Normalised(y, mean, body.op("Reshape", [inv, stat_shape], reshape_attrs))
+
+
+def _affine(body: _Body, formal: dict[str, ir.Value], y: ir.Value, x_source: ir.Value) -> ir.Value:
+    """Y rounded where the attributes say, times Scale, plus Bias, then the modulation of the modulated ops."""
+    a = body.sig.attrs
+    y = body.round_to(y, a.normalized_type)
+    if "Scale" in formal:
+        y = body.round_to(body.op("Mul", [y, body.cast(formal["Scale"], _FLOAT)]), a.multiply_type)
+    if "Bias" in formal:
+        y = body.round_to(body.op("Add", [y, body.cast(formal["Bias"], _FLOAT)]), a.multiply_type)
+    if OPS[body.sig.op].modulated:
+        y = _modulate(body, y, x_source, formal["ModScale"], formal["ModShift"])
+    return y
+
+
+def _modulate(body: _Body, y: ir.Value, x: ir.Value, mod_scale: ir.Value, mod_shift: ir.Value) -> ir.Value:
     """y * round_m(1 + ModScale) + ModShift, each step rounded to multiply_type, with ModScale/ModShift reshaped to
     [B or 1, 1, ..., 1, *normalised dims] (their first dim, 1 for X's dims up to `axis`, X's normalised dims):
     that covers both accepted shapes whatever X's rank, with reductions of nothing but Shape and Slice."""
-
-    def i64(*values: int) -> ir.Value:
-        return const(np.array(values, np.int64))
-
-    x_shape = op("Shape", [x])
-    middle = op("Slice", [x_shape, i64(1), i64(a.axis)])
-    ones = op("Add", [op("Mul", [middle, i64(0)]), i64(1)])
-    normalized = op("Slice", [x_shape, i64(a.axis), i64(_INT64_MAX)])
-    one = const(np.array(1.0, np.float32))
+    a = body.sig.attrs
+    x_shape = body.op("Shape", [x])
+    middle = body.op("Slice", [x_shape, body.i64(1), body.i64(a.axis)])
+    ones = body.op("Add", [body.op("Mul", [middle, body.i64(0)]), body.i64(1)])
+    normalized = body.op("Slice", [x_shape, body.i64(a.axis), body.i64(_INT64_MAX)])
+    one = body.const(np.array(1.0, np.float32))
     m = a.multiply_type
 
     def broadcastable(v: ir.Value) -> ir.Value:
-        batch = op("Slice", [op("Shape", [v]), i64(0), i64(1)])
-        return op("Reshape", [cast(v, _FLOAT), op("Concat", [batch, ones, normalized], {"axis": 0})])
+        batch = body.op("Slice", [body.op("Shape", [v]), body.i64(0), body.i64(1)])
+        shape = body.op("Concat", [batch, ones, normalized], {"axis": 0})
+        return body.op("Reshape", [body.cast(v, _FLOAT), shape])
 
-    factor = round_to(op("Add", [broadcastable(mod_scale), one]), m)
-    y = round_to(op("Mul", [y, factor]), m)
-    return round_to(op("Add", [y, broadcastable(mod_shift)]), m)
+    factor = body.round_to(body.op("Add", [broadcastable(mod_scale), one]), m)
+    y = body.round_to(body.op("Mul", [y, factor]), m)
+    return body.round_to(body.op("Add", [y, broadcastable(mod_shift)]), m)
+
+
+def _outputs(body: _Body, results: dict[str, ir.Value], n_out: int) -> list[ir.Value]:
+    """The formal outputs in schema order, named (a FunctionProto refers to values by name only)."""
+    outputs = []
+    for name in OPS[body.sig.op].outputs[:n_out]:
+        value = results[name]
+        value.name = name
+        outputs.append(value)
+    return outputs
 
 
 def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
     """The model-local function for one signature, as an onnx-ir function of domain onnx_norm, with the
     given overload name (by default the signature's own)."""
     schema = OPS[sig.op]
-    a = sig.attrs
-    tape = ir.tape.Tape()
-    op = tape.op
-
-    def const(array: np.ndarray) -> ir.Value:
-        return op("Constant", [], {"value": ir.tensor(array)})
-
-    def cast(v: ir.Value, to: int) -> ir.Value:
-        return op("Cast", [v], {"to": ir.DataType(to)})
-
-    def to_float(v: ir.Value, elem_type: int | None) -> ir.Value:
-        return v if elem_type == _FLOAT else cast(v, _FLOAT)
-
-    def round_to(v: ir.Value, elem_type: int) -> ir.Value:
-        # Rounding to float32 of a float32 value is the identity.
-        if elem_type in (0, _FLOAT):
-            return v
-        return cast(cast(v, elem_type), _FLOAT)
-
-    def reduce_mean_rows(v: ir.Value) -> ir.Value:
-        if sig.opset >= 18:
-            return op("ReduceMean", [v, const(np.array([1], np.int64))], {"keepdims": 1})
-        return op("ReduceMean", [v], {"axes": [1], "keepdims": 1})
-
-    # ONNX Runtime binds a call's inputs and outputs to the formals by position, so the formals run up to the
-    # last present one; an absent one in between is a formal that the body ignores (inputs) or computes
-    # anyway (outputs, left unbound by the call).
-    n_in = max(i for i, p in enumerate(sig.inputs) if p) + 1
-    n_out = max(i for i, p in enumerate(sig.outputs) if p) + 1
-    formals = [ir.Value(name=name) for name in schema.inputs[:n_in]]
-    formal = {v.name: v for v, p in zip(formals, sig.inputs, strict=False) if p}
-    x = formal["X"]
+    body = _Body(sig)
+    formals, formal, n_out = _formals(sig)
     results: dict[str, ir.Value] = {}
-    if schema.skip:
-        total = op("Add", [to_float(x, sig.x_type), to_float(formal["Skip"], sig.x_type)])
-        s = total if sig.x_type == _FLOAT else cast(total, sig.x_type)
-        results["Sum"] = s
-        xf = to_float(s, sig.x_type)
-        x_shape_source = s
-    else:
-        xf = to_float(x, sig.x_type)
-        x_shape_source = x
-
-    axis = a.axis
+    xf, x_source = _input(body, formal, results)
+    axis = sig.attrs.axis
     if axis >= 0 and sig.rank is not None:
         axis -= sig.rank
-    eps = const(np.array(a.epsilon, np.float32))
     if axis < 0:
-        # The normalised dims are the last -axis ones whatever the rank: reduce over them with keepdims, which
-        # also gives the statistics their shape.
-        axes = list(range(axis, 0))
-
-        def reduce_mean(v: ir.Value) -> ir.Value:
-            if sig.opset >= 18:
-                return op("ReduceMean", [v, const(np.array(axes, np.int64))], {"keepdims": 1})
-            return op("ReduceMean", [v], {"axes": axes, "keepdims": 1})
-
-        centred, mean, inv = _statistics(op, xf, eps, reduce_mean, rms=schema.rms)
-        y = op("Mul", [centred, inv])
-        if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
-            # ONNX Runtime (1.31) reduces an empty tensor to its input shape; keep one element per normalised dim.
-            starts, ends = const(np.zeros(len(axes), np.int64)), const(np.ones(len(axes), np.int64))
-            axes_value = const(np.array(axes, np.int64))
-            mean = None if mean is None else op("Slice", [mean, starts, ends, axes_value])
-            inv_out = op("Slice", [inv, starts, ends, axes_value])
-        else:
-            inv_out = inv
+        normalised = _normalise_trailing(body, xf, axis, n_out)
     else:
-        # A non-negative axis of an input of unknown rank: flatten to [rows, N] and reduce over axis 1.
-        x_shape = op("Shape", [x_shape_source])
-        rows = op("Flatten", [xf], {"axis": axis})
-        centred, mean, inv = _statistics(op, rows, eps, reduce_mean_rows, rms=schema.rms)
-        reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
-        y = op("Reshape", [op("Mul", [centred, inv]), x_shape], reshape_attrs)
-        inv_out = inv
-        if not schema.modulated:  # the modulated ops have no statistics outputs
-            # Statistics keep X's leading dims and have 1 for every normalised dim.
-            leading = op("Slice", [x_shape, const(np.array([0], np.int64)), const(np.array([axis], np.int64))])
-            tail = op("Slice", [x_shape, const(np.array([axis], np.int64)), const(np.array([_INT64_MAX], np.int64))])
-            ones = op("Add", [op("Mul", [tail, const(np.array(0, np.int64))]), const(np.array(1, np.int64))])
-            stat_shape = op("Concat", [leading, ones], {"axis": 0})
-            mean = None if mean is None else op("Reshape", [mean, stat_shape], reshape_attrs)
-            inv_out = op("Reshape", [inv, stat_shape], reshape_attrs)
-    y = round_to(y, a.normalized_type)
-    if "Scale" in formal:
-        y = round_to(op("Mul", [y, cast(formal["Scale"], _FLOAT)]), a.multiply_type)
-    if "Bias" in formal:
-        y = round_to(op("Add", [y, cast(formal["Bias"], _FLOAT)]), a.multiply_type)
-    if schema.modulated:
-        y = _modulate(op, const, cast, round_to, y, x_shape_source, formal["ModScale"], formal["ModShift"], a)
-    out_type = a.output_type or sig.x_type
-    results["Y"] = y if out_type == _FLOAT else cast(y, out_type)
-    if mean is not None:
-        results["Mean"] = mean
+        normalised = _normalise_flattened(body, xf, x_source, axis)
+    y = _affine(body, formal, normalised.y, x_source)
+    out_type = sig.attrs.output_type or sig.x_type
+    results["Y"] = y if out_type == _FLOAT else body.cast(y, out_type)
+    if normalised.mean is not None:
+        results["Mean"] = normalised.mean
     if not schema.modulated:
-        results["InvRMS" if schema.rms else "InvStdDev"] = inv_out
-
-    outputs = []
-    for name in schema.outputs[:n_out]:
-        value = results[name]
-        value.name = name
-        outputs.append(value)
+        results["InvRMS" if schema.rms else "InvStdDev"] = normalised.inv
     graph = ir.Graph(
         formals,
-        outputs,
-        nodes=tape.nodes,
+        _outputs(body, results, n_out),
+        nodes=body.tape.nodes,
         opset_imports={"": sig.opset},
         name=f"{sig.op}_{sig.overload}",
     )
