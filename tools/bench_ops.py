@@ -93,143 +93,99 @@ def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(value, name)
 
 
+_BENCH_NAMES = {"X": "X", "Skip": "S", "Scale": "scale", "Bias": "bias"}
+_MS = "com.microsoft"
+_DISABLE_ALL = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+_ENABLE_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def _decomposed_ln(x: str) -> list[onnx.NodeProto]:
+    mk = helper.make_node
+    return [
+        mk("ReduceMean", [x, "axes"], ["mean"]),
+        mk("Sub", [x, "mean"], ["d"]),
+        mk("Pow", ["d", "two"], ["d2"]),
+        mk("ReduceMean", ["d2", "axes"], ["var"]),
+        mk("Add", ["var", "eps"], ["ve"]),
+        mk("Sqrt", ["ve"], ["std"]),
+        mk("Div", ["d", "std"], ["n"]),
+        mk("Mul", ["n", "scale"], ["ns"]),
+        mk("Add", ["ns", "bias"], ["Y"]),
+    ]
+
+
+def _decomposed_rms(x: str) -> list[onnx.NodeProto]:
+    mk = helper.make_node
+    return [
+        mk("Pow", [x, "two"], ["x2"]),
+        mk("ReduceMean", ["x2", "axes"], ["ms"]),
+        mk("Add", ["ms", "eps"], ["mse"]),
+        mk("Sqrt", ["mse"], ["rms"]),
+        mk("Reciprocal", ["rms"], ["inv"]),
+        mk("Mul", [x, "inv"], ["n"]),
+        mk("Mul", ["n", "scale"], ["Y"]),
+    ]
+
+
+def _ours(op: OpSignature) -> list[onnx.NodeProto]:
+    """Our op on the bench's tensors, its inputs and outputs in the order of its signature (Y, and Sum)."""
+    outputs = [name if name in ("Y", "Sum") else "" for name in op.outputs]
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    inputs = [_BENCH_NAMES[name] for name in op.inputs]
+    return [helper.make_node(op.name, inputs, outputs, domain=DOMAIN, epsilon=EPS)]
+
+
+def _native(op_type: str, inputs: list[str], domain: str | None = None) -> list[onnx.NodeProto]:
+    """One native norm node; ORT's Skip ops return Sum as their fourth output."""
+    outputs = ["Y", "", "", "Sum"] if op_type.startswith("Skip") else ["Y"]
+    return [helper.make_node(op_type, inputs, outputs, domain=domain, epsilon=EPS)]
+
+
+#: (the op a row stands for, its label, its nodes, the initializers they read, opset, ORT optimization level or
+#: ORT optimization level). The rows of one op run against each other; ours comes first.
+_RESIDUAL = helper.make_node("Add", ["X", "S"], ["Sum"])
+_ROWS = (
+    (LAYER_NORM, None, _ours(LAYER_NORM), ("scale", "bias"), 17, _ENABLE_ALL),
+    (LAYER_NORM, "LayerNormalization (opset 17)", _native("LayerNormalization", ["X", "scale", "bias"]),
+     ("scale", "bias"), 17, _ENABLE_ALL),
+    (LAYER_NORM, "decomposed, ORT_DISABLE_ALL", _decomposed_ln("X"), ("scale", "bias", "axes", "eps", "two"), 18,
+     _DISABLE_ALL),
+    (RMS_NORM, None, _ours(RMS_NORM), ("scale",), 17, _ENABLE_ALL),
+    (RMS_NORM, "SimplifiedLayerNormalization (ORT contrib)", _native("SimplifiedLayerNormalization", ["X", "scale"]),
+     ("scale",), 17, _ENABLE_ALL),
+    (RMS_NORM, "RMSNormalization (opset 23)", _native("RMSNormalization", ["X", "scale"]), ("scale",), 23, _ENABLE_ALL),
+    (RMS_NORM, "decomposed rsqrt-style, ORT_ENABLE_ALL", _decomposed_rms("X"), ("scale", "axes", "eps", "two", "one"),
+     18, _ENABLE_ALL),
+    (SKIP_LAYER_NORM, None, _ours(SKIP_LAYER_NORM), ("scale", "bias"), 17, _ENABLE_ALL),
+    (SKIP_LAYER_NORM, "SkipLayerNormalization (ORT contrib)",
+     _native("SkipLayerNormalization", ["X", "S", "scale", "bias"], _MS), ("scale", "bias"), 17, _ENABLE_ALL),
+    (SKIP_LAYER_NORM, "Add + decomposed, ORT_DISABLE_ALL", [_RESIDUAL, *_decomposed_ln("Sum")],
+     ("scale", "bias", "axes", "eps", "two"), 18, _DISABLE_ALL),
+    (SKIP_RMS_NORM, None, _ours(SKIP_RMS_NORM), ("scale",), 17, _ENABLE_ALL),
+    (SKIP_RMS_NORM, "SkipSimplifiedLayerNormalization (ORT contrib)",
+     _native("SkipSimplifiedLayerNormalization", ["X", "S", "scale"], _MS), ("scale",), 17, _ENABLE_ALL),
+    (SKIP_RMS_NORM, "Add + decomposed rsqrt-style, ORT_ENABLE_ALL", [_RESIDUAL, *_decomposed_rms("Sum")],
+     ("scale", "axes", "eps", "two"), 18, _ENABLE_ALL),
+)  # fmt: skip
+
+
 def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     rng = np.random.default_rng(0)
-    scale = _const("scale", (1 + 0.1 * rng.standard_normal(cols)).astype(np_dtype))
-    bias = _const("bias", (0.1 * rng.standard_normal(cols)).astype(np_dtype))
-    axes = _const("axes", np.array([-1], np.int64))
-    eps = _const("eps", np.array(EPS, np_dtype))
-    two = _const("two", np.array(2.0, np_dtype))
-    one = _const("one", np.array(1.0, np_dtype))
-    mk = helper.make_node
-    bench_names = {"X": "X", "Skip": "S", "Scale": "scale", "Bias": "bias"}
-
-    def ours(op: OpSignature) -> Variant:
-        """Our op on the bench's tensors, its inputs and outputs in the order of its signature (Y, and Sum)."""
-        outputs = [name if name in ("Y", "Sum") else "" for name in op.outputs]
-        while outputs and not outputs[-1]:
-            outputs.pop()
-        node = mk(op.name, [bench_names[name] for name in op.inputs], outputs, domain=DOMAIN, epsilon=EPS)
-        inits = [scale] if "Bias" not in op.inputs else [scale, bias]
-        return Variant(op.name, f"onnx_norm.{op.name}", _model([node], inits, elem, 17, skip=op.skip), ours=True)
-
-    def decomposed_ln(x: str) -> list[onnx.NodeProto]:
-        return [
-            mk("ReduceMean", [x, "axes"], ["mean"]),
-            mk("Sub", [x, "mean"], ["d"]),
-            mk("Pow", ["d", "two"], ["d2"]),
-            mk("ReduceMean", ["d2", "axes"], ["var"]),
-            mk("Add", ["var", "eps"], ["ve"]),
-            mk("Sqrt", ["ve"], ["std"]),
-            mk("Div", ["d", "std"], ["n"]),
-            mk("Mul", ["n", "scale"], ["ns"]),
-            mk("Add", ["ns", "bias"], ["Y"]),
-        ]
-
-    def decomposed_rms(x: str) -> list[onnx.NodeProto]:
-        return [
-            mk("Pow", [x, "two"], ["x2"]),
-            mk("ReduceMean", ["x2", "axes"], ["ms"]),
-            mk("Add", ["ms", "eps"], ["mse"]),
-            mk("Sqrt", ["mse"], ["rms"]),
-            mk("Reciprocal", ["rms"], ["inv"]),
-            mk("Mul", [x, "inv"], ["n"]),
-            mk("Mul", ["n", "scale"], ["Y"]),
-        ]
-
-    residual = mk("Add", ["X", "S"], ["Sum"])
-    ms = "com.microsoft"
-    variants = [
-        ours(LAYER_NORM),
-        Variant(
-            LAYER_NORM.name,
-            "LayerNormalization (opset 17)",
-            _model([mk("LayerNormalization", ["X", "scale", "bias"], ["Y"], epsilon=EPS)], [scale, bias], elem, 17),
-        ),
-        Variant(
-            LAYER_NORM.name,
-            "decomposed, ORT_DISABLE_ALL",
-            _model(
-                decomposed_ln("X"),
-                [scale, bias, axes, eps, two],
-                elem,
-                18,
-            ),
-            opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        ),
-        ours(RMS_NORM),
-        Variant(
-            RMS_NORM.name,
-            "SimplifiedLayerNormalization (ORT contrib)",
-            _model([mk("SimplifiedLayerNormalization", ["X", "scale"], ["Y"], epsilon=EPS)], [scale], elem, 17),
-        ),
-        Variant(
-            RMS_NORM.name,
-            "RMSNormalization (opset 23)",
-            _model([mk("RMSNormalization", ["X", "scale"], ["Y"], epsilon=EPS)], [scale], elem, 23),
-        ),
-        Variant(
-            RMS_NORM.name,
-            "decomposed rsqrt-style, ORT_ENABLE_ALL",
-            _model(
-                decomposed_rms("X"),
-                [scale, axes, eps, two, one],
-                elem,
-                18,
-            ),
-        ),
-        ours(SKIP_LAYER_NORM),
-        Variant(
-            SKIP_LAYER_NORM.name,
-            "SkipLayerNormalization (ORT contrib)",
-            _model(
-                [
-                    mk(
-                        "SkipLayerNormalization",
-                        ["X", "S", "scale", "bias"],
-                        ["Y", "", "", "Sum"],
-                        domain=ms,
-                        epsilon=EPS,
-                    )
-                ],
-                [scale, bias],
-                elem,
-                17,
-                skip=True,
-            ),
-        ),
-        Variant(
-            SKIP_LAYER_NORM.name,
-            "Add + decomposed, ORT_DISABLE_ALL",
-            _model([residual, *decomposed_ln("Sum")], [scale, bias, axes, eps, two], elem, 18, skip=True),
-            opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        ),
-        ours(SKIP_RMS_NORM),
-        Variant(
-            SKIP_RMS_NORM.name,
-            "SkipSimplifiedLayerNormalization (ORT contrib)",
-            _model(
-                [
-                    mk(
-                        "SkipSimplifiedLayerNormalization",
-                        ["X", "S", "scale"],
-                        ["Y", "", "", "Sum"],
-                        domain=ms,
-                        epsilon=EPS,
-                    )
-                ],
-                [scale],
-                elem,
-                17,
-                skip=True,
-            ),
-        ),
-        Variant(
-            SKIP_RMS_NORM.name,
-            "Add + decomposed rsqrt-style, ORT_ENABLE_ALL",
-            _model([residual, *decomposed_rms("Sum")], [scale, axes, eps, two], elem, 18, skip=True),
-        ),
-    ]
+    consts = {
+        "scale": _const("scale", (1 + 0.1 * rng.standard_normal(cols)).astype(np_dtype)),
+        "bias": _const("bias", (0.1 * rng.standard_normal(cols)).astype(np_dtype)),
+        "axes": _const("axes", np.array([-1], np.int64)),
+        "eps": _const("eps", np.array(EPS, np_dtype)),
+        "two": _const("two", np.array(2.0, np_dtype)),
+        "one": _const("one", np.array(1.0, np_dtype)),
+    }
+    variants = []
+    for op, label, nodes, inits, opset, level in _ROWS:
+        model = _model(nodes, [consts[name] for name in inits], elem, opset, skip=op.skip)
+        ours = label is None
+        name = f"onnx_norm.{op.name}" if ours else label
+        variants.append(Variant(op.name, name, model, ours=ours, opt_level=level))
     return variants
 
 
