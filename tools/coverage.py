@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from packaging.version import Version
 
 from onnx_norm import zoo
 from onnx_norm.dtypes import onnx_opset
@@ -148,8 +149,19 @@ def run_onnxscript(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
     return optimized, _count_native(optimized), _options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
+#: onnxscript releases whose private fusion modules this comparison was written against: its public
+#: `onnx_fusions.fuse` fuses only RMSNormalization (opset 23), so the LayerNorm rule is reached privately, and only
+#: within this range (outside it, the tool reports itself unavailable instead of guessing at moved internals).
+ONNXSCRIPT_TESTED = (Version("0.5"), Version("0.8"))
+
+
 def run_onnxscript_onnx(original: onnx.ModelProto, _model_type: str) -> ToolOutput:
     import onnx_ir as ir
+    import onnxscript
+
+    low, high = ONNXSCRIPT_TESTED
+    if not low <= Version(onnxscript.__version__) < high:
+        raise RuntimeError(f"onnxscript {onnxscript.__version__} is outside the tested range [{low}, {high})")
     from onnxscript.rewriter.rules.fusion import _layer_norm, _rms_normalization
 
     opset = onnx_opset({o.domain: o.version for o in original.opset_import})
