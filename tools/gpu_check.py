@@ -53,13 +53,14 @@ if str(REPO) not in sys.path:
 
 from onnx import TensorProto  # noqa: E402
 
+from onnx_norm.dtypes import type_name  # noqa: E402
 from onnx_norm.ops import reference  # noqa: E402
 from onnx_norm.ops.reference import np_dtype  # noqa: E402
 from onnx_norm.ops.schema import OPS as SIGNATURES  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
-TYPE_NAMES = {0: "-", F32: "f32", F16: "f16", BF16: "bf16"}
+TYPE_NAMES = {t: type_name(t) for t in (0, F32, F16, BF16)}  # the spellings of onnx_norm.dtypes
 FLOAT_TYPES = (F32, F16, BF16)
 # The modulated (adaLN) ops have their own launcher and check: tools/gpu_harness/modulated_check.py.
 OPS = tuple(name for name, signature in SIGNATURES.items() if not signature.modulated)
@@ -1533,20 +1534,18 @@ class Results:
 # --------------------------------------------------------------------------------------------- main
 
 
-def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) -> int:
-    """The parts that need no GPU: the case list, the reference comparisons (a fake backend that is the
-    reference must pass; one nudged output element per case must be caught), every case through the CPU
-    emulator of the kernels (tools/gpu_harness/emulator.cc), and the harness build with nvcc."""
-    cases = build_cases(quick=False)
+def _check_reference(cases: list[Case]) -> bool:
+    """The checker itself: a fake backend that is the reference passes, and one nudged output element per case
+    is caught."""
     names = [c.name() for c in cases]
     if len(set(names)) != len(names):
         print("FAIL duplicate case names")
-        return 1
+        return False
     exact = Outcome()
     run_cases(FakeBackend(), cases, "fake", exact)
     if exact.failures:
         print(f"FAIL the reference does not match itself in {len(exact.failures)} cases")
-        return 1
+        return False
     missed = 0
     for output in ("Y", "Sum", "Mean", "InvStdDev", "InvRMS"):
         subset = [c for c in cases if output in requested_outputs(c) and c.rows > 0]
@@ -1558,65 +1557,80 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
                 missed += 1
                 print(f"FAIL a nudged {output} passed the check: {case.name()}")
     print(f"self-test: {len(cases)} cases; the exact fake passes; nudged outputs missed: {missed}")
-    if missed:
-        return 1
+    return not missed
+
+
+def _check_through_ort(cases: list[Case]) -> bool:
+    """A subset through ONNX Runtime's CPU provider with our library, and ours against ONNX Runtime's own CPU
+    kernels; skipped (True) when the library is not built."""
     try:
         import onnx_norm
 
         library = Path(onnx_norm.get_library_path())
     except Exception as exc:  # not built or not installed
-        library = None
         print(f"self-test: the onnx_norm library is not available ({exc}); ONNX Runtime path not checked")
-    if library is not None and library.is_file():
-        subset = ort_cases(cases, limit=16)
-        through_ort = Outcome()
-        cpu = OrtBackend("CPUExecutionProvider")
-        run_cases(cpu, subset, "ort-cpu", through_ort)
-        print(
-            f"self-test: {len(subset)} cases through ONNX Runtime (CPU provider, {library.name}): "
-            f"{len(through_ort.failures)} failures, {cpu.profiles_checked} profiles read"
-        )
-        if through_ort.failures:
-            return 1
-        # The comparison with ONNX Runtime's own kernels, on its CPU provider (their CPU kernels exist too).
-        compared = compare_with_ort_kernels("CPUExecutionProvider", ((8, 64),), (F32,), 3, math.inf)
-        broken = [row for row in compared if any(cell.startswith("failed") for cell in row)]
-        print(
-            f"self-test: ours vs ONNX Runtime's kernels on the CPU provider: {len(compared)} rows, {len(broken)} failed"
-        )
-        if broken or len(compared) != len(OPS):
-            print(format_table(ORT_HEADER, compared))
-            return 1
+        return True
+    if not library.is_file():
+        return True
+    subset = ort_cases(cases, limit=16)
+    through_ort = Outcome()
+    cpu = OrtBackend("CPUExecutionProvider")
+    run_cases(cpu, subset, "ort-cpu", through_ort)
+    print(
+        f"self-test: {len(subset)} cases through ONNX Runtime (CPU provider, {library.name}): "
+        f"{len(through_ort.failures)} failures, {cpu.profiles_checked} profiles read"
+    )
+    if through_ort.failures:
+        return False
+    compared = compare_with_ort_kernels("CPUExecutionProvider", ((8, 64),), (F32,), 3, math.inf)
+    broken = [row for row in compared if any(cell.startswith("failed") for cell in row)]
+    print(f"self-test: ours vs ONNX Runtime's kernels on the CPU provider: {len(compared)} rows, {len(broken)} failed")
+    if broken or len(compared) != len(OPS):
+        print(format_table(ORT_HEADER, compared))
+        return False
+    return True
+
+
+def _run_emulated(backend: HostHarnessBackend, cases: list[Case], label: str) -> bool:
+    started = time.perf_counter()
+    outcome = Outcome()
+    run_cases(backend, cases, label, outcome)
+    print(
+        f"self-test: {outcome.checked} cases {label}, {len(outcome.failures)} failures "
+        f"({time.perf_counter() - started:.0f} s); kernels used: "
+        + ", ".join(f"{k} x{n}" for k, n in sorted(backend.kernels.items()))
+    )
+    return not outcome.failures
+
+
+def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path | None) -> bool:
+    """Every case through the CPU emulator of the kernels (device 0: clusters), then the cases of the other
+    emulated devices (no clusters; a small device), then the launch plan."""
+    out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_"))
+    emulator = build_emulator(cuda_include, out)
+    backend = HostHarnessBackend(Harness(emulator))
+    if not _run_emulated(backend, cases, "through the CPU emulator of the kernels"):
+        return False
+    for device in (1, 2):
+        other = HostHarnessBackend(backend.harness, device=device)
+        if not _run_emulated(other, device_cases(device), f"on emulated device {device} ({EMULATED_DEVICES[device]})"):
+            return False
+    plan = launch_plan(emulator)
+    print(f"self-test: launch plan for an H200, {len(plan)} rows (python tools/gpu_check.py --plan)")
+    return True
+
+
+def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) -> int:
+    """The parts that need no GPU: the case list, the reference comparisons (a fake backend that is the
+    reference must pass; one nudged output element per case must be caught), every case through the CPU
+    emulator of the kernels (tools/gpu_harness/emulator.cc), and the harness build with nvcc."""
+    cases = build_cases(quick=False)
+    if not _check_reference(cases) or not _check_through_ort(cases):
+        return 1
     cuda_include = find_cuda_include(nvcc)
     if emulate and cuda_include is not None and shutil.which("g++"):
-        started = time.perf_counter()
-        out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_"))
-        emulator = build_emulator(cuda_include, out)
-        backend = HostHarnessBackend(Harness(emulator))
-        emulated = Outcome()
-        run_cases(backend, cases, "emulated", emulated)
-        print(
-            f"self-test: {emulated.checked} cases through the CPU emulator of the kernels, "
-            f"{len(emulated.failures)} failures ({time.perf_counter() - started:.0f} s); kernels used: "
-            + ", ".join(f"{k} x{n}" for k, n in sorted(backend.kernels.items()))
-        )
-        if emulated.failures:
+        if not _check_emulated(cases, cuda_include, build_dir):
             return 1
-        for device in (1, 2):
-            started = time.perf_counter()
-            other = HostHarnessBackend(backend.harness, device=device)
-            subset = device_cases(device)
-            on_device = Outcome()
-            run_cases(other, subset, f"emulated device {device}", on_device)
-            print(
-                f"self-test: {on_device.checked} cases on emulated device {device} ({EMULATED_DEVICES[device]}), "
-                f"{len(on_device.failures)} failures ({time.perf_counter() - started:.0f} s); kernels used: "
-                + ", ".join(f"{k} x{n}" for k, n in sorted(other.kernels.items()))
-            )
-            if on_device.failures:
-                return 1
-        plan = launch_plan(emulator)
-        print(f"self-test: launch plan for an H200, {len(plan)} rows (python tools/gpu_check.py --plan)")
     elif emulate:
         print("self-test: no CUDA headers or g++, the kernels were not emulated")
     if nvcc is None:
