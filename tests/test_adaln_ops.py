@@ -23,7 +23,7 @@ from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 FLOAT_TYPES = (F32, F16, BF16)
-TYPE_NAMES = {F32: "f32", F16: "f16", BF16: "bf16"}
+TYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
 # About one unit in the last place of Y's type (two where a rounding attribute adds a step that can tie the
 # other way): the reference accumulates in float64, the kernels and the function bodies in float32.
 Y_TOLERANCE = {F32: (3e-5, 3e-5), F16: (4e-3, 4e-3), BF16: (3.2e-2, 3.2e-2)}
@@ -195,8 +195,8 @@ def test_rounding_points_are_the_documented_ones(backend: str) -> None:
     rng = np.random.default_rng(4)
     x, _, _, s, t = inputs(LAYER, (4, 16, 256), F16, rng)
     n = reference.layer_norm(x)[0]  # normalised in float, rounded to fp16 once
-    f16 = np.float16
-    graph = ((n * (f16(1) + s)[:, None, :]).astype(f16) + t[:, None, :]).astype(f16)
+    fp16 = np.float16
+    graph = ((n * (fp16(1) + s)[:, None, :]).astype(fp16) + t[:, None, :]).astype(fp16)
     got = run(LAYER, [x, None, None, s, t], backend, normalized_type=F16, multiply_type=F16)
     np.testing.assert_array_equal(got, graph)
     plain = run(LAYER, [x, None, None, s, t], backend)
@@ -279,7 +279,7 @@ def test_reference_rejects_bad_modulation_shapes() -> None:
 
 def test_function_signatures_name_the_modulated_ops() -> None:
     sig = functions.FunctionSignature(LAYER, (True, False, False, True, True), (True,), F16)
-    assert sig.overload.startswith("X_ModScale_ModShift__Y__xf16")
+    assert sig.overload.startswith("X_ModScale_ModShift__Y__xfp16")
     with pytest.raises(ValueError, match="required inputs"):
         functions.FunctionSignature(RMS, (True, True, False, True), (True,), F16)
     proto = functions.function_proto(functions.FunctionSignature(RMS, (True, True, True, True), (True,), BF16))

@@ -163,24 +163,24 @@ def test_launch_plan_for_an_h200_keeps_sms_busy_and_rows_read_once_where_they_fi
     plan = {(r[0], r[1], r[2]): r for r in gpu_check.launch_plan(emulator_library)}
     assert len(plan) == len(gpu_check.OPS) * 3 * len(gpu_check.PLAN_SHAPES)
     kernel, vpt, blocks, group, block, grid = 4, 5, 6, 7, 8, 9
-    row = plan[("SkipLayerNorm", "f16", "8192x4096")]
+    row = plan[("SkipLayerNorm", "fp16", "8192x4096")]
     assert (row[kernel], row[vpt], row[group], row[block]) == ("register", "2", "256", "256")
     assert int(row[grid]) == 132 * (2048 // 256) * 4  # capped at 4 waves: blocks loop over rows
-    row = plan[("RMSNorm", "f16", "8192x768")]  # 96 vectors: 2 per thread, 2 rows per 128-thread block
+    row = plan[("RMSNorm", "fp16", "8192x768")]  # 96 vectors: 2 per thread, 2 rows per 128-thread block
     assert (row[kernel], row[vpt], row[group], row[block], row[grid]) == ("register", "2", "64", "128", "4096")
     assert plan[("RMSNorm", "bf16", "4096x16384")][vpt] == "4"
-    assert plan[("LayerNorm", "f32", "2048x32768")][kernel] == "shared"  # 128 KiB: one block per SM
-    assert plan[("LayerNorm", "f32", "2048x32768")][grid] == "132"
+    assert plan[("LayerNorm", "fp32", "2048x32768")][kernel] == "shared"  # 128 KiB: one block per SM
+    assert plan[("LayerNorm", "fp32", "2048x32768")][grid] == "132"
     # Over one block's 227 KiB: the row over a cluster of 2 (fp32 65536) or 4 (fp16 262144) blocks, X read once.
-    row = plan[("LayerNorm", "f32", "1024x65536")]
+    row = plan[("LayerNorm", "fp32", "1024x65536")]
     assert (row[kernel], row[blocks], row[block], row[grid]) == ("cluster", "2", "512", "132")
-    row = plan[("SkipRMSNorm", "f16", "256x262144")]
+    row = plan[("SkipRMSNorm", "fp16", "256x262144")]
     assert (row[kernel], row[blocks], row[grid]) == ("cluster", "4", "132")
     # Too few rows for 132 SMs: a decode row over 4 blocks of 128 vectors, 64 rows over 2 blocks each.
-    row = plan[("RMSNorm", "f16", "1x4096")]
+    row = plan[("RMSNorm", "fp16", "1x4096")]
     assert (row[kernel], row[blocks], row[group], row[grid]) == ("cluster", "4", "128", "4")
-    assert (plan[("RMSNorm", "f32", "1x4096")][blocks], plan[("LayerNorm", "f16", "64x4096")][blocks]) == ("8", "2")
-    assert plan[("LayerNorm", "f16", "8192x4096")][kernel] == "register"  # many rows: one block per row
+    assert (plan[("RMSNorm", "fp32", "1x4096")][blocks], plan[("LayerNorm", "fp16", "64x4096")][blocks]) == ("8", "2")
+    assert plan[("LayerNorm", "fp16", "8192x4096")][kernel] == "register"  # many rows: one block per row
 
 
 def _call(harness: object, **overrides: object) -> tuple[int, str]:

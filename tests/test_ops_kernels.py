@@ -38,7 +38,7 @@ OrtError = (
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
 # The statistics/Skip ops; the modulated (adaLN) ops have their own tests (tests/test_adaln_ops.py).
 NORM_OPS = sorted(name for name, op in OPS.items() if not op.modulated)
-TYPE_NAMES = {F32: "f32", F16: "f16", BF16: "bf16", TensorProto.DOUBLE: "f64", TensorProto.INT32: "i32"}
+TYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16", TensorProto.DOUBLE: "fp64", TensorProto.INT32: "i32"}
 
 # Relative and absolute tolerance on Y per output type: the kernels hold float32 statistics, the
 # reference float64, so Y may differ by about one unit in the last place of the output type (two where
@@ -639,7 +639,7 @@ def test_portable_conversions_match_reference() -> None:
     """With ONNX_NORM_CPU_SIMD=0 the kernels use the portable fp16/bf16 conversions instead of F16C/AVX2."""
     env = dict(os.environ, ONNX_NORM_CPU_SIMD="0")
     selection = (
-        "test_matches_reference and 4097 and (f16 or bf16) or test_rounding_attributes and 4097 "
+        "test_matches_reference and 4097 and (fp16 or bf16) or test_rounding_attributes and 4097 "
         "or test_nan_and_inf and RMSNorm or test_many_rows"
     )
     result = subprocess.run(

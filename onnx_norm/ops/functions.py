@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnx_norm.dtypes import type_name
 from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
 
 logger = logging.getLogger(__name__)
@@ -41,11 +42,6 @@ DEFAULT_BODY_OPSET = 18
 
 _FLOAT = int(ir.DataType.FLOAT)
 _INT64_MAX = np.iinfo(np.int64).max
-_TYPE_NAMES = {
-    int(ir.DataType.FLOAT): "f32",
-    int(ir.DataType.FLOAT16): "f16",
-    int(ir.DataType.BFLOAT16): "bf16",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +103,7 @@ class FunctionSignature:
         a = self.attrs
 
         def t(v: int) -> str:
-            return _TYPE_NAMES.get(v, str(v)) if v else "0"
+            return type_name(v) if v else "0"
 
         rank = f"_rank{self.rank}" if a.axis >= 0 and self.rank is not None else ""
         return (

@@ -33,11 +33,12 @@ if str(REPO) not in sys.path:
 
 from onnx import TensorProto  # noqa: E402
 
+from onnx_norm.dtypes import type_name  # noqa: E402
 from onnx_norm.ops.reference import modulated_norm, np_dtype  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
-TYPE_NAMES = {0: "-", F32: "f32", F16: "f16", BF16: "bf16"}
+TYPE_NAMES = {t: type_name(t) for t in (0, F32, F16, BF16)}  # the spellings of onnx_norm.dtypes
 SOURCES = REPO / "custom_ops" / "src" / "cuda"
 HERE = Path(__file__).resolve().parent
 GUARD = 64
