@@ -22,17 +22,18 @@ cudaError_t EmulateModulated(const ModulatedArgs& args, const ModulatedConfig& c
     return cudaErrorInvalidConfiguration;
   }
   const ModulatedKernel kernel = SelectModulatedKernel<TX>(config);
-  m.dynamic_shared.clear();
+  m.shared_bytes = 0;  // the modulated kernels use static shared memory only
+  m.cluster_size = 1;
   m.kernel = [&] { kernel(args); };
   m.last_kernel = std::string("modulated ") + (config.vector ? "vector" : "scalar") +
                   (config.cached ? " registers" : " reread") + " group=" + std::to_string(args.group);
-  m.last_launch = "grid=" + std::to_string(config.grid) + " block=" + std::to_string(config.block) + " shared=0";
+  m.last_launch =
+      "grid=" + std::to_string(config.grid) + " block=" + std::to_string(config.block) + " shared=0 cluster=1";
   if (m.plan_only_sms > 0) return cudaSuccess;
   m.grid_dim = emu::Index3{config.grid, 1, 1};
   m.block_dim = emu::Index3{static_cast<unsigned>(config.block), 1, 1};
   for (unsigned b = 0; b < config.grid; ++b) {
-    m.block_idx = emu::Index3{b, 0, 0};
-    if (!emu::RunBlock()) return cudaErrorLaunchFailure;
+    if (!emu::RunCluster(b)) return cudaErrorLaunchFailure;  // a cluster of one block
   }
   return cudaSuccess;
 }
