@@ -155,7 +155,7 @@ class Case:
 
 
 def _default_case(op: str, x_type: int, shape: tuple[int, ...], **changes: Any) -> Case:
-    bias = op in ("LayerNorm", "SkipLayerNorm")
+    bias = "Bias" in SIGNATURES[op].inputs
     return dataclasses.replace(Case(op, x_type, shape, scale_type=x_type, bias=bias), **changes)
 
 
@@ -173,7 +173,7 @@ def build_cases(quick: bool = False) -> list[Case]:
             cases.append(_default_case(op, x_type, (1, 768), outputs=False))
             cases.append(_default_case(op, x_type, (0, 768)))
             cases.append(_default_case(op, x_type, (5, 4097), scale_type=None, bias=False))
-    for op in ("LayerNorm", "RMSNorm"):
+    for op in (name for name in OPS if not SIGNATURES[name].skip):
         for hidden in (768, 4097):
             for x_type in (F16, BF16):
                 # LLaMA/T5 (round the normalised value, multiply in the narrow type), and an all-fp16 graph.
@@ -201,7 +201,7 @@ def build_cases(quick: bool = False) -> list[Case]:
                     cases.append(_default_case(op, x_type, (7, hidden), layout=layout))
                     if x_type != F32:
                         cases.append(_default_case(op, x_type, (7, hidden), layout=layout, output_type=F32))
-    for op in ("SkipLayerNorm", "SkipRMSNorm"):
+    for op in (name for name in OPS if SIGNATURES[name].skip):
         for x_type in FLOAT_TYPES:
             for layout in ("sum-on-x", "sum-on-skip"):
                 for hidden in (7, 4097) if quick else (7, 768, 4097, 20000):

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_norm.dtypes import type_name
+from onnx_norm.dtypes import onnx_opset, type_name
 from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
 
 logger = logging.getLogger(__name__)
@@ -395,7 +395,7 @@ def attach_functions(model: ir.Model) -> None:
 
     Raises ValueError, naming the node, when a node is not a valid onnx_norm op or its input type is unknown.
     """
-    opset = model.opset_imports.get("", DEFAULT_BODY_OPSET)
+    opset = onnx_opset(model.opset_imports) or DEFAULT_BODY_OPSET
     if opset < MIN_BODY_OPSET:
         raise ValueError(
             f"the model's default opset is {opset}; onnx_norm function bodies need opset >= {MIN_BODY_OPSET}"

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.dtypes import onnx_opset, type_name
+from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops.reference import modulated_norm, normalize
 from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION, NormAttributes
 from onnx_norm.rewrite import casts, constants, match, native
@@ -43,14 +43,12 @@ from onnx_norm.rewrite.structure import NearMiss
 
 #: Inner norm kind -> (this family's kind, the op that replaces the match).
 _KINDS = {"layer": ("modulated_layer", "ModulatedLayerNorm"), "rms": ("modulated_rms", "ModulatedRMSNorm")}
-_DEFAULT = ("", "ai.onnx")
 _FLOAT = int(ir.DataType.FLOAT)
-_NARROW = (int(ir.DataType.FLOAT16), int(ir.DataType.BFLOAT16))
 
 
 def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
     node = None if value is None else value.producer()
-    if node is None or node.op_type != op_type or node.domain not in _DEFAULT or len(node.inputs) != 2:
+    if node is None or node.op_type != op_type or not is_onnx_domain(node.domain) or len(node.inputs) != 2:
         return None
     return node
 
@@ -62,7 +60,12 @@ def _one_plus(gate: ir.Value) -> tuple[list[ir.Node], ir.Value] | None:
     """(its nodes, s) when `gate` is `1 + s` or `s + 1`, the 1 any constant of value 1 and s computed, or that
     unsqueezed or reshaped (`(1 + scale)[:, None, :]`, AdaLayerNormContinuous): s is then the [B, H] chunk."""
     layout = gate.producer()
-    if layout is not None and layout.op_type in _LAYOUT and layout.domain in _DEFAULT and layout.inputs[0] is not None:
+    if (
+        layout is not None
+        and layout.op_type in _LAYOUT
+        and is_onnx_domain(layout.domain)
+        and layout.inputs[0] is not None
+    ):
         found = _one_plus(layout.inputs[0])
         return None if found is None else ([*found[0], layout], found[1])
     add = _producer(gate, "Add")
@@ -136,7 +139,7 @@ def _attributes(inner: match.Candidate, t: int) -> NormAttributes | str:
     computes `1 + s`, the Mul and the Add in fp16), and the normalised value rounded to `t` first when the norm has
     no affine (its output is `t`). The reason when no attribute set reproduces the graph."""
     a = inner.spec.attrs
-    if t not in _NARROW:
+    if t not in NARROW_TYPES:
         if a.multiply_type in (0, _FLOAT):
             return a
         return "the norm rounds its scale multiply to another type than the modulation's"
