@@ -17,6 +17,14 @@ several sessions per variant, every session pair's median ratio is above 1 too; 
 On CUDA the inputs are copied to the device once and the outputs are bound there (IO binding), so host copies are
 not timed.
 
+With `cuda_graph=True` (CUDA only) every session has ONNX Runtime's `enable_cuda_graph` on: each session's first
+bound runs (untimed) capture the whole model as one CUDA graph, the timed runs replay it. Capture needs fixed device
+addresses, so the outputs are bound to OrtValues preallocated (static shapes, or one ordinary run's), and every point
+of a sweep gets fresh sessions (a graph replays the shapes it was captured with). A model ORT cannot capture (a node
+not on the CUDA provider, such as a shape op left on the CPU) fails at session creation or at its first run: for
+`original-noopt` that variant is left out and its reason ("CUDA graph not possible: ...") kept in the report's
+`skipped`; for the original or the optimized model there is no speedup to measure, so it is a SessionError.
+
 Two sessions of one model can differ in speed by a few percent for the whole of their lives (where their buffers
 landed in memory): with `sessions_per_variant` > 1 each variant gets that many sessions, used in turn round by
 round, so that the paired ratios and their interval include that variation instead of one draw of it.
@@ -55,9 +63,12 @@ from onnx_norm.sessions import (
     Provider,
     Runner,
     RuntimeConfig,
+    RuntimeUnavailableError,
     SessionError,
     create_session,
     model_label,
+    preallocate_outputs,
+    static_output_shapes,
 )
 from onnx_norm.zoo.detect import NATIVE_NORM_OPS
 
@@ -74,6 +85,8 @@ VARIANT_LABELS = {
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
 NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
 _PROFILE_RUNS = 10
+#: Untimed bound runs of each CUDA graph session before the bench: the regular run ORT needs, then the capture.
+_GRAPH_SETUP_RUNS = 2
 
 Clock = Callable[[], float]
 Progress = Callable[[int, int], None]
@@ -203,6 +216,8 @@ class BenchReport:
     profile: dict[str, ProfileSplit] | None
     optimized_in_memory: bool
     environment: dict[str, str]
+    cuda_graph: bool = False
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # variant -> why it was not measured
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -316,7 +331,7 @@ def split_profile_events(
     return ProfileSplit(norm_us / runs / 1e3, other_us / runs / 1e3, len(norm_names))
 
 
-def _environment(provider: str, threads: int | None) -> dict[str, str]:
+def _environment(provider: str, threads: int | None, cuda_graph: bool = False) -> dict[str, str]:
     return {
         "onnxruntime": ort.__version__,
         "onnx": onnx.__version__,
@@ -325,6 +340,7 @@ def _environment(provider: str, threads: int | None) -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "provider": provider,
         "threads": str(threads or "ORT default"),
+        "cuda_graph": str(cuda_graph),
     }
 
 
@@ -408,22 +424,83 @@ class _Timing:
     generated: bool
 
 
+def _sessions(models: _Models, config: RuntimeConfig, count: int) -> dict[str, list[Any]]:
+    """`count` sessions of every variant."""
+    return {
+        name: [
+            create_session(proto, config.replace(optimization=level), label=models.labels[name]) for _ in range(count)
+        ]
+        for name, (proto, level) in models.variants.items()
+    }
+
+
+def _graph_runners(
+    proto: onnx.ModelProto, config: RuntimeConfig, feeds: Mapping[str, np.ndarray], count: int, label: str
+) -> list[Runner]:
+    """`count` CUDA graph sessions of one variant, outputs bound to preallocated device memory, each run until it
+    has captured its graph. Raises SessionError with "CUDA graph not possible" when ORT refuses the graph."""
+    probe = None
+    runners = []
+    for _ in range(count):
+        try:
+            session = create_session(proto, config, label=label)
+        except RuntimeUnavailableError:
+            raise
+        except SessionError as err:
+            raise SessionError(f"CUDA graph not possible: {err}") from err
+        if probe is None and static_output_shapes(session) is None:
+            # An ordinary session gives the output shapes; its own errors are the model's, not the graph's.
+            probe = create_session(proto, config.replace(cuda_graph=False), label=label)
+        outputs = preallocate_outputs(session, feeds, "cuda", config.device_id, probe=probe, label=label)
+        runner = Runner(session, feeds, config, label=label, outputs=outputs)
+        try:
+            # ORT's CUDA EP runs once normally (allocations) before it captures: both runs happen here, untimed.
+            for _ in range(_GRAPH_SETUP_RUNS):
+                runner.run_bound()
+        except SessionError as err:
+            raise SessionError(f"CUDA graph not possible: {err}") from err
+        runners.append(runner)
+    return runners
+
+
+def _runners(
+    models: _Models, sessions: Mapping[str, Sequence[Any]] | None, point: _Point, config: RuntimeConfig, count: int
+) -> tuple[dict[str, list[Runner]], dict[str, str]]:
+    """The runners of every variant on one point's inputs, and the variants left out with their reason: with CUDA
+    graphs, fresh graph sessions (`sessions` is None); else runners of the shared `sessions`."""
+    if sessions is not None:
+        return {
+            name: [Runner(s, point.sample, config, label=models.labels[name]) for s in group]
+            for name, group in sessions.items()
+        }, {}
+    runners: dict[str, list[Runner]] = {}
+    skipped: dict[str, str] = {}
+    for name, (proto, level) in models.variants.items():
+        label = models.labels[name]
+        try:
+            runners[name] = _graph_runners(proto, config.replace(optimization=level), point.sample, count, label)
+        except SessionError as err:
+            if isinstance(err, RuntimeUnavailableError):
+                raise
+            if name != UNOPTIMIZED:
+                raise SessionError(f"{err}; without a graph of both models there is no speedup to measure") from err
+            logger.warning("%s is not timed: %s", VARIANT_LABELS[name], err)
+            skipped[name] = str(err)
+    return runners, skipped
+
+
 def _measure(
     models: _Models,
-    sessions: Mapping[str, Sequence[Any]],
+    runners: Mapping[str, Sequence[Runner]],
     point: _Point,
-    config: RuntimeConfig,
     timing: _Timing,
     progress: Progress | None,
 ) -> BenchPoint:
     """Times every variant on one point's inputs, round by round."""
-    runners = {
-        name: _rotating([Runner(s, point.sample, config, label=models.labels[name]).run_bound for s in group])
-        for name, group in sessions.items()
-    }
+    runs = {name: _rotating([runner.run_bound for runner in group]) for name, group in runners.items()}
     try:
         times = interleave(
-            runners, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock, progress=progress, seed=timing.seed
+            runs, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock, progress=progress, seed=timing.seed
         )
     except SessionError as err:
         hint = model_inputs.shape_hint(models.original, point.shapes) if timing.generated else ""
@@ -445,6 +522,7 @@ def _profiles(models: _Models, config: RuntimeConfig, feeds: Mapping[str, np.nda
     """Kernel time of every variant split into norm nodes and the rest: in the original, the nodes the rewrite
     removed count as norm nodes (with ORT's own norm ops)."""
     removed = _removed_node_names(models.original, models.optimized)
+    config = config.replace(cuda_graph=False)  # the profiler times ORT's kernels, which a graph replay hides
     profiles = {}
     for name, (proto, level) in models.variants.items():
         norm_nodes = frozenset() if name == OPTIMIZED else removed
@@ -487,37 +565,40 @@ def bench(
     sessions_per_variant: int = defaults.SESSIONS_PER_VARIANT,
     include_unoptimized: bool = True,
     profile: bool = False,
+    cuda_graph: bool = defaults.CUDA_GRAPH,
     progress: Progress | None = None,
     clock: Clock = time.perf_counter,
 ) -> BenchReport:
     """Times `optimized` against `original` (see the module docstring). With no `optimized`, the original is
     optimized in memory with `onnx_norm.optimize`. `sweep=("sequence", [128, 256])` measures one point per value
-    of a symbolic dim. Raises InputError for inputs that do not fit, SessionError when a model cannot run."""
+    of a symbolic dim. `cuda_graph=True` (provider "cuda" only, else ValueError) runs every session as a CUDA graph.
+    Raises InputError for inputs that do not fit, SessionError when a model cannot run."""
+    if cuda_graph and provider != "cuda":
+        raise ValueError(f"cuda_graph=True needs provider='cuda', not {provider!r}: CUDA graphs are a CUDA feature")
     if warmup < 0 or repeat < 1:
         raise model_inputs.InputError(f"need --warmup >= 0 and --repeat >= 1, got {warmup} and {repeat}")
     if sessions_per_variant < 1:
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
     models = _load_models(original, optimized, include_unoptimized)
     points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
-    config = RuntimeConfig(provider, threads, "all", device_id, spinning=False)
-    sessions = {
-        name: [
-            create_session(proto, config.replace(optimization=level), label=models.labels[name])
-            for _ in range(sessions_per_variant)
-        ]
-        for name, (proto, level) in models.variants.items()
-    }
+    config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)
+    # Graph sessions are made per point, with their runners; ordinary ones serve every point.
+    sessions = None if cuda_graph else _sessions(models, config, sessions_per_variant)
     generated = inputs is None and not input_files
     timing = _Timing(warmup, repeat, sessions_per_variant, seed, clock, generated)
     rounds = warmup + repeat
     measured: list[BenchPoint] = []
+    skipped: dict[str, str] = {}
     for index, point in enumerate(points):
 
         def point_progress(done: int, _total: int, offset: int = index * rounds) -> None:
             if progress is not None:
                 progress(offset + done, rounds * len(points))
 
-        measured.append(_measure(models, sessions, point, config, timing, point_progress))
+        runners, left_out = _runners(models, sessions, point, config, sessions_per_variant)
+        skipped.update(left_out)
+        measured.append(_measure(models, runners, point, timing, point_progress))
+        del runners  # a sweep's graph sessions are freed before the next point's are made
     profiles = _profiles(models, config, points[-1].sample) if profile else None
     headline, spread, interval, verdict = _headline(measured)
     return BenchReport(
@@ -533,5 +614,7 @@ def bench(
         points=measured,
         profile=profiles,
         optimized_in_memory=models.in_memory,
-        environment=_environment(provider, threads),
+        environment=_environment(provider, threads, cuda_graph),
+        cuda_graph=cuda_graph,
+        skipped=skipped,
     )

@@ -38,3 +38,5 @@ REPEAT = 20
 #: Sessions per variant, used in turn: two sessions of one model can differ by a few percent for their whole
 #: lives on a CPU (where their buffers landed), and three average that out.
 SESSIONS_PER_VARIANT = 3
+#: CUDA graphs in the bench (ONNX Runtime's `enable_cuda_graph`): off, as ORT's default; needs the CUDA provider.
+CUDA_GRAPH = False

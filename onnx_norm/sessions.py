@@ -70,6 +70,13 @@ class RuntimeConfig:
     # Idle intra-op threads spin-wait by default; the bench turns that off so that one session's spinning
     # threads do not steal cycles from the session timed next.
     spinning: bool = True
+    # ONNX Runtime's CUDA graphs (capture on the first bound run, replay after): only on the CUDA provider, and only
+    # with every input and output bound to device memory that never moves (Runner with preallocated outputs).
+    cuda_graph: bool = defaults.CUDA_GRAPH
+
+    def __post_init__(self) -> None:
+        if self.cuda_graph and self.provider != "cuda":
+            raise ValueError(f"CUDA graphs need the cuda provider, not {self.provider!r}")
 
     def replace(self, **changes: object) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -155,9 +162,13 @@ def session_options(
     return options
 
 
-def _providers(config: RuntimeConfig) -> list[str | tuple[str, dict[str, str]]]:
+def providers(config: RuntimeConfig) -> list[str | tuple[str, dict[str, str]]]:
+    """The `providers` argument of an InferenceSession for `config`, with the CUDA provider's options."""
     if config.provider == "cuda":
-        return [(PROVIDERS["cuda"], {"device_id": str(config.device_id)}), PROVIDERS["cpu"]]
+        options = {"device_id": str(config.device_id)}
+        if config.cuda_graph:
+            options["enable_cuda_graph"] = "1"
+        return [(PROVIDERS["cuda"], options), PROVIDERS["cpu"]]
     return [PROVIDERS["cpu"]]
 
 
@@ -192,14 +203,14 @@ def create_session(
         raise RuntimeUnavailableError(f"unknown provider {config.provider!r}; choose from {', '.join(PROVIDERS)}")
     try:
         if proto is None:
-            session = ort.InferenceSession(str(model), options, providers=_providers(config))
+            session = ort.InferenceSession(str(model), options, providers=providers(config))
         elif proto.ByteSize() < _PROTOBUF_LIMIT:
-            session = ort.InferenceSession(proto.SerializeToString(), options, providers=_providers(config))
+            session = ort.InferenceSession(proto.SerializeToString(), options, providers=providers(config))
         else:
             with tempfile.TemporaryDirectory(prefix="onnx_norm_") as tmp:
                 path = os.path.join(tmp, "model.onnx")
                 onnx.save_model(proto, path, save_as_external_data=True, location="model.onnx.data")
-                session = ort.InferenceSession(path, options, providers=_providers(config))
+                session = ort.InferenceSession(path, options, providers=providers(config))
     except SessionError:
         raise
     except Exception as err:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
@@ -233,7 +244,10 @@ class Runner:
         config: RuntimeConfig,
         *,
         label: str = "the model",
+        outputs: Mapping[str, ort.OrtValue] | None = None,
     ) -> None:
+        """`outputs`: preallocated OrtValues (preallocate_outputs) the outputs are written into, at addresses that
+        never change; needed for CUDA graphs. Without them ORT allocates the outputs on the device each run."""
         self.session = session
         self.label = label
         self.config = config
@@ -244,8 +258,12 @@ class Runner:
         self._inputs = {name: to_ortvalue(array, device, config.device_id) for name, array in feeds.items()}
         for name, value in self._inputs.items():
             self._binding.bind_ortvalue_input(name, value)
+        self.outputs = dict(outputs) if outputs is not None else None
         for name in self.output_names:
-            self._binding.bind_output(name, device, config.device_id)
+            if self.outputs is not None:
+                self._binding.bind_ortvalue_output(name, self.outputs[name])
+            else:
+                self._binding.bind_output(name, device, config.device_id)
 
     def run_bound(self) -> None:
         """One run with bound inputs and outputs (for timing); ORT errors become SessionError."""
@@ -259,6 +277,43 @@ class Runner:
     def run(self) -> dict[str, np.ndarray]:
         """One run, outputs copied to host numpy arrays."""
         return run_model(self.session, self._feeds, self.output_names, label=self.label)
+
+
+def element_type(type_name: str) -> int:
+    """The ONNX element type of ONNX Runtime's type string of a tensor: `tensor(float16)` -> TensorProto.FLOAT16."""
+    inner = type_name.removeprefix("tensor(").removesuffix(")")
+    return int(onnx.TensorProto.DataType.Value(inner.upper()))
+
+
+def static_output_shapes(session: ort.InferenceSession) -> dict[str, list[int]] | None:
+    """Every output's shape when the model fixes them all (no symbolic or unknown dim), else None."""
+    shapes = {out.name: list(out.shape) for out in session.get_outputs()}
+    if all(isinstance(dim, int) for shape in shapes.values() for dim in shape):
+        return shapes
+    return None
+
+
+def preallocate_outputs(
+    session: ort.InferenceSession,
+    feeds: Mapping[str, np.ndarray],
+    device: str = "cpu",
+    device_id: int = 0,
+    *,
+    probe: ort.InferenceSession | None = None,
+    label: str = "the model",
+) -> dict[str, ort.OrtValue]:
+    """An OrtValue on `device` for every output of `session` on `feeds`, to bind with bind_ortvalue_output (CUDA
+    graphs replay into fixed addresses). Shapes are the model's when all static, else those of one run of `probe`,
+    an ordinary session of the same model (default: `session` itself, which must then not be a CUDA graph session:
+    its first run would be the capture)."""
+    types = {out.name: element_type(out.type) for out in session.get_outputs()}
+    shapes = static_output_shapes(session)
+    if shapes is None:
+        results = run_model(probe if probe is not None else session, feeds, list(types), label=label)
+        shapes = {name: list(np.shape(value)) for name, value in results.items()}
+    return {
+        name: ort.OrtValue.ortvalue_from_shape_and_type(shapes[name], types[name], device, device_id) for name in types
+    }
 
 
 def run_model(

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_norm import bench
+from onnx_norm import bench, sessions
 from onnx_norm.cli.bench import parse_sweep
 
 HIDDEN = 16
@@ -326,3 +326,93 @@ def test_bench_cli_model_failing_at_run_time_is_a_one_line_error(tmp_path: Path,
     assert f"failed to run the original model ({path}) on inputs x [1, 8, 16]" in err
     assert "Traceback" not in err
     assert len(err.splitlines()) == 1
+
+
+def test_cuda_graph_needs_the_cuda_provider():
+    original, optimized = _ln_models()
+    with pytest.raises(ValueError, match="cuda_graph=True needs provider='cuda'"):
+        bench.bench(original, optimized, cuda_graph=True, warmup=0, repeat=1)
+    with pytest.raises(ValueError, match="CUDA graphs need the cuda provider"):
+        sessions.RuntimeConfig(provider="cpu", cuda_graph=True)
+
+
+def test_cuda_provider_options_turn_on_cuda_graphs_only_when_asked():
+    """The providers argument ORT gets, built without creating a CUDA session (no GPU here)."""
+    plain = sessions.providers(sessions.RuntimeConfig(provider="cuda", device_id=1))
+    assert plain == [("CUDAExecutionProvider", {"device_id": "1"}), "CPUExecutionProvider"]
+    graph = sessions.providers(sessions.RuntimeConfig(provider="cuda", cuda_graph=True))
+    assert graph == [("CUDAExecutionProvider", {"device_id": "0", "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+    assert sessions.providers(sessions.RuntimeConfig()) == ["CPUExecutionProvider"]
+
+
+def _two_output_model() -> onnx.ModelProto:
+    """x -> (LayerNormalization(x), Shape(x)): outputs of two element types, with symbolic dims."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])
+    shape = helper.make_tensor_value_info("s", TensorProto.INT64, [3])
+    gamma = numpy_helper.from_array(np.linspace(0.5, 1.5, HIDDEN, dtype=np.float32), "gamma")
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma"], ["y"], axis=-1, epsilon=1e-5),
+        helper.make_node("Shape", ["x"], ["s"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [y, shape], [gamma])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_outputs_bound_to_preallocated_ortvalues_give_the_ordinary_results_in_place():
+    """The CUDA graph path's output binding, run on the CPU provider: shapes from one ordinary run (symbolic dims),
+    every output written into its preallocated OrtValue, whose address does not change between runs."""
+    config = sessions.RuntimeConfig(threads=1)
+    session = sessions.create_session(_two_output_model(), config)
+    assert sessions.static_output_shapes(session) is None  # batch and sequence are symbolic
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, HIDDEN)).astype(np.float32)}
+    outputs = sessions.preallocate_outputs(session, feeds, "cpu")
+    assert {name: value.shape() for name, value in outputs.items()} == {"y": [2, 5, HIDDEN], "s": [3]}
+    assert outputs["s"].data_type() == "tensor(int64)"
+    addresses = {name: value.data_ptr() for name, value in outputs.items()}
+    runner = sessions.Runner(session, feeds, config, outputs=outputs)
+    expected = runner.run()
+    for _ in range(2):
+        runner.run_bound()
+        assert {name: value.data_ptr() for name, value in outputs.items()} == addresses
+        for name, value in expected.items():
+            np.testing.assert_array_equal(sessions.from_ortvalue(outputs[name]), value)
+    assert [value.data_ptr() for value in runner._binding.get_outputs()] == list(addresses.values())
+
+
+def test_static_output_shapes_need_no_run():
+    static = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 3])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [static]),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=9,
+    )
+    session = sessions.create_session(model, sessions.RuntimeConfig())
+    assert sessions.static_output_shapes(session) == {"y": [2, 3]}
+    outputs = sessions.preallocate_outputs(session, {}, "cpu")  # no feeds: nothing is run
+    assert outputs["y"].shape() == [2, 3] and outputs["y"].data_type() == "tensor(float16)"
+
+
+def test_a_variant_ort_cannot_capture_is_left_out_only_when_it_is_the_unoptimized_reference(monkeypatch):
+    """The policy for ORT's refusal (here raised in place of ORT's, since capture needs a GPU): original-noopt is
+    reported and skipped; the original or the optimized model refusing leaves no speedup, so it is an error."""
+    original, optimized = _ln_models()
+    models = bench._load_models(original, optimized, include_unoptimized=True)
+    point = bench._Point({}, None, {"x": np.zeros((1, 4, HIDDEN), np.float32)})
+    config = sessions.RuntimeConfig(provider="cuda", cuda_graph=True)
+    refused = set()
+
+    def graph_runners(proto, variant, feeds, count, label):
+        if variant.optimization in refused:
+            raise sessions.SessionError(f"CUDA graph not possible: ORT refused {label}")
+        return []
+
+    monkeypatch.setattr(bench, "_graph_runners", graph_runners)
+    refused.add("disabled")
+    runners, skipped = bench._runners(models, None, point, config, 1)
+    assert set(runners) == {bench.ORIGINAL, bench.OPTIMIZED}
+    assert skipped == {bench.UNOPTIMIZED: "CUDA graph not possible: ORT refused the original model"}
+    refused.add("all")
+    with pytest.raises(sessions.SessionError, match="CUDA graph not possible"):
+        bench._runners(models, None, point, config, 1)

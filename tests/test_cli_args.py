@@ -85,6 +85,19 @@ def test_a_group_rejects_its_bad_values_by_flag_name(group, flags, message):
         group.parse(parsed)
 
 
+def test_the_cuda_graph_flag_is_off_by_default_and_on_with_the_cuda_provider():
+    assert bench_cli.bench_kwargs(build_parser().parse_args(["bench", "a.onnx"]))["cuda_graph"] is False
+    parsed = build_parser().parse_args(["bench", "a.onnx", "--provider", "cuda", "--cuda-graph"])
+    assert common.CudaGraphArgs().parse(parsed) == {"cuda_graph": True}
+    assert bench_cli.bench_kwargs(parsed)["provider"] == "cuda"
+
+
+def test_the_cuda_graph_flag_without_the_cuda_provider_is_a_usage_error():
+    parsed = build_parser().parse_args(["bench", "a.onnx", "--cuda-graph"])
+    with pytest.raises(UsageError, match="--cuda-graph needs --provider cuda"):
+        common.CudaGraphArgs().parse(parsed)
+
+
 @pytest.mark.parametrize("command", [["inspect", "a.onnx"], ["optimize", "a.onnx", "-o", "b.onnx"]])
 def test_the_target_flag_offers_the_rewrites_registry_and_its_default(command):
     from onnx_norm.rewrite import TARGETS, optimize

@@ -219,6 +219,11 @@ CASES = [
     ),
     ("bench-plot-no-dir", lambda f: ["bench", f.good, f.opt, "--plot", f.no_dir], "does not exist"),
     ("bench-negative-repeat", lambda f: ["bench", f.good, f.opt, "--repeat", "0"], "--repeat must be > 0"),
+    (
+        "bench-cuda-graph-on-cpu",
+        lambda f: ["bench", f.good, f.opt, "--cuda-graph"],
+        "--cuda-graph needs --provider cuda",
+    ),
     # demo
     ("demo-out-is-file", lambda f: ["demo", "--out", f.good], "is a file, not a directory"),
     ("demo-out-unwritable", lambda f: ["demo", "--out", f"{UNWRITABLE}/demo"], "cannot"),

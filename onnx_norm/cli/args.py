@@ -176,6 +176,30 @@ class RuntimeArgs(ArgGroup):
         return flags
 
 
+class CudaGraphArgs(ArgGroup):
+    """ONNX Runtime's CUDA graphs -> cuda_graph (`onnx-norm bench`); needs RuntimeArgs' `--provider cuda`."""
+
+    title = "CUDA graphs"
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--cuda-graph",
+            action="store_true",
+            default=defaults.CUDA_GRAPH,
+            help="run every session as a CUDA graph (ORT's enable_cuda_graph; needs --provider cuda): outputs bound "
+            "to preallocated device memory, captured on the first runs, replayed when timed. If ORT cannot capture "
+            "the original without optimizations, that variant is reported as 'CUDA graph not possible: ...' and the "
+            "rest measured; if it cannot capture the original or the optimized model, exit 2 with ORT's reason",
+        )
+
+    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+        if args.cuda_graph and args.provider != "cuda":
+            raise UsageError(
+                f"--cuda-graph needs --provider cuda (CUDA graphs are a CUDA feature), not {args.provider}"
+            )
+        return {"cuda_graph": args.cuda_graph}
+
+
 class ToleranceArgs(ArgGroup):
     """How outputs are compared -> atol, rtol, check_error_stat, error_quantile, golden, original_optimization,
     allow_nonfinite, per_node (verify(), and `optimize --verify`)."""

@@ -30,6 +30,7 @@ PATHS = common.PathArgs(
 )
 INPUTS = common.InputArgs(samples=False)
 RUNTIME = common.RuntimeArgs()
+CUDA_GRAPH = common.CudaGraphArgs()
 MEASUREMENT = common.BenchSessionArgs()
 
 
@@ -44,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     PATHS.add(parser)
     INPUTS.add(parser)
     RUNTIME.add(parser)
+    CUDA_GRAPH.add(parser)
     group = MEASUREMENT.add(parser)
     group.add_argument(
         "--sweep",
@@ -80,6 +82,7 @@ def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         **INPUTS.parse(args),
         "sweep": parse_sweep(args.sweep),
         **RUNTIME.parse(args),
+        **CUDA_GRAPH.parse(args),
         **measurement,
         "include_unoptimized": not args.no_noopt,
         "profile": args.profile,
@@ -135,6 +138,8 @@ def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], conso
 def print_report(report: Any, console: Console, *, title: str) -> None:
     for point in report.points:
         console.print(_latency_table(report, point, title))
+    for name, reason in report.skipped.items():
+        console.print(f"{name} not timed: {reason}", highlight=False, markup=False)
     if report.profile:
         _print_profile(report.profile, console)
     lo, hi = report.speedup_spread
@@ -151,10 +156,11 @@ def print_report(report: Any, console: Console, *, title: str) -> None:
 def _latency_table(report: Any, point: Any, title: str) -> Table:
     from onnx_norm.bench import ORIGINAL, UNOPTIMIZED, VARIANT_LABELS
 
+    graphs = ", CUDA graphs" if report.cuda_graph else ""
     shape_text = ", ".join(f"{name} {'x'.join(map(str, dims))}" for name, dims in point.shapes.items())
     table = Table(
-        title=f"{title}: {report.provider}, threads {report.threads or 'default'}, {report.repeat} timed rounds "
-        f"({shape_text})",
+        title=f"{title}: {report.provider}{graphs}, threads {report.threads or 'default'}, "
+        f"{report.repeat} timed rounds ({shape_text})",
         title_justify="left",
     )
     for column in ("variant", "median ms", "p90 ms", "min ms", "speedup of optimized"):
