@@ -35,7 +35,7 @@
 #   bash tools/device/run_gpu.sh ort|models   runs the same commands on the CPU provider at tiny sizes, without
 #   the install, the library copy and gpu_check (tests/test_gpu_models.py runs `models` this way).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -97,7 +97,12 @@ ort_runtime() {
   # onnxruntime-gpu from the carried parts (stage ort), or the one installed by an earlier stage on this machine.
   [[ $DRY == 1 ]] && return 0
   if [[ ! -d .ortgpu/site/onnxruntime ]]; then
-    bash .ortgpu/install.sh 2>&1 | tee "$OUT/ort-install.log" || return 1
+    [[ -f .ortgpu/install.sh ]] || {
+      echo "onnxruntime-gpu is not on this machine (a fresh one?): run the receive stages and ort first"
+      return 1
+    }
+    bash .ortgpu/install.sh 2>&1 | tee "$OUT/ort-install.log"
+    ((PIPESTATUS[0] == 0)) || return 1
   fi
   export PYTHONPATH=$PWD/.ortgpu/site:$PYTHONPATH
   "$PY" -c 'import onnxruntime as o; o.preload_dlls(); assert "CUDAExecutionProvider" in o.get_available_providers()' ||
@@ -113,11 +118,13 @@ library() {
     return 0
   fi
   echo "custom-op library: carried build missing or not loadable ($(tail -n 1 "$OUT/library.log")); building for sm_90"
-  cmake -S custom_ops -B build/gpu -DCMAKE_BUILD_TYPE=Release -DONNX_NORM_CUDA_ARCHITECTURES=90-real \
+  if ! { cmake -S custom_ops -B build/gpu -DCMAKE_BUILD_TYPE=Release -DONNX_NORM_CUDA_ARCHITECTURES=90-real \
     -DONNX_NORM_ORT_INCLUDE_DIR="$PWD/.gpucarry/ort-include" >"$OUT/library-build.log" 2>&1 &&
     cmake --build build/gpu -j 16 >>"$OUT/library-build.log" 2>&1 &&
-    cp "$(find build/gpu -name 'libonnx_norm_ops.so' | head -n 1)" onnx_norm/ ||
-    { echo "library build failed: $OUT/library-build.log"; return 1; }
+    cp "$(find build/gpu -name 'libonnx_norm_ops.so' | head -n 1)" onnx_norm/; }; then
+    echo "library build failed: $OUT/library-build.log"
+    return 1
+  fi
 }
 
 # `onnx_norm SECONDS ARGS...`: the onnx-norm command from this checkout, killed after SECONDS; every call is
