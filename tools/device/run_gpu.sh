@@ -11,8 +11,8 @@
 #      thread-block cluster and the same shapes with clusters off) against the reference, CUDA graph capture
 #      of every kernel path (cluster launches included), and GB/s against a device-to-device copy, torch and
 #      a one-row-per-program Triton kernel, plus ours with clusters off where the launcher splits rows (few or
-#      wide rows). The bandwidth table stops growing at --budget (280 s), inside its 340 s timeout, so that the
-#      stage ends within 110 + 340 s. Tables: $OUT/gpu_check.md and .json.
+#      wide rows). The bandwidth table stops growing at --budget (280 s, KERNEL_BUDGET=S to change), inside its
+#      timeout of 60 s more, so that the stage ends within 110 + 340 s. Tables: $OUT/gpu_check.md and .json.
 #   2. once per part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
 #      Ignored files already on the machine stay between calls while it is warm, so the parts add up there;
 #      naming all of .ortgpu in one carry would exceed the 64 MiB a transfer takes.
@@ -22,7 +22,8 @@
 #      reference, against ONNX Runtime's LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels (CUDA graphs off
 #      and on), and `onnx-norm optimize` + `verify --provider cuda` of the bundled examples ($OUT/examples.tsv).
 #   4. bash tools/device/run_gpu.sh models       carry []   (same warm machine: the install and library of 3 stay;
-#      ~5 min; models that would start after 420 s are skipped and say so)
+#      ~5 min; models that would start after 420 s (MODELS_DEADLINE=S) are skipped and say so; run with
+#      timeout_s 600, summary.md is rewritten after every model so a killed run still brings its tables back)
 #      builds the whole-model bench models there (tools/device/make_gpu_models.py: LLaMA-like, hidden 4096, MLP
 #      11008, and BERT-like, hidden 2048, MLP 8192, 2 layers each, fp16, random weights; ~0.7 and ~0.3 GB, so
 #      they cannot be carried), then per model `onnx-norm optimize`, `verify --provider cuda` and `bench
@@ -54,9 +55,11 @@ else
   LLAMA_SIZES=(--hidden "${LLAMA_HIDDEN:-4096}" --layers "${LAYERS:-2}")
   BERT_SIZES=(--hidden "${BERT_HIDDEN:-2048}" --intermediate "$((4 * ${BERT_HIDDEN:-2048}))" --layers "${LAYERS:-2}")
   SEQUENCES=${SEQUENCES:-512,2048}
-  ROUNDS=(--warmup 5 --repeat 20 --sessions 2)
+  # One session per variant: building one of a 0.7 GB model takes seconds, and this stage has minutes.
+  ROUNDS=(--warmup 5 --repeat 30 --sessions 1)
 fi
 MODELS_DEADLINE=${MODELS_DEADLINE:-420}  # seconds into the models stage after which no further model is started
+KERNEL_BUDGET=${KERNEL_BUDGET:-280}      # gpu_check's --budget (s); its timeout is 60 s more
 
 python_deps() {
   # Carried wheels, only for the modules the machine lacks (a carried onnx must not shadow the machine's).
@@ -176,10 +179,13 @@ whole_models() {
     echo "== $name (${SECONDS}s)"
     onnx_norm 180 optimize "$model" -o "$fused" --report "$reports/$name.optimize.json" "${extra[@]}" ||
       { echo "FAIL optimize $name"; status=1; continue; }
-    onnx_norm 180 verify "$model" "$fused" --provider "$PROVIDER" --shape "sequence:${SEQUENCES%%,*}" \
+    # No float64 golden: its upcast copy of a 0.7 GB fp16 model exceeds protobuf's 2 GB, and the fallback
+    # (onnx's ReferenceEvaluator) takes minutes. The gate still compares every output and fused norm.
+    onnx_norm 180 verify "$model" "$fused" --provider "$PROVIDER" --shape "sequence:${SEQUENCES%%,*}" --golden none \
       --report "$reports/$name.verify.json" || { echo "FAIL verify $name"; status=1; }
     onnx_norm 240 bench "$model" "$fused" --provider "$PROVIDER" --sweep "sequence:$SEQUENCES" "${ROUNDS[@]}" \
       --report "$reports/$name.bench.json" || { echo "FAIL bench $name"; status=1; }
+    summary >/dev/null # after every model: a run killed at the call's limit still brings its tables back
   done > >(tee -a "$OUT/models.log") 2>&1 # not a pipe: the loop must set this shell's status
   return $status
 }
@@ -195,7 +201,8 @@ case $stage in
     # The adaLN ops are launched by their own harness, not through gpu_check's LaunchNorm.
     timeout 110 "$PY" tools/gpu_harness/modulated_check.py --gpu 2>&1 | tee "$OUT/modulated.log"
     status=${PIPESTATUS[0]}
-    timeout 340 "$PY" tools/gpu_check.py --no-ort --budget 280 --out "$OUT" --build-dir build/harness 2>&1 |
+    timeout "$((KERNEL_BUDGET + 60))" "$PY" tools/gpu_check.py --no-ort --budget "$KERNEL_BUDGET" --out "$OUT" \
+      --build-dir build/harness 2>&1 |
       tee "$OUT/kernels.log"
     exit "$((status | PIPESTATUS[0]))"
     ;;
