@@ -4,8 +4,8 @@
 #   - the custom-op library built by tools/setup.sh (CUDA kernels for sm_80..sm_90 + PTX);
 #   - the ONNX Runtime C/C++ API headers the build used (to rebuild the library there for sm_90 if it
 #     does not load);
-#   - Python 3.12 wheels of the pure-Python-side dependencies that a bare GPU machine may lack (onnx,
-#     ml_dtypes), installed there only if missing.
+#   - Python 3.12 wheels of the dependencies that a bare GPU machine may lack (onnx, ml_dtypes, onnx-ir, and
+#     rich with its own, which every `onnx-norm` command imports), each installed there only if missing.
 # Then, for onnxruntime-gpu (about 245 MiB, more than one transfer carries):
 #   bash ../shared/tools/ort-gpu-parts.sh   (writes .ortgpu/part-* and .ortgpu/install.sh; send each part in
 #   its own run, as tools/device/run_gpu.sh's header says)
@@ -23,6 +23,6 @@ headers=$(dirname "$(find build -path '*onnxruntime/onnxruntime_c_api.h' | head 
 cp -r "$headers" "$CARRY/ort-include"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d "$CARRY/wheels" onnx ml_dtypes
+  -d "$CARRY/wheels" onnx ml_dtypes onnx-ir rich markdown-it-py mdurl pygments
 du -sh "$CARRY"
 echo "carry: see the header of tools/device/run_gpu.sh (kernels: .gpucarry/wheels; ort: .gpucarry)"

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The GPU run (the GPU-run issue), in stages, each one `run` of the device tool from the repository root,
-# with results written under $OUT (default ./gpu-out). Prepare here first: bash tools/device/prepare.sh
+# with results written under $OUT (default ./gpu-out; the device tool gives each call an empty one). Prepare here
+# first: bash tools/device/prepare.sh, then bash ../shared/tools/ort-gpu-parts.sh.
 #
-#   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (~6 min on an H200)
-#      the kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
+#   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (< 8 min on an H200)
+#      the adaLN ops' own check first (tools/gpu_harness/modulated_check.py --gpu: nvcc build for the GPU, every
+#      case through LaunchModulated against the numpy reference; timeout 110 s; $OUT/modulated.log), then the
+#      kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
 #      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
 #      thread-block cluster and the same shapes with clusters off) against the reference, CUDA graph capture
 #      of every kernel path (cluster launches included), and GB/s against a device-to-device copy, torch and
 #      a one-row-per-program Triton kernel, plus ours with clusters off where the launcher splits rows (few or
-#      wide rows). The bandwidth table stops growing at --budget (420 s), inside the 480 s timeout.
-#      Tables: $OUT/gpu_check.md and .json.
+#      wide rows). The bandwidth table stops growing at --budget (280 s, KERNEL_BUDGET=S to change), inside its
+#      timeout of 60 s more, so that the stage ends within 110 + 340 s. Tables: $OUT/gpu_check.md and .json.
 #   2. once per part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
 #      Ignored files already on the machine stay between calls while it is warm, so the parts add up there;
 #      naming all of .ortgpu in one carry would exceed the 64 MiB a transfer takes.
@@ -17,82 +20,221 @@
 #      installs onnxruntime-gpu from the parts, preload_dlls(), loads our library (rebuilds it for sm_90 there
 #      if the carried one does not load), then: our ops through ONNX Runtime's CUDA provider against the
 #      reference, against ONNX Runtime's LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels (CUDA graphs off
-#      and on), parity of the bundled examples on CUDA, and `onnx-norm bench --provider cuda`.
+#      and on), and `onnx-norm optimize` + `verify --provider cuda` of the bundled examples ($OUT/examples.tsv).
+#   4. bash tools/device/run_gpu.sh models       carry []   (same warm machine: the install and library of 3 stay;
+#      ~5 min; models that would start after 420 s (MODELS_DEADLINE=S) are skipped and say so; run with
+#      timeout_s 600, summary.md is rewritten after every model so a killed run still brings its tables back)
+#      builds the whole-model bench models there (tools/device/make_gpu_models.py: LLaMA-like, hidden 4096, MLP
+#      11008, and BERT-like, hidden 2048, MLP 8192, 2 layers each, fp16, random weights; ~0.7 and ~0.3 GB, so
+#      they cannot be carried), then per model `onnx-norm optimize`, `verify --provider cuda` and `bench
+#      --provider cuda --sweep sequence:512,2048` (IO binding always on there; the bench has no CUDA-graph
+#      switch). Norms ORT fuses itself (llama-div, bert-decomposed, bert-native) and one it does not
+#      (llama-reciprocal). Reports under $OUT/models/, the tables in $OUT/summary.md.
 #   .gpucarry is about 55 MB (the library with SASS for 5 architectures is 46 MB): carry nothing else with it.
+#
+# Without a GPU (to check the invocations): GPU_DRY=1 PYTHON=.venv/bin/python OUT=/tmp/gpu-dry \
+#   bash tools/device/run_gpu.sh ort|models   runs the same commands on the CPU provider at tiny sizes, without
+#   the install, the library copy and gpu_check (tests/test_gpu_models.py runs `models` this way).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stage=${1:-kernels}
+PY=${PYTHON:-python3}
+DRY=${GPU_DRY:-0}
+if [[ $DRY == 1 ]]; then
+  PROVIDER=cpu
+  # Tiny models, two short sequences, few rounds: seconds per model on a CPU.
+  LLAMA_SIZES=(--hidden 64 --intermediate 128 --layers 1)
+  BERT_SIZES=(--hidden 64 --intermediate 256 --layers 1)
+  SEQUENCES=${SEQUENCES:-8,16}
+  ROUNDS=(--warmup 1 --repeat 3 --sessions 1)
+else
+  PROVIDER=cuda
+  LLAMA_SIZES=(--hidden "${LLAMA_HIDDEN:-4096}" --layers "${LAYERS:-2}")
+  BERT_SIZES=(--hidden "${BERT_HIDDEN:-2048}" --intermediate "$((4 * ${BERT_HIDDEN:-2048}))" --layers "${LAYERS:-2}")
+  SEQUENCES=${SEQUENCES:-512,2048}
+  # One session per variant: building one of a 0.7 GB model takes seconds, and this stage has minutes.
+  ROUNDS=(--warmup 5 --repeat 30 --sessions 1)
+fi
+MODELS_DEADLINE=${MODELS_DEADLINE:-420}  # seconds into the models stage after which no further model is started
+KERNEL_BUDGET=${KERNEL_BUDGET:-280}      # gpu_check's --budget (s); its timeout is 60 s more
 
 python_deps() {
-  # onnx / ml_dtypes from the carried wheels, only where the machine lacks them.
-  if ! python3 -c 'import onnx, ml_dtypes' 2>/dev/null && compgen -G '.gpucarry/wheels/*.whl' >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target .gpucarry/site .gpucarry/wheels/*.whl
-  fi
+  # Carried wheels, only for the modules the machine lacks (a carried onnx must not shadow the machine's).
+  local wanted=(onnx:onnx ml_dtypes:ml_dtypes onnx_ir:onnx_ir rich:"rich markdown_it_py mdurl pygments")
+  local module wheels stem
+  for pair in "${wanted[@]}"; do
+    module=${pair%%:*}
+    "$PY" -c "import $module" 2>/dev/null && continue
+    wheels=()
+    for stem in ${pair#*:}; do
+      wheels+=(.gpucarry/wheels/"$stem"-*.whl)
+    done
+    if ls "${wheels[@]}" >/dev/null 2>&1; then
+      "$PY" -m pip install -q --no-index --no-deps --target .gpucarry/site "${wheels[@]}"
+    else
+      echo "python module $module missing and no wheel for it in .gpucarry/wheels (run tools/device/prepare.sh)"
+    fi
+  done
   export PYTHONPATH=$PWD:$PWD/.gpucarry/site${PYTHONPATH:+:$PYTHONPATH}
 }
 
 environment() {
   {
     date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    nvcc --version | tail -n 2
-    python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+    if [[ $DRY == 1 ]]; then
+      echo "dry run: CPU provider, tiny models ($(uname -m), $(nproc) CPUs)"
+    else
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      nvcc --version | tail -n 2
+      "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+    fi
+    "$PY" -c 'import onnx, onnxruntime as o; print("onnx", onnx.__version__, "onnxruntime", o.__version__, o.get_available_providers())'
+    echo "onnx-norm $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')"
   } 2>&1 | tee "$OUT/environment.txt"
+}
+
+ort_runtime() {
+  # onnxruntime-gpu from the carried parts (stage ort), or the one installed by an earlier stage on this machine.
+  [[ $DRY == 1 ]] && return 0
+  if [[ ! -d .ortgpu/site/onnxruntime ]]; then
+    [[ -f .ortgpu/install.sh ]] || {
+      echo "onnxruntime-gpu is not on this machine (a fresh one?): run the receive stages and ort first"
+      return 1
+    }
+    bash .ortgpu/install.sh 2>&1 | tee "$OUT/ort-install.log"
+    ((PIPESTATUS[0] == 0)) || return 1
+  fi
+  export PYTHONPATH=$PWD/.ortgpu/site:$PYTHONPATH
+  "$PY" -c 'import onnxruntime as o; o.preload_dlls(); assert "CUDAExecutionProvider" in o.get_available_providers()' ||
+    { echo "onnxruntime-gpu: no CUDA provider"; return 1; }
 }
 
 library() {
   # The carried library if it loads with the CUDA provider's runtime, else a build for sm_90 here.
+  [[ $DRY == 1 ]] && return 0
   cp .gpucarry/libonnx_norm_ops.so onnx_norm/ 2>/dev/null
-  if python3 -c 'import ctypes, onnx_norm.library as l; ctypes.CDLL(l.get_library_path())' 2>"$OUT/library.log"; then
-    echo "custom-op library: the carried build loads"
+  if "$PY" -c 'import ctypes, onnx_norm.library as l; ctypes.CDLL(l.get_library_path())' 2>"$OUT/library.log"; then
+    echo "custom-op library: loads ($("$PY" -c 'import onnx_norm.library as l; print(l.get_library_path())'))"
     return 0
   fi
   echo "custom-op library: carried build missing or not loadable ($(tail -n 1 "$OUT/library.log")); building for sm_90"
-  cmake -S custom_ops -B build/gpu -DCMAKE_BUILD_TYPE=Release -DONNX_NORM_CUDA_ARCHITECTURES=90-real \
+  if ! { cmake -S custom_ops -B build/gpu -DCMAKE_BUILD_TYPE=Release -DONNX_NORM_CUDA_ARCHITECTURES=90-real \
     -DONNX_NORM_ORT_INCLUDE_DIR="$PWD/.gpucarry/ort-include" >"$OUT/library-build.log" 2>&1 &&
     cmake --build build/gpu -j 16 >>"$OUT/library-build.log" 2>&1 &&
-    cp "$(find build/gpu -name 'libonnx_norm_ops.so' | head -n 1)" onnx_norm/ ||
-    { echo "library build failed: $OUT/library-build.log"; return 1; }
+    cp "$(find build/gpu -name 'libonnx_norm_ops.so' | head -n 1)" onnx_norm/; }; then
+    echo "library build failed: $OUT/library-build.log"
+    return 1
+  fi
 }
 
-# The onnx-norm command, from this checkout.
-CLI=(python3 -c 'import sys; from onnx_norm.cli import main; sys.exit(main(sys.argv[1:]))')
+# `onnx_norm SECONDS ARGS...`: the onnx-norm command from this checkout, killed after SECONDS; every call is
+# logged with its command line in $OUT/commands.txt (the commands the summary's tables came from).
+onnx_norm() {
+  local seconds=$1
+  shift
+  echo "onnx-norm $*" >>"$OUT/commands.txt"
+  timeout "$seconds" "$PY" -c 'import sys; from onnx_norm.cli import main; sys.exit(main(sys.argv[1:]))' "$@"
+}
+
+examples() {
+  local model name fused status=0
+  mkdir -p build/examples
+  for model in examples/*.onnx; do
+    name=$(basename "$model" .onnx)
+    fused=build/examples/$name.fused.onnx
+    if onnx_norm 120 optimize "$model" -o "$fused" >>"$OUT/examples.log" 2>&1 &&
+      onnx_norm 120 verify "$model" "$fused" --provider "$PROVIDER" >>"$OUT/examples.log" 2>&1; then
+      printf '%s\tpassed\n' "$name" >>"$OUT/examples.tsv"
+    else
+      printf '%s\tFAILED\n' "$name" >>"$OUT/examples.tsv"
+      echo "FAIL $name (see examples.log)"
+      status=1
+    fi
+  done
+  return $status
+}
+
+whole_models() {
+  # Builds the models here (see make_gpu_models.py), then optimize, verify and bench each; reports in $OUT/models.
+  local dir=build/gpu-models reports=$OUT/models status=0 name model fused extra
+  mkdir -p "$dir" "$reports"
+  local llama=(tools/device/make_gpu_models.py --out "$dir/llama" --models llama-div llama-reciprocal "${LLAMA_SIZES[@]}")
+  local bert=(tools/device/make_gpu_models.py --out "$dir/bert" --models bert-decomposed bert-native "${BERT_SIZES[@]}")
+  printf 'python %s\n' "${llama[*]}" "${bert[*]}" >>"$OUT/commands.txt"
+  "$PY" "${llama[@]}" && "$PY" "${bert[@]}" || return 1
+  "$PY" -c 'import json, sys; print(json.dumps({**json.load(open(sys.argv[1])), **json.load(open(sys.argv[2]))}))' \
+    "$dir/llama/models.json" "$dir/bert/models.json" >"$reports/models.json"
+  for name in llama-div llama-reciprocal bert-decomposed bert-native; do
+    if ((SECONDS > MODELS_DEADLINE)); then
+      echo "$name: skipped, the stage is past ${MODELS_DEADLINE}s" | tee -a "$reports/skipped.txt"
+      continue
+    fi
+    model=$(ls "$dir"/*/"$name.onnx")
+    fused=$dir/$name.fused.onnx
+    extra=()
+    [[ $name == bert-native ]] && extra=(--take-over-native) # ORT's own op: ours only when asked to replace it
+    echo "== $name (${SECONDS}s)"
+    onnx_norm 180 optimize "$model" -o "$fused" --report "$reports/$name.optimize.json" "${extra[@]}" ||
+      { echo "FAIL optimize $name"; status=1; continue; }
+    # No float64 golden: its upcast copy of a 0.7 GB fp16 model exceeds protobuf's 2 GB, and the fallback
+    # (onnx's ReferenceEvaluator) takes minutes. The gate still compares every output and fused norm.
+    onnx_norm 180 verify "$model" "$fused" --provider "$PROVIDER" --shape "sequence:${SEQUENCES%%,*}" --golden none \
+      --report "$reports/$name.verify.json" || { echo "FAIL verify $name"; status=1; }
+    onnx_norm 240 bench "$model" "$fused" --provider "$PROVIDER" --sweep "sequence:$SEQUENCES" "${ROUNDS[@]}" \
+      --report "$reports/$name.bench.json" || { echo "FAIL bench $name"; status=1; }
+    summary >/dev/null # after every model: a run killed at the call's limit still brings its tables back
+  done > >(tee -a "$OUT/models.log") 2>&1 # not a pipe: the loop must set this shell's status
+  return $status
+}
+
+summary() {
+  "$PY" tools/device/summarize.py "$OUT" && echo "summary: $OUT/summary.md"
+}
 
 case $stage in
   kernels)
-    environment
     python_deps
-    timeout 480 python3 tools/gpu_check.py --no-ort --out "$OUT" --build-dir build/harness 2>&1 | tee "$OUT/kernels.log"
-    exit "${PIPESTATUS[0]}"
+    environment
+    # The adaLN ops are launched by their own harness, not through gpu_check's LaunchNorm.
+    timeout 110 "$PY" tools/gpu_harness/modulated_check.py --gpu 2>&1 | tee "$OUT/modulated.log"
+    status=${PIPESTATUS[0]}
+    timeout "$((KERNEL_BUDGET + 60))" "$PY" tools/gpu_check.py --no-ort --budget "$KERNEL_BUDGET" --out "$OUT" \
+      --build-dir build/harness 2>&1 |
+      tee "$OUT/kernels.log"
+    exit "$((status | PIPESTATUS[0]))"
     ;;
   receive)
     ls -la .ortgpu/
     ;;
   ort)
-    environment
     python_deps
-    bash .ortgpu/install.sh 2>&1 | tee "$OUT/ort-install.log" || exit 1
-    export PYTHONPATH=$PWD/.ortgpu/site:$PYTHONPATH
-    python3 -c 'import onnxruntime as o; o.preload_dlls()'
+    ort_runtime || exit 1
+    environment
     library || exit 1
     status=0
-    timeout 240 python3 tools/gpu_check.py --ort-only --out "$OUT" 2>&1 | tee "$OUT/ort.log" || status=1
-    for model in examples/*.onnx; do
-      name=$(basename "$model" .onnx)
-      "${CLI[@]}" optimize "$model" "build/$name.fused.onnx" >>"$OUT/examples.log" 2>&1 &&
-        "${CLI[@]}" verify "$model" "build/$name.fused.onnx" --provider cuda >>"$OUT/examples.log" 2>&1 ||
-        { echo "FAIL $name (see examples.log)"; status=1; }
-    done
-    for model in examples/llama-rmsnorm-fp16.onnx examples/bert-layernorm-opset13.onnx; do
-      timeout 120 "${CLI[@]}" bench "$model" --provider cuda 2>&1 | tee -a "$OUT/bench.log" || status=1
-    done
+    if [[ $DRY != 1 ]]; then
+      timeout 240 "$PY" tools/gpu_check.py --ort-only --out "$OUT" 2>&1 | tee "$OUT/ort.log"
+      ((PIPESTATUS[0] == 0)) || status=1
+    fi
+    examples || status=1
+    summary || status=1
+    exit $status
+    ;;
+  models)
+    python_deps
+    ort_runtime || exit 1
+    environment
+    library || exit 1
+    status=0
+    whole_models || status=1
+    summary || status=1
     exit $status
     ;;
   *)
-    echo "usage: $0 kernels|receive|ort" >&2
+    echo "usage: $0 kernels|receive|ort|models" >&2
     exit 2
     ;;
 esac
