@@ -70,3 +70,11 @@ def test_models_stage_dry_run(tmp_path: Path) -> None:
     for name in make_gpu_models.MODELS:
         assert summary.count(f"| {name} |") == 2  # one row per sequence length
     assert "onnx-norm bench" in summary  # the commands that made the table
+    # A CUDA-graph report beside a model's plain one (the stage writes it on the GPU only; here the plain report
+    # stands in for it) adds that model's rows marked "on", the plain ones staying "off".
+    graph_report = out / "models" / "llama-reciprocal.bench-graph.json"
+    graph_report.write_text((out / "models" / "llama-reciprocal.bench.json").read_text())
+    summary = summarize.write_summary(out)
+    assert summary is not None
+    rows = [line for line in summary.splitlines() if line.startswith("| llama-reciprocal |")]
+    assert [row.split(" | ")[5] for row in rows] == ["off", "off", "on", "on"]

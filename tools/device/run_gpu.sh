@@ -27,8 +27,9 @@
 #      builds the whole-model bench models there (tools/device/make_gpu_models.py: LLaMA-like, hidden 4096, MLP
 #      11008, and BERT-like, hidden 2048, MLP 8192, 2 layers each, fp16, random weights; ~0.7 and ~0.3 GB, so
 #      they cannot be carried), then per model `onnx-norm optimize`, `verify --provider cuda` and `bench
-#      --provider cuda --sweep sequence:512,2048` (IO binding always on there; the bench has no CUDA-graph
-#      switch). Norms ORT fuses itself (llama-div, bert-decomposed, bert-native) and one it does not
+#      --provider cuda --sweep sequence:512,2048` (IO binding always on there), and for GRAPH_MODELS (default
+#      llama-reciprocal bert-decomposed) once more with `--cuda-graph` at the first sequence (ORT refuses the
+#      capture when nodes stay on the CPU: said in skipped.txt, not a failure). Norms ORT fuses itself (llama-div, bert-decomposed, bert-native) and one it does not
 #      (llama-reciprocal). Reports under $OUT/models/, the tables in $OUT/summary.md.
 #   .gpucarry is about 55 MB (the library with SASS for 5 architectures is 46 MB): carry nothing else with it.
 #
@@ -45,6 +46,7 @@ PY=${PYTHON:-python3}
 DRY=${GPU_DRY:-0}
 if [[ $DRY == 1 ]]; then
   PROVIDER=cpu
+  GRAPH_MODELS="" # CUDA graphs need the CUDA provider
   # Tiny models, two short sequences, few rounds: seconds per model on a CPU.
   LLAMA_SIZES=(--hidden 64 --intermediate 128 --layers 1)
   BERT_SIZES=(--hidden 64 --intermediate 256 --layers 1)
@@ -55,6 +57,8 @@ else
   LLAMA_SIZES=(--hidden "${LLAMA_HIDDEN:-4096}" --layers "${LAYERS:-2}")
   BERT_SIZES=(--hidden "${BERT_HIDDEN:-2048}" --intermediate "$((4 * ${BERT_HIDDEN:-2048}))" --layers "${LAYERS:-2}")
   SEQUENCES=${SEQUENCES:-512,2048}
+  # Models benched a second time with CUDA graphs on (bench --cuda-graph); empty to skip.
+  GRAPH_MODELS=${GRAPH_MODELS:-llama-reciprocal bert-decomposed}
   # One session per variant: building one of a 0.7 GB model takes seconds, and this stage has minutes.
   ROUNDS=(--warmup 5 --repeat 30 --sessions 1)
 fi
@@ -159,7 +163,7 @@ examples() {
 
 whole_models() {
   # Builds the models here (see make_gpu_models.py), then optimize, verify and bench each; reports in $OUT/models.
-  local dir=build/gpu-models reports=$OUT/models status=0 name model fused extra
+  local dir=build/gpu-models reports=$OUT/models status=0 name model fused extra rc
   mkdir -p "$dir" "$reports"
   local llama=(tools/device/make_gpu_models.py --out "$dir/llama" --models llama-div llama-reciprocal "${LLAMA_SIZES[@]}")
   local bert=(tools/device/make_gpu_models.py --out "$dir/bert" --models bert-decomposed bert-native "${BERT_SIZES[@]}")
@@ -185,6 +189,15 @@ whole_models() {
       --report "$reports/$name.verify.json" || { echo "FAIL verify $name"; status=1; }
     onnx_norm 240 bench "$model" "$fused" --provider "$PROVIDER" --sweep "sequence:$SEQUENCES" "${ROUNDS[@]}" \
       --report "$reports/$name.bench.json" || { echo "FAIL bench $name"; status=1; }
+    if [[ $PROVIDER == cuda && " $GRAPH_MODELS " == *" $name "* ]]; then
+      # The same pair under CUDA graphs, at the first sequence (a graph replays the shapes it captured). Exit 2
+      # is ORT refusing the capture (nodes left on the CPU): reported, not a failure of ours.
+      onnx_norm 180 bench "$model" "$fused" --provider cuda --cuda-graph --shape "sequence:${SEQUENCES%%,*}" \
+        "${ROUNDS[@]}" --no-noopt --report "$reports/$name.bench-graph.json"
+      rc=$?
+      ((rc == 2)) && echo "$name: CUDA graphs not measured (bench exit 2, reason in models.log)" | tee -a "$reports/skipped.txt"
+      ((rc == 1)) && { echo "FAIL bench --cuda-graph $name"; status=1; }
+    fi
     summary >/dev/null # after every model: a run killed at the call's limit still brings its tables back
   done > >(tee -a "$OUT/models.log") 2>&1 # not a pipe: the loop must set this shell's status
   return $status

@@ -47,11 +47,14 @@ def model_rows(out: Path) -> list[str]:
             continue
         verify = _load(reports / f"{name}.verify.json")
         bench = _load(reports / f"{name}.bench.json")
+        graph = _load(reports / f"{name}.bench-graph.json")
         parity = "-" if verify is None else ("passed" if verify.get("passed") else "FAILED")
         size = f"{spec['hidden']} / {spec['intermediate']} / {spec['layers']} {spec['dtype']}"
         found = f"{fused_count(optimized)} of {spec['norms']}"
         for point in (bench or {}).get("points", []) or [None]:
-            rows.append("| " + " | ".join([name, WHAT[name], size, found, parity, *_point_cells(point)]) + " |")
+            rows.append("| " + " | ".join([name, WHAT[name], size, found, parity, "off", *_point_cells(point)]) + " |")
+        for point in (graph or {}).get("points", []):
+            rows.append("| " + " | ".join([name, WHAT[name], size, found, parity, "on", *_point_cells(point)]) + " |")
     return rows
 
 
@@ -80,9 +83,9 @@ def write_summary(out: Path) -> str | None:
         parts += [
             "## Whole models (`onnx-norm bench`, IO binding; median of per-round ratios, 95% interval)",
             "",
-            "| model | norm form | hidden / MLP / layers | fused | parity | input | original ms | optimized ms "
-            "| ORT_DISABLE_ALL ms | speedup [95% CI] |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| model | norm form | hidden / MLP / layers | fused | parity | CUDA graphs | input | original ms "
+            "| optimized ms | ORT_DISABLE_ALL ms | speedup [95% CI] |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
         ]
