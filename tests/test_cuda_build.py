@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from types import ModuleType
 
@@ -346,3 +347,66 @@ def test_gpu_check_catches_a_wrong_element_in_any_output() -> None:
         caught = gpu_check.Outcome(quiet=True)
         gpu_check.run_cases(gpu_check.FakeBackend(perturb=output), subset, output, caught)
         assert len(caught.failures) == len(subset), (output, len(caught.failures), len(subset))
+
+
+class _CpuTorch:
+    """torch on the CPU with the few torch.cuda calls the bandwidth rows make answered for an H200-like device."""
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+        properties = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=227 * 1024)
+        self.cuda = types.SimpleNamespace(
+            current_stream=lambda: types.SimpleNamespace(cuda_stream=7),
+            get_device_properties=lambda device: properties,
+        )
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._torch, name)
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype", "shape"),
+    [("LayerNorm", F16, (8, 64)), ("SkipRMSNorm", BF16, (1, 96)), ("SkipLayerNorm", F32, (300, 32))],
+)
+def test_bandwidth_row_times_each_contender_on_rotated_inputs(
+    monkeypatch: pytest.MonkeyPatch, op: str, dtype: int, shape: tuple[int, int]
+) -> None:
+    """The bandwidth row code (GPU-only) run on CPU tensors: our launch gets the right pointers and flags, the
+    torch stand-in and the copy run on the same rotation of input sets, and a decode-sized shape also times
+    the launch without clusters."""
+    torch = pytest.importorskip("torch")
+    launches: list[dict[str, object]] = []
+    timed: list[int] = []
+
+    def time_calls(_torch: object, calls: list, use_graph: bool) -> float:
+        for call in calls:
+            call()
+        timed.append(len(calls))
+        return float(len(timed))
+
+    monkeypatch.setattr(gpu_check, "time_calls", time_calls)
+    monkeypatch.setattr(gpu_check, "_load_triton", lambda: None)
+    types_by_onnx = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
+    backend = types.SimpleNamespace(
+        torch=_CpuTorch(torch), device=torch.device("cpu"), _torch_types=types_by_onnx,
+        harness=types.SimpleNamespace(launch=lambda **kwargs: launches.append(kwargs)),
+    )  # fmt: skip
+    rows, cols = shape
+    row = gpu_check._bench_one(backend, op, dtype, rows, cols, l2_bytes=1 << 20, use_graph=True)
+
+    size = torch.tensor([], dtype=types_by_onnx[dtype]).element_size()
+    assert row.bytes_moved == gpu_check.bytes_moved(op, size, rows, cols) and row.timing == "graph"
+    decode = rows * 2 <= 132
+    assert row.single_us is not None if decode else row.single_us is None
+    assert row.triton_us is None
+    # ours (and ours without clusters for a decode shape), copy, torch: each over the same rotation of sets.
+    assert len(timed) == 4 if decode else len(timed) == 3
+    assert len(set(timed)) == 1 and timed[0] % 2 == 0
+    skip, rms = op.startswith("Skip"), "RMS" in op
+    for launch in launches:
+        assert (launch["rows"], launch["cols"], launch["x_type"], launch["rms"]) == (rows, cols, dtype, rms)
+        assert (launch["skip"] is not None, launch["sum_out"] is not None) == (skip, skip)
+        assert (launch["bias"] is None) == rms and launch["stream"] == 7
+    assert {launch["clusters"] for launch in launches} == ({True, False} if decode else {True})
+    # The rotation walks every input set twice.
+    assert len({launch["x"] for launch in launches}) == timed[0] // 2

@@ -159,8 +159,8 @@ def _default_case(op: str, x_type: int, shape: tuple[int, ...], **changes: Any) 
     return dataclasses.replace(Case(op, x_type, shape, scale_type=x_type, bias=bias), **changes)
 
 
-def build_cases(quick: bool = False) -> list[Case]:
-    """Every op x X type x hidden size, then the attribute, type, layout and special-value cases."""
+def _size_cases(quick: bool) -> list[Case]:
+    """Every op x X type x hidden size, plus one-row, empty and Scale-less inputs."""
     cases: list[Case] = []
     hidden_sizes = (7, 768, 4097) if quick else HIDDEN_SIZES
     for op in OPS:
@@ -173,6 +173,12 @@ def build_cases(quick: bool = False) -> list[Case]:
             cases.append(_default_case(op, x_type, (1, 768), outputs=False))
             cases.append(_default_case(op, x_type, (0, 768)))
             cases.append(_default_case(op, x_type, (5, 4097), scale_type=None, bias=False))
+    return cases
+
+
+def _rounding_cases() -> list[Case]:
+    """The rounding attributes and mixed Scale/Y types that real exporters' graphs fuse into."""
+    cases: list[Case] = []
     for op in (name for name in OPS if not SIGNATURES[name].skip):
         for hidden in (768, 4097):
             for x_type in (F16, BF16):
@@ -185,6 +191,12 @@ def build_cases(quick: bool = False) -> list[Case]:
             cases.append(_default_case(op, F32, (9, hidden), output_type=F16, scale_type=BF16))
             cases.append(_default_case(op, F32, (9, hidden), output_type=BF16, scale_type=F16, normalized_type=F16))
             cases.append(_default_case(op, F16, (9, hidden), output_type=BF16, scale_type=BF16, multiply_type=F32))
+    return cases
+
+
+def _layout_cases(quick: bool) -> list[Case]:
+    """Broadcast Scale, several normalised dims, special values, unaligned and in-place tensors."""
+    cases: list[Case] = []
     for op in OPS:
         for x_type in FLOAT_TYPES:
             # Scale over a suffix of the normalised dims (vector and scalar paths), and a 2-D normalisation.
@@ -203,36 +215,52 @@ def build_cases(quick: bool = False) -> list[Case]:
                         cases.append(_default_case(op, x_type, (7, hidden), layout=layout, output_type=F32))
     for op in (name for name in OPS if SIGNATURES[name].skip):
         for x_type in FLOAT_TYPES:
-            for layout in ("sum-on-x", "sum-on-skip"):
+            for layout in IN_PLACE:
                 for hidden in (7, 4097) if quick else (7, 768, 4097, 20000):
                     cases.append(_default_case(op, x_type, (5, hidden), layout=layout))
+    return cases
+
+
+def _wide_row_cases(op: str) -> list[Case]:
+    """Every kernel path past the register rows: looping blocks, shared-memory cache, clusters, re-read."""
+    return [
+        # Blocks that loop over several rows (the grid is capped at a few waves): shared-memory cache with
+        # a layout that moves the row's scalar ends from row to row, and the register path with many rows.
+        _default_case(op, F32, (40, 8201), layout="shifted"),
+        _default_case(op, F16, (70000, 8)),
+        # The widest rows: past shared memory (float32 65536, float16 262144), and a decode-sized row.
+        _default_case(op, F32, (2, 65536)),
+        _default_case(op, F16, (1, 262144)),
+        _default_case(op, F16, (1, 4096)),
+        # A row split over a cluster with scalar ends on rank 0, clusters looping over rows; the paths that
+        # the split replaces (re-read, one block per decode row), as on a GPU without clusters.
+        _default_case(op, F32, (5, 65537), layout="shifted"),
+        _default_case(op, F32, (2, 65536), clusters=False),
+        _default_case(op, F16, (1, 4096), clusters=False),
+    ]
+
+
+def _long_row_cases(op: str) -> list[Case]:
+    """Rows longer than the register path (shared-memory cache) and longer than shared memory (re-read)."""
+    return [
+        _default_case(op, F32, (3, 40000)),
+        _default_case(op, F16, (3, 40004)),
+        _default_case(op, F32, (3, 70001)),
+        _default_case(op, BF16, (2, 130000)),
+        _default_case(op, F16, (3, 16392), layout="shifted"),
+    ]
+
+
+def build_cases(quick: bool = False) -> list[Case]:
+    """Every op x X type x hidden size, then the attribute, type, layout and special-value cases."""
+    cases = _size_cases(quick) + _rounding_cases() + _layout_cases(quick)
     for op in OPS:
         # 4 vectors per thread (512 threads per row), and rows that share a block with a shifted layout.
         cases.append(_default_case(op, F32, (3, 8000)))
         cases.append(_default_case(op, BF16, (3, 16000), layout="shifted"))
     if not quick:
-        for op in OPS:
-            # Blocks that loop over several rows (the grid is capped at a few waves): shared-memory cache with
-            # a layout that moves the row's scalar ends from row to row, and the register path with many rows.
-            cases.append(_default_case(op, F32, (40, 8201), layout="shifted"))
-            cases.append(_default_case(op, F16, (70000, 8)))
-            # The widest rows: past shared memory (float32 65536, float16 262144), and a decode-sized row.
-            cases.append(_default_case(op, F32, (2, 65536)))
-            cases.append(_default_case(op, F16, (1, 262144)))
-            cases.append(_default_case(op, F16, (1, 4096)))
-            # A row split over a cluster with scalar ends on rank 0, clusters looping over rows; the paths that
-            # the split replaces (re-read, one block per decode row), as on a GPU without clusters.
-            cases.append(_default_case(op, F32, (5, 65537), layout="shifted"))
-            cases.append(_default_case(op, F32, (2, 65536), clusters=False))
-            cases.append(_default_case(op, F16, (1, 4096), clusters=False))
-    if not quick:
-        # Rows longer than the register path (shared-memory cache) and longer than shared memory (re-read).
-        for op in OPS:
-            cases.append(_default_case(op, F32, (3, 40000)))
-            cases.append(_default_case(op, F16, (3, 40004)))
-            cases.append(_default_case(op, F32, (3, 70001)))
-            cases.append(_default_case(op, BF16, (2, 130000)))
-            cases.append(_default_case(op, F16, (3, 16392), layout="shifted"))
+        cases += [case for op in OPS for case in _wide_row_cases(op)]
+        cases += [case for op in OPS for case in _long_row_cases(op)]
     return cases
 
 
@@ -1334,79 +1362,116 @@ def _load_triton() -> Any:
         return None
 
 
-def _bench_one(
-    backend: TorchHarnessBackend, op: str, dtype: int, rows: int, cols: int, l2_bytes: int, use_graph: bool
-) -> BenchRow:
-    torch = backend.torch
-    functional = torch.nn.functional
-    tdtype = backend._torch_types[dtype]
-    size = torch.tensor([], dtype=tdtype).element_size()
-    skip_op, rms = op.startswith("Skip"), "RMS" in op
-    per_call = bytes_moved(op, size, rows, cols)
-    # Enough input sets that one graph replay streams more than twice the L2 cache.
-    sets = max(2, min(8, math.ceil(l2_bytes / per_call)))
-    device = backend.device
-    xs = [torch.randn(rows, cols, device=device, dtype=tdtype) for _ in range(sets)]
-    skips = [torch.randn_like(xs[0]) for _ in range(sets)] if skip_op else []
-    ys = [torch.empty_like(xs[0]) for _ in range(sets)]
-    sums = [torch.empty_like(xs[0]) for _ in range(sets)] if skip_op else []
-    weight = torch.randn(cols, device=device, dtype=tdtype)
-    bias = None if rms else torch.randn(cols, device=device, dtype=tdtype)
-    srcs = [torch.empty(per_call // 2, dtype=torch.uint8, device=device) for _ in range(sets)]
-    dsts = [torch.empty_like(s) for s in srcs]
-    triton_norm = _load_triton()
+@dataclasses.dataclass
+class _BenchSet:
+    """Input sets for one op x dtype x shape (rotated so one graph replay streams past L2), and the calls timed
+    on them: our launch, torch's kernels, the Triton stand-in and a same-size device-to-device copy."""
 
-    def ours(i: int, clusters: bool = True) -> Callable[[], None]:
+    backend: TorchHarnessBackend
+    op: str
+    dtype: int
+    rows: int
+    cols: int
+    sets: int
+    tensors: dict[str, list[Any]]
+    weight: Any
+    bias: Any
+
+    @property
+    def skip_op(self) -> bool:
+        return self.op.startswith("Skip")
+
+    @property
+    def rms(self) -> bool:
+        return "RMS" in self.op
+
+    @classmethod
+    def make(
+        cls, backend: TorchHarnessBackend, op: str, dtype: int, shape: tuple[int, int], per_call: int, l2_bytes: int
+    ) -> _BenchSet:
+        torch, device = backend.torch, backend.device
+        tdtype = backend._torch_types[dtype]
+        rows, cols = shape
+        # Enough input sets that one graph replay streams more than twice the L2 cache.
+        sets = max(2, min(8, math.ceil(l2_bytes / per_call)))
+        skip_op, rms = op.startswith("Skip"), "RMS" in op
+        xs = [torch.randn(rows, cols, device=device, dtype=tdtype) for _ in range(sets)]
+        srcs = [torch.empty(per_call // 2, dtype=torch.uint8, device=device) for _ in range(sets)]
+        tensors = {
+            "x": xs,
+            "skip": [torch.randn_like(xs[0]) for _ in range(sets)] if skip_op else [],
+            "y": [torch.empty_like(xs[0]) for _ in range(sets)],
+            "sum": [torch.empty_like(xs[0]) for _ in range(sets)] if skip_op else [],
+            "src": srcs,
+            "dst": [torch.empty_like(s) for s in srcs],
+        }
+        weight = torch.randn(cols, device=device, dtype=tdtype)
+        bias = None if rms else torch.randn(cols, device=device, dtype=tdtype)
+        return cls(backend, op, dtype, rows, cols, sets, tensors, weight, bias)
+
+    def ours(self, i: int, clusters: bool = True) -> Callable[[], None]:
+        t, torch = self.tensors, self.backend.torch
+
         def call() -> None:
-            backend.harness.launch(
-                x=xs[i].data_ptr(), y=ys[i].data_ptr(), rows=rows, cols=cols, x_type=dtype, y_type=dtype,
-                stream=torch.cuda.current_stream().cuda_stream, skip=skips[i].data_ptr() if skip_op else None,
-                scale=weight.data_ptr(), bias=bias.data_ptr() if bias is not None else None,
-                sum_out=sums[i].data_ptr() if skip_op else None, scale_size=cols, scale_type=dtype, rms=rms,
-                device=device.index, clusters=clusters,
+            self.backend.harness.launch(
+                x=t["x"][i].data_ptr(), y=t["y"][i].data_ptr(), rows=self.rows, cols=self.cols,
+                x_type=self.dtype, y_type=self.dtype, stream=torch.cuda.current_stream().cuda_stream,
+                skip=t["skip"][i].data_ptr() if self.skip_op else None, scale=self.weight.data_ptr(),
+                bias=self.bias.data_ptr() if self.bias is not None else None,
+                sum_out=t["sum"][i].data_ptr() if self.skip_op else None, scale_size=self.cols,
+                scale_type=self.dtype, rms=self.rms, device=self.backend.device.index, clusters=clusters,
             )  # fmt: skip
 
         return call
 
-    def eager(i: int) -> Callable[[], None]:
+    def eager(self, i: int) -> Callable[[], None]:
+        t, functional = self.tensors, self.backend.torch.nn.functional
+
         def call() -> None:
-            h = xs[i] + skips[i] if skip_op else xs[i]
-            if rms:
-                functional.rms_norm(h, (cols,), weight, 1e-5)
+            h = t["x"][i] + t["skip"][i] if self.skip_op else t["x"][i]
+            if self.rms:
+                functional.rms_norm(h, (self.cols,), self.weight, 1e-5)
             else:
-                functional.layer_norm(h, (cols,), weight, bias, 1e-5)
+                functional.layer_norm(h, (self.cols,), self.weight, self.bias, 1e-5)
 
         return call
 
-    def triton_call(i: int) -> Callable[[], None]:
-        return lambda: triton_norm.norm(
-            xs[i], skips[i] if skip_op else None, weight, bias, ys[i], sums[i] if skip_op else None, 1e-5, rms
-        )
+    def triton(self, triton_norm: Any, i: int) -> Callable[[], None]:
+        t = self.tensors
+        skip = t["skip"][i] if self.skip_op else None
+        sum_out = t["sum"][i] if self.skip_op else None
+        return lambda: triton_norm.norm(t["x"][i], skip, self.weight, self.bias, t["y"][i], sum_out, 1e-5, self.rms)
 
-    def copy(i: int) -> Callable[[], None]:
-        return lambda: dsts[i].copy_(srcs[i])
+    def copy(self, i: int) -> Callable[[], None]:
+        return lambda: self.tensors["dst"][i].copy_(self.tensors["src"][i])
 
-    order = [i % sets for i in range(2 * sets)]
+
+def _bench_one(
+    backend: TorchHarnessBackend, op: str, dtype: int, rows: int, cols: int, l2_bytes: int, use_graph: bool
+) -> BenchRow:
+    torch = backend.torch
+    size = torch.tensor([], dtype=backend._torch_types[dtype]).element_size()
+    per_call = bytes_moved(op, size, rows, cols)
+    inputs = _BenchSet.make(backend, op, dtype, (rows, cols), per_call, l2_bytes)
+    order = [i % inputs.sets for i in range(2 * inputs.sets)]
+
+    def timed(make: Callable[[int], Callable[[], None]]) -> float:
+        return time_calls(torch, [make(i) for i in order], use_graph)
+
+    triton_norm = _load_triton()
     triton_us = None
     if triton_norm is not None and triton_norm.supports(cols, size):
-        triton_us = time_calls(torch, [triton_call(i) for i in order], use_graph)
-    props = torch.cuda.get_device_properties(device)
+        triton_us = timed(lambda i: inputs.triton(triton_norm, i))
+    props = torch.cuda.get_device_properties(backend.device)
     optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
     single_us = None
     if rows * 2 <= props.multi_processor_count or cols * size > optin:
-        single_us = time_calls(torch, [ours(i, clusters=False) for i in order], use_graph)
+        single_us = timed(lambda i: inputs.ours(i, clusters=False))
+    mode = "graph" if use_graph else "events"
     return BenchRow(
-        op,
-        TYPE_NAMES[dtype],
-        (rows, cols),
-        per_call,
-        time_calls(torch, [ours(i) for i in order], use_graph),
-        time_calls(torch, [copy(i) for i in order], use_graph),
-        time_calls(torch, [eager(i) for i in order], use_graph),
-        triton_us,
-        "graph" if use_graph else "events",
-        single_us,
-    )
+        op, TYPE_NAMES[dtype], (rows, cols), per_call, timed(inputs.ours), timed(inputs.copy), timed(inputs.eager),
+        triton_us, mode, single_us,
+    )  # fmt: skip
 
 
 def bench(
