@@ -40,11 +40,9 @@ std::string CheckModulation(const char* name, const Ort::ConstValue& value, cons
   return {};
 }
 
-}  // namespace
-
+// ModScale/ModShift of a call whose norm part PrepareProblem has validated into `p`.
 std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
                               const NormProblem& p, Modulation* m) {
-  (void)attrs;
   const size_t scale_index = op.rms ? 2 : 3;
   const size_t input_count = ctx.GetInputCount();
   const char* names[2] = {"ModScale", "ModShift"};
@@ -96,12 +94,20 @@ std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, co
   return {};
 }
 
+}  // namespace
+
 void ModulationFactors(const Modulation& m, int64_t cols, int multiply_type, float* factors, float* shifts) {
   const int64_t n = m.batch * cols;
   for (int64_t i = 0; i < n; ++i) {
     factors[i] = RoundTo(1.0f + ToFloat(m.scale, m.type, i), multiply_type);
     shifts[i] = ToFloat(m.shift, m.type, i);
   }
+}
+
+std::string PrepareModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
+                             NormProblem* p, Modulation* m) {
+  const std::string error = PrepareProblem(ctx, op, attrs, p);
+  return error.empty() ? PrepareModulation(ctx, op, attrs, *p, m) : error;
 }
 
 }  // namespace onnx_norm

@@ -24,10 +24,10 @@ struct Modulation {
   int64_t rows_per_sample = 0;  // norm rows per sample of X: prod(shape(X)[1:axis])
 };
 
-// Reads and checks ModScale/ModShift for a node whose norm part PrepareProblem has already validated into `p`.
-// Returns an empty string or an error message naming the input.
-std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
-                              const NormProblem& p, Modulation* m);
+// Validates one call of a modulated op: the norm part into `p` (PrepareProblem, which also allocates Y), then
+// ModScale/ModShift into `m`. Returns an empty string or an error message naming the input.
+std::string PrepareModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
+                             NormProblem* p, Modulation* m);
 
 // round_m(1 + ModScale) and ModShift as float32, [batch, cols] each, for kernels that apply them per row.
 void ModulationFactors(const Modulation& m, int64_t cols, int multiply_type, float* factors, float* shifts);

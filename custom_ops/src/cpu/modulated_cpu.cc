@@ -106,10 +106,8 @@ void RunChunk(void* data, size_t index) {
 
 OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
   NormProblem p;
-  std::string error = PrepareProblem(ctx, op, attrs, &p);
-  if (!error.empty()) return MakeError(op, error);
   Modulation m;
-  error = PrepareModulation(ctx, op, attrs, p, &m);
+  const std::string error = PrepareModulated(ctx, op, attrs, &p, &m);
   if (!error.empty()) return MakeError(op, error);
   if (p.rows == 0 || p.cols == 0 || m.rows_per_sample == 0) return nullptr;
 

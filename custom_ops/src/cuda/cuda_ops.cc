@@ -6,17 +6,12 @@
 
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
-#include "cuda/launch.h"
+#include "cuda/ort_launch.h"
 
 namespace onnx_norm {
 namespace cuda {
 
-OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
-  NormProblem p;
-  const std::string error = PrepareProblem(ctx, op, attrs, &p);
-  if (!error.empty()) return MakeError(op, error);
-  if (p.rows == 0 || p.cols == 0) return nullptr;
-
+NormLaunchParams LaunchParamsFor(const NormProblem& p, Ort::KernelContext& ctx) {
   NormLaunchParams params;
   params.x = p.x;
   params.skip = p.skip;
@@ -36,23 +31,27 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormA
   params.y_type = p.y_type;
   params.normalized_type = p.normalized_type;
   params.multiply_type = p.multiply_type;
-
-  // The device that holds the tensors, from X's memory info (a CUDA EP session places every input and
-  // output of this node on its device): the launch never asks the stream, which a CUDA graph capture
-  // could refuse.
   params.device = ctx.GetInput(0).GetTensorMemoryInfo().GetDeviceId();
+  return params;
+}
 
+OrtStatusPtr LaunchStatus(const OpSignature& op, int rc, const char* message) {
+  if (rc == 0) return nullptr;
+  return MakeError(op,
+                   std::string("CUDA launch failed (code ") + std::to_string(rc) + "): " +
+                       (message != nullptr ? message : "no message"),
+                   ORT_RUNTIME_EXCEPTION);
+}
+
+OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
+  NormProblem p;
+  const std::string error = PrepareProblem(ctx, op, attrs, &p);
+  if (!error.empty()) return MakeError(op, error);
+  if (p.rows == 0 || p.cols == 0) return nullptr;
   // ORT's per-session compute stream; every ORT CUDA kernel of this run is ordered on it.
-  void* stream = ctx.GetGPUComputeStream();
   const char* launch_error = nullptr;
-  const int rc = LaunchNorm(params, stream, &launch_error);
-  if (rc != 0) {
-    return MakeError(op,
-                     std::string("CUDA launch failed (code ") + std::to_string(rc) +
-                         "): " + (launch_error ? launch_error : "no message"),
-                     ORT_RUNTIME_EXCEPTION);
-  }
-  return nullptr;
+  const int rc = LaunchNorm(LaunchParamsFor(p, ctx), ctx.GetGPUComputeStream(), &launch_error);
+  return LaunchStatus(op, rc, launch_error);
 }
 
 }  // namespace cuda

@@ -6,86 +6,33 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
 #include "kernel_config.cuh"
+#include "launch_common.h"
 
 namespace onnx_norm {
 namespace cuda {
 namespace {
 
+// The pieces shared with the other launchers (launch_common.h).
+using launch::AlignedTo;
+using launch::CachedAttribute;
+using launch::CachedFlag;
+using launch::ElementSize;
+using launch::Fail;
+using launch::FailCuda;
+using launch::Info;
+using launch::IsRoundingType;
+using launch::MakeDeviceCurrent;
+using launch::NextPowerOfTwo;
+using launch::Overlap;
+using launch::VectorAligned;
+
 constexpr int kUnsupportedTypes = -1;
 
-int ElementSize(int type) {
-  switch (type) {
-    case kFloat32:
-      return 4;
-    case kFloat16:
-    case kBFloat16:
-      return 2;
-    default:
-      return 0;
-  }
-}
-
-bool IsRoundingType(int type) { return type == 0 || ElementSize(type) != 0; }
-
-int64_t NextPowerOfTwo(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 unsigned GridSize(int64_t blocks) { return static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)); }
-
-bool AlignedTo(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// True when element i of a tensor with `size`-byte elements is aligned for a vector of V elements
-// (min(16, V * size) bytes) at every i with (x_phase + i) % V == 0, i.e. at X's 16-byte boundaries.
-bool VectorAligned(const void* p, int size, int x_phase, int vector) {
-  if (p == nullptr) return true;
-  const uintptr_t need = static_cast<uintptr_t>(std::min(16, vector * size));
-  return (reinterpret_cast<uintptr_t>(p) - static_cast<uintptr_t>(x_phase) * size) % need == 0;
-}
-
-// Device attributes a launch needs, read once per device (not per launch: cheaper, and nothing to
-// refuse inside a CUDA graph capture).
-constexpr int kMaxDevices = 64;
-
-struct DeviceInfo {
-  std::atomic<int> sm_count{0};
-  std::atomic<int> max_shared{0};
-  std::atomic<int> cluster_launch{0};  // the attribute + 1 (0: not read yet)
-};
-
-DeviceInfo& Info(int device) {
-  static DeviceInfo info[kMaxDevices];
-  return info[device];
-}
-
-cudaError_t CachedAttribute(std::atomic<int>& slot, cudaDeviceAttr attribute, int device, int* value) {
-  *value = slot.load(std::memory_order_relaxed);
-  if (*value > 0) return cudaSuccess;
-  const cudaError_t status = cudaDeviceGetAttribute(value, attribute, device);
-  if (status == cudaSuccess) slot.store(*value, std::memory_order_relaxed);
-  return status;
-}
-
-// A yes/no attribute, cached like CachedAttribute (stored as value + 1, so that "no" is cached too).
-cudaError_t CachedFlag(std::atomic<int>& slot, cudaDeviceAttr attribute, int device, bool* value) {
-  const int cached = slot.load(std::memory_order_relaxed);
-  if (cached > 0) {
-    *value = cached > 1;
-    return cudaSuccess;
-  }
-  int read = 0;
-  const cudaError_t status = cudaDeviceGetAttribute(&read, attribute, device);
-  if (status == cudaSuccess) slot.store(read != 0 ? 2 : 1, std::memory_order_relaxed);
-  *value = status == cudaSuccess && read != 0;
-  return status;
-}
 
 // Register-resident rows (the row in 16-byte vectors across `group` threads, up to 4 vectors each):
 //   - at most 32 vectors (256 16-bit or 128 float32 values): one vector per thread, 8 to 32 threads
@@ -170,23 +117,6 @@ bool ChooseClusterConfig(const NormArgs& args, int element_size, const KernelCon
 
 int RegisterRowFlagsFor(const NormArgs& args, bool native) {
   return (args.skip != nullptr ? kSkipFlag : 0) | (args.rms ? kRmsFlag : 0) | (native ? kNativeFlag : 0);
-}
-
-// Bytes [p, p + bytes) and [q, q + other) share an address.
-bool Overlap(const void* p, int64_t bytes, const void* q, int64_t other) {
-  if (p == nullptr || q == nullptr) return false;
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const auto b = reinterpret_cast<uintptr_t>(q);
-  return a < b + static_cast<uintptr_t>(other) && b < a + static_cast<uintptr_t>(bytes);
-}
-
-int Fail(int code, const char* message, const char** error) {
-  if (error != nullptr) *error = message;
-  return code;
-}
-
-int FailCuda(cudaError_t status, const char** error) {
-  return Fail(static_cast<int>(status), cudaGetErrorString(status), error);
 }
 
 }  // namespace
@@ -275,27 +205,9 @@ int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** erro
   (void)cudaGetLastError();
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  // ONNX Runtime's CUDA runtime and ours (static) keep separate current devices: make the tensors'
-  // device ours. The stream is never asked (cudaStreamGetDevice can invalidate a capture).
-  int device = p.device;
+  int device = 0;
+  if (const int rc = MakeDeviceCurrent(p.x, p.device, &device, error)) return rc;
   cudaError_t status = cudaSuccess;
-  if (device < 0) {
-    cudaPointerAttributes attributes{};
-    status = cudaPointerGetAttributes(&attributes, p.x);
-    if (status != cudaSuccess) return FailCuda(status, error);
-    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
-      return Fail(cudaErrorInvalidValue, "LaunchNorm: X is not CUDA device memory", error);
-    }
-    device = attributes.device;
-  }
-  if (device >= kMaxDevices) return Fail(cudaErrorInvalidDevice, "LaunchNorm: device id out of range", error);
-  int current = -1;
-  status = cudaGetDevice(&current);
-  if (status != cudaSuccess) return FailCuda(status, error);
-  if (current != device) {
-    status = cudaSetDevice(device);
-    if (status != cudaSuccess) return FailCuda(status, error);
-  }
 
   const bool native = y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type);
   KernelConfig config = ChooseConfig(args, x_size);

@@ -6,59 +6,30 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
+#include "launch_common.h"
 #include "modulated_config.cuh"
 
 namespace onnx_norm {
 namespace cuda {
 namespace {
 
-int ElementSize(int type) { return type == kFloat32 ? 4 : (type == kFloat16 || type == kBFloat16) ? 2 : 0; }
+// The pieces shared with the norm launcher (launch_common.h).
+using launch::CachedAttribute;
+using launch::ElementSize;
+using launch::Fail;
+using launch::FailCuda;
+using launch::Info;
+using launch::IsRoundingType;
+using launch::MakeDeviceCurrent;
+using launch::NextPowerOfTwo;
+using launch::Overlap;
 
-bool RoundingType(int type) { return type == 0 || ElementSize(type) != 0; }
-
-// Aligned for units of `vector` elements: min(16, vector * size) bytes (every row and modulation row starts at a
-// multiple of cols, which the vector path needs to be a multiple of `vector`).
-bool VectorAligned(const void* p, int size, int vector) {
-  return p == nullptr || reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(std::min(16, vector * size)) == 0;
-}
-
-int Fail(int code, const char* message, const char** error) {
-  if (error != nullptr) *error = message;
-  return code;
-}
-
-int FailCuda(cudaError_t status, const char** error) {
-  return Fail(static_cast<int>(status), cudaGetErrorString(status), error);
-}
-
-bool Overlap(const void* p, int64_t bytes, const void* q, int64_t other) {
-  if (p == nullptr || q == nullptr) return false;
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const auto b = reinterpret_cast<uintptr_t>(q);
-  return a < b + static_cast<uintptr_t>(other) && b < a + static_cast<uintptr_t>(bytes);
-}
-
-constexpr int kMaxDevices = 64;
-
-// Multiprocessor count per device, read once (nothing to refuse inside a CUDA graph capture later).
-cudaError_t SmCount(int device, int* count) {
-  static std::atomic<int> counts[kMaxDevices] = {};
-  *count = counts[device].load(std::memory_order_relaxed);
-  if (*count > 0) return cudaSuccess;
-  const cudaError_t status = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess) counts[device].store(*count, std::memory_order_relaxed);
-  return status;
-}
-
-int NextPowerOfTwo(int64_t v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
+// Aligned for units of `vector` elements (every row and modulation row starts at a multiple of cols, which the
+// vector path needs to be a multiple of `vector`).
+bool VectorAligned(const void* p, int size, int vector) { return launch::VectorAligned(p, size, 0, vector); }
 
 // Up to kModulatedUnits units per thread in registers, 8 to 1024 threads per row (blocks of at least 128 threads);
 // rows longer than 1024 * kModulatedUnits units are re-read, one row per 1024-thread block.
@@ -66,7 +37,7 @@ ModulatedConfig ChooseConfig(ModulatedArgs* args, bool vector, int element_size)
   ModulatedConfig config;
   config.vector = vector;
   const int64_t units = vector ? args->cols / (16 / element_size) : args->cols;
-  const int64_t group = std::max(8, NextPowerOfTwo((units + kModulatedUnits - 1) / kModulatedUnits));
+  const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((units + kModulatedUnits - 1) / kModulatedUnits));
   config.cached = group <= kModulatedMaxBlock;
   args->group = config.cached ? static_cast<int>(group) : kModulatedMaxBlock;
   config.block = std::max(args->group, 128);
@@ -86,7 +57,7 @@ int LaunchModulated(const ModulatedLaunchParams& mp, void* stream_handle, const 
   const int param_size = ElementSize(mp.mod_type);
   const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
   if (x_size == 0 || y_size == 0 || param_size == 0 || (has_parameters && p.scale_type != mp.mod_type) ||
-      !RoundingType(p.normalized_type) || !RoundingType(p.multiply_type)) {
+      !IsRoundingType(p.normalized_type) || !IsRoundingType(p.multiply_type)) {
     return Fail(-1,
                 "LaunchModulated: X, Y, the modulation (and Scale/Bias, of its type) and the rounding types must be "
                 "float32, float16 or bfloat16",
@@ -149,21 +120,10 @@ int LaunchModulated(const ModulatedLaunchParams& mp, void* stream_handle, const 
   ModulatedConfig config = ChooseConfig(&args, vector_ok, x_size);
 
   (void)cudaGetLastError();  // an earlier call's error, already reported: not this launch's
-  int device = p.device;
-  cudaError_t status = cudaSuccess;
-  if (device < 0) {
-    cudaPointerAttributes attributes{};
-    status = cudaPointerGetAttributes(&attributes, p.x);
-    if (status != cudaSuccess) return FailCuda(status, error);
-    device = attributes.device;
-  }
-  if (device >= kMaxDevices) return Fail(cudaErrorInvalidDevice, "LaunchModulated: device id out of range", error);
-  int current = -1;
-  status = cudaGetDevice(&current);
-  if (status == cudaSuccess && current != device) status = cudaSetDevice(device);
-  if (status != cudaSuccess) return FailCuda(status, error);
+  int device = 0;
+  if (const int rc = MakeDeviceCurrent(p.x, p.device, &device, error)) return rc;
   int sm_count = 0;
-  status = SmCount(device, &sm_count);
+  cudaError_t status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
   if (status != cudaSuccess) return FailCuda(status, error);
   // Blocks loop over rows: a few waves of resident blocks are enough.
   config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * (2048 / config.block) * 4));

@@ -6,36 +6,20 @@
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
 #include "cuda/modulated_launch.h"
+#include "cuda/ort_launch.h"
 
 namespace onnx_norm {
 namespace cuda {
 
 OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
   NormProblem p;
-  std::string error = PrepareProblem(ctx, op, attrs, &p);
-  if (!error.empty()) return MakeError(op, error);
   Modulation m;
-  error = PrepareModulation(ctx, op, attrs, p, &m);
+  const std::string error = PrepareModulated(ctx, op, attrs, &p, &m);
   if (!error.empty()) return MakeError(op, error);
   if (p.rows == 0 || p.cols == 0) return nullptr;
 
   ModulatedLaunchParams params;
-  NormLaunchParams& norm = params.norm;
-  norm.x = p.x;
-  norm.scale = p.scale;
-  norm.bias = p.bias;
-  norm.y = p.y;
-  norm.rows = p.rows;
-  norm.cols = p.cols;
-  norm.scale_size = p.scale_size;
-  norm.epsilon = p.epsilon;
-  norm.rms = p.rms;
-  norm.x_type = p.x_type;
-  norm.scale_type = p.scale_type;
-  norm.y_type = p.y_type;
-  norm.normalized_type = p.normalized_type;
-  norm.multiply_type = p.multiply_type;
-  norm.device = ctx.GetInput(0).GetTensorMemoryInfo().GetDeviceId();
+  params.norm = LaunchParamsFor(p, ctx);
   params.mod_scale = m.scale;
   params.mod_shift = m.shift;
   params.mod_type = m.type;
@@ -44,13 +28,7 @@ OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, co
 
   const char* launch_error = nullptr;
   const int rc = LaunchModulated(params, ctx.GetGPUComputeStream(), &launch_error);
-  if (rc != 0) {
-    return MakeError(op,
-                     std::string("CUDA launch failed (code ") + std::to_string(rc) +
-                         "): " + (launch_error ? launch_error : "no message"),
-                     ORT_RUNTIME_EXCEPTION);
-  }
-  return nullptr;
+  return LaunchStatus(op, rc, launch_error);
 }
 
 }  // namespace cuda
