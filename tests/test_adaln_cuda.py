@@ -64,3 +64,12 @@ def test_a_wrong_output_is_caught(emulated: check.HostRunner) -> None:
     assert check.compare(case, got, check.reference(case, inputs)) is None
     wrong = dict(inputs, mod_scale=(inputs["mod_scale"].astype(np.float32) - 1).astype(inputs["mod_scale"].dtype))
     assert check.compare(case, got, check.reference(case, wrong)) is not None
+
+
+def test_gpu_mode_without_a_gpu_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: --gpu runs")
+    assert check.main(["--gpu", "--quick"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "needs a CUDA GPU" in captured.err

@@ -312,6 +312,33 @@ def run_cases(runner: Any, cases: list[Case]) -> list[str]:
     return failures
 
 
+class _CannotRun(Exception):
+    """What this machine lacks for the chosen mode (exit 2, one line)."""
+
+
+def _emulator_runner() -> Any:
+    include = find_cuda_include()
+    if include is None or shutil.which("g++") is None:
+        raise _CannotRun("--emulate needs the CUDA headers (cuda_fp16.h) and g++")
+    return HostRunner(Harness(build_emulator(include, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))))
+
+
+def _gpu_runner(arch: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise _CannotRun("--gpu needs torch") from None
+    if not torch.cuda.is_available():
+        raise _CannotRun("--gpu needs a CUDA GPU (torch.cuda.is_available() is False)")
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not Path(nvcc).is_file():
+        raise _CannotRun("--gpu needs nvcc")
+    library, report = build_harness(nvcc, arch, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))
+    spills = [line.strip() for line in report.splitlines() if "spill" in line and " 0 bytes spill" not in line]
+    print(f"ptxas: {len(spills)} kernels with spills" + "".join(f"\n  {s}" for s in spills))
+    return TorchRunner(Harness(library))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -321,19 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="90", help="--gpu: the architecture to build for (default 90)")
     args = parser.parse_args(argv)
     cases = build_cases(args.quick)
-    out = Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_"))
-    if args.emulate:
-        include = find_cuda_include()
-        if include is None or shutil.which("g++") is None:
-            print("--emulate needs the CUDA headers (cuda_fp16.h) and g++")
-            return 2
-        runner: Any = HostRunner(Harness(build_emulator(include, out)))
-    else:
-        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-        library, report = build_harness(nvcc, args.arch, out)
-        spills = [line.strip() for line in report.splitlines() if "spill" in line and " 0 bytes spill" not in line]
-        print(f"ptxas: {len(spills)} kernels with spills" + "".join(f"\n  {s}" for s in spills))
-        runner = TorchRunner(Harness(library))
+    try:
+        runner = _emulator_runner() if args.emulate else _gpu_runner(args.arch)
+    except (_CannotRun, RuntimeError) as exc:  # RuntimeError: a failed build, with the compiler's output
+        print(f"modulated_check: cannot run: {exc}", file=sys.stderr)
+        return 2
     failures = run_cases(runner, cases)
     for failure in failures:
         print(f"FAIL {failure}")
