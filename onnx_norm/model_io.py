@@ -14,7 +14,8 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import onnx
 import onnx_ir as ir
@@ -50,7 +51,7 @@ def load(model: ModelLike) -> ir.Model:
     if isinstance(model, onnx.ModelProto):
         check(model, "the ModelProto")
         try:
-            return ir.serde.deserialize_model(model)
+            return _import_ort_domains_ir(ir.serde.deserialize_model(model))
         except Exception as err:
             raise ModelLoadError(f"cannot convert the ModelProto: {err}") from err
     if isinstance(model, (str, os.PathLike)):
@@ -63,7 +64,7 @@ def load(model: ModelLike) -> ir.Model:
         # As ir.load does: external tensors are memory-mapped from files relative to the model.
         ir.external_data.set_base_dir(loaded.graph, path.parent)
         _check_external_data(loaded, path)
-        return loaded
+        return _import_ort_domains_ir(loaded)
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
@@ -95,6 +96,10 @@ def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelPr
 #: opset): models that use them run, so the checker is not asked about them.
 ORT_ONNX_DOMAIN_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
 _UNCHECKED_DOMAIN = "onnx_norm.unchecked"
+# Domains ONNX Runtime registers itself, each at version 1 only: it loads a model whose nodes use one without
+# importing it (its transformers optimizer writes such models), so `load` imports them instead of refusing the
+# model, and onnx's checker and shape inference then read the model as ONNX Runtime does.
+ORT_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental"})
 
 
 def check(model: onnx.ModelProto, name: str) -> None:
@@ -117,6 +122,7 @@ def check(model: onnx.ModelProto, name: str) -> None:
         for tensor in paths.external_tensors(target):
             _stand_in(tensor)
     moved = _hide_ort_ops(target)
+    imported = _import_ort_domains(target)
     # A graph input or output of unknown rank (no shape field) is valid ONNX and runs, but the checker wants the
     # field: it gets an empty one for the check.
     shapeless = [
@@ -137,6 +143,8 @@ def check(model: onnx.ModelProto, name: str) -> None:
             node.domain = domain
         if moved:
             _drop_opset(target, _UNCHECKED_DOMAIN)
+        for imports, opset in imported:
+            imports.remove(opset)
 
 
 def _stand_in(tensor: onnx.TensorProto) -> None:
@@ -166,6 +174,31 @@ def _hide_ort_ops(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
         for function in model.functions:
             function.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
     return moved
+
+
+def _import_ort_domains(model: onnx.ModelProto) -> list[tuple[Any, onnx.OperatorSetIdProto]]:
+    """Adds an import of each ONNX Runtime domain (ORT_DOMAINS) that the graph or a function uses without one;
+    returns what was added, to take out after the check."""
+    added = []
+    bodies = [(model.opset_import, graph_nodes(model.graph)), *((f.opset_import, f.node) for f in model.functions)]
+    for imports, nodes in bodies:
+        missing = {n.domain for n in nodes if n.domain in ORT_DOMAINS} - {o.domain for o in imports}
+        for domain in sorted(missing):
+            imports.append(onnx.helper.make_opsetid(domain, 1))
+            added.append((imports, imports[-1]))
+    return added
+
+
+def _import_ort_domains_ir(model: ir.Model) -> ir.Model:
+    """`model` with an import (version 1) of each ONNX Runtime domain (ORT_DOMAINS) its nodes use without one."""
+    bodies: list[tuple[Any, Iterable[ir.Node]]] = [(model, ir.traversal.RecursiveGraphIterator(model.graph))]
+    bodies += [(function, function) for function in model.functions.values()]
+    for owner, nodes in bodies:
+        for node in nodes:
+            if node.domain in ORT_DOMAINS and node.domain not in owner.opset_imports:
+                logger.info("the model uses %s without importing it: imported at version 1", node.domain)
+                owner.opset_imports[node.domain] = 1
+    return model
 
 
 def _drop_opset(model: onnx.ModelProto, domain: str) -> None:

@@ -30,12 +30,7 @@ FIXTURES = Path(__file__).resolve().parent / "data" / "exporters"
 # file -> what the rewrite still misses there (each reason says what `onnx-norm inspect --explain` reports). The
 # misses first filed here (tf2onnx's GlobalAveragePool mean, CastLike epsilons, RMSNormalization-23's expansion,
 # onnxconverter-common's per-consumer input Casts) are fused now and run as ordinary cases.
-KNOWN_MISSES: dict[str, str] = {
-    "toolchains-block-ort-transformers.onnx": (
-        "take-over skips ORT's SkipSimplifiedLayerNormalization: its skip input's shape is unknown to onnx's shape "
-        "inference (ORT's output lacks the com.microsoft opset import)"
-    ),
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 
 def load_manifest(folder: Path = FIXTURES) -> list[dict[str, Any]]:

@@ -240,3 +240,31 @@ def test_models_that_onnx_runtime_runs_pass_the_check(tmp_path: Path):
     model_io.check(proto, "ort.onnx")
     assert proto.SerializeToString() == before  # the check leaves the model as it was
     _run(tmp_path / "ort.onnx")
+
+
+def _contrib_model(domain: str) -> onnx.ModelProto:
+    """A FastGelu of `domain` in a model that imports only the default domain, as ONNX Runtime's transformers
+    optimizer writes them."""
+    graph = helper.make_graph(
+        [helper.make_node("FastGelu", ["x"], ["y"], domain=domain)],
+        "contrib",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(X.shape))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_onnx_runtime_domains_used_without_an_import_are_imported(tmp_path: Path):
+    model = _contrib_model("com.microsoft")
+    onnx.save(model, tmp_path / "contrib.onnx")
+    _run(tmp_path / "contrib.onnx")  # ONNX Runtime loads it as it is
+    loaded = model_io.load(tmp_path / "contrib.onnx")
+    assert loaded.opset_imports == {"": 17, "com.microsoft": 1}
+    model_io.save(loaded, tmp_path / "out.onnx")
+    onnx.checker.check_model(onnx.load(str(tmp_path / "out.onnx")))  # the written model is valid ONNX
+    assert [o.domain for o in model.opset_import] == [""]  # the ModelProto given is not changed
+
+
+def test_other_domains_used_without_an_import_are_still_refused():
+    with pytest.raises(model_io.ModelLoadError, match=r"No opset import for domain 'my\.ops'"):
+        model_io.load(_contrib_model("my.ops"))

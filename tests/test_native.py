@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import onnx_norm
 from onnx_norm import library
 from onnx_norm.ops.reference import layer_norm, rms_norm
 from onnx_norm.ops.schema import DOMAIN
@@ -350,3 +351,24 @@ def test_taken_over_nodes_run_on_our_kernels(proto: onnx.ModelProto, tol_type: i
     for name, value in before.items():
         tol = 2 * _ulps(tol_type)
         np.testing.assert_allclose(after[name], value, rtol=tol, atol=tol, err_msg=name)
+
+
+def test_skip_input_made_by_a_contrib_op_is_taken_over_with_its_inferred_shape() -> None:
+    """onnx's shape inference stops at ONNX Runtime's contrib ops (FastGelu here), so the skip input's shape is
+    known only to ONNX Runtime's symbolic inference: optimize runs it for the take-over, then writes the model
+    with the shapes it had."""
+    x = helper.make_tensor_value_info("x", F32, ["batch", 3, 8])
+    nodes = [
+        helper.make_node("FastGelu", ["x"], ["h"], domain=MS),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["x", "h", "gamma"], ["y"], domain=MS, epsilon=1e-5),
+    ]
+    gamma = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "gamma")
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", F32, ["batch", 3, 8])], [gamma])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    converted, report = onnx_norm.optimize(proto, take_over_native=True)
+    assert [r["converted"] for r in report.native_taken_over] == [True], report.native_taken_over
+    assert _converted_ops(converted) == [f"{MS}::FastGelu", f"{DOMAIN}::SkipRMSNorm"]
+    # The inferred shapes served the take-over only: h is written as it was (no shape; its type is kept).
+    assert [v.type.tensor_type.HasField("shape") for v in converted.graph.value_info if v.name == "h"] == [False]
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_run(converted, feeds)["y"], _run(proto, feeds)["y"], rtol=3e-5, atol=3e-5)

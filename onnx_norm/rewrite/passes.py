@@ -12,7 +12,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from onnx_norm.dtypes import is_onnx_domain
-from onnx_norm.rewrite import constants, driver, silent, targets
+from onnx_norm.rewrite import constants, driver, native, silent, targets
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import enabled_rules
@@ -56,19 +56,17 @@ class FuseNormsPass(ir.passes.InPlacePass):
         progress = _Progress()
         if self.infer_shapes:
             progress.step(f"inferring shapes ({sum(report.ops_before.values())} nodes)")
-        stored = _infer_shapes(model) if self.infer_shapes else {}
+        stored = _infer_shapes(model, self.take_over_native) if self.infer_shapes else {}
         progress.step("matching and proving norms")
         with constants.folding():
             count = driver.fuse(model, session, self.rules)
         if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
             for node, graph, miss in silent.silent_misses(model, session.open_near_miss_nodes()):
                 session.near_miss(node, graph, miss)
-        _restore_shapes(model, stored)
         taken_over: list = []
         if self.take_over_native:
-            from onnx_norm.rewrite import native
-
             taken_over = list(native.take_over(model, session.target, attach_functions=False))
+        _restore_shapes(model, stored)
         modified = bool(count) or any(record.get("converted") for record in taken_over)
         if modified:
             progress.step(f"removing what the {count} fused norm(s) replaced")
@@ -113,11 +111,13 @@ def _as_dict(record) -> dict:
     return dict(record) if isinstance(record, dict) else {"record": str(record)}
 
 
-def _infer_shapes(model: ir.Model) -> Shapes:
+def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
     """onnx shape inference on a copy without large initializers; on failure keep the shapes the model has.
 
-    Then ONNX Runtime's symbolic inference where onnx's left norm inputs without shapes; what that one changed is
-    returned (the previous shapes) so that `_restore_shapes` can take it back out of the written model.
+    Then ONNX Runtime's symbolic inference where onnx's left norm inputs without shapes (reductions, and with
+    `native_norms` the inputs of native norm ops to take over: onnx's inference stops at ONNX Runtime's contrib
+    ops); what that one changed is returned (the previous shapes) so that `_restore_shapes` can take it back out
+    of the written model.
     """
     # Data propagation finds the shapes behind computed Reshapes, but on some exports (Cohere's attention) it
     # infers dims that contradict each other; strict mode detects that, and the run without it is kept instead.
@@ -141,7 +141,7 @@ def _infer_shapes(model: ir.Model) -> Shapes:
         except Exception as err:  # best effort, as above
             logger.info("shape inference after Reshape-to-own-shape failed: %s", err)
     stored: Shapes = {}
-    if _reductions_without_shape(model.graph):
+    if _reductions_without_shape(model.graph) or (native_norms and _native_norms_without_shape(model.graph)):
         stored = _stored_shapes(model)
         _infer_symbolic_shapes(model)
     for function in model.functions.values():
@@ -184,6 +184,15 @@ def _reductions_without_shape(graph: ir.Graph) -> bool:
         node.op_type in REDUCTIONS and node.inputs and node.inputs[0] is not None and _vague(node.inputs[0].shape)
         for node in graph
     )
+
+
+def _native_norms_without_shape(graph: ir.Graph) -> bool:
+    """True when a native norm op's input (or skip input) has no shape, or one with `unk__N` dims."""
+    for node in graph:
+        kind = native.native_kind(node)
+        if kind is not None and any(value is not None and _vague(value.shape) for value in node.inputs[: 1 + kind[1]]):
+            return True
+    return False
 
 
 def _run_symbolic_inference(inference_class: Any, proto: onnx.ModelProto) -> onnx.ModelProto | None:
