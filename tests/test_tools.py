@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnxruntime
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,6 +24,19 @@ def test_bench_models_runs_on_a_tiny_configuration(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "speedup" in done.stdout
     assert list(tmp_path.glob("*.onnx")), "the exported model was not kept"
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers() or not _has_gpu():
+        # The kept model again, on a provider this machine cannot run: one line and exit 2, not a traceback.
+        done = _run(
+            "tools/bench_models.py",
+            *("--hidden", "64", "--layers", "1", "--heads", "2", "--sequence", "16", "--dtype", "fp32"),
+            *("--exporter", "dynamo", "--repeat", "1", "--keep", str(tmp_path), "--provider", "cuda"),
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr and "bench_models: asked for CUDAExecutionProvider" in done.stderr
+
+
+def _has_gpu() -> bool:
+    return Path("/dev/nvidia0").exists()
 
 
 def test_bench_models_with_a_vocabulary_smaller_than_the_zoo_default(tmp_path: Path) -> None:
@@ -41,3 +56,6 @@ def test_bench_models_rejects_bad_sizes_with_a_message() -> None:
     done = _run("tools/bench_models.py", "--hidden", "100", "--heads", "16")
     assert done.returncode == 2
     assert "multiple of --heads" in done.stderr
+    done = _run("tools/bench_models.py", "--cuda-graph")
+    assert done.returncode == 2
+    assert "--cuda-graph needs --provider cuda" in done.stderr

@@ -5,6 +5,7 @@ default, random weights (nothing is downloaded), exported with torch's TorchScri
     python tools/bench_models.py                                   # fp32 and fp16, hidden 2048, sequence 512
     python tools/bench_models.py --hidden 4096 --layers 1 --sequence 1024 --dtype fp16 --threads 2 --profile
     python tools/bench_models.py --keep /tmp/llama-2048             # keep the exported and optimized models
+    python tools/bench_models.py --dtype fp16 --provider cuda --cuda-graph   # on a GPU, as CUDA graphs
 
 Needs torch and transformers (the zoo's dependencies). Prints one table per model and a summary table.
 """
@@ -23,6 +24,7 @@ from rich.table import Table
 
 from onnx_norm.bench import OPTIMIZED, ORIGINAL, BenchReport, bench
 from onnx_norm.bench_plot import plot_speedups
+from onnx_norm.cli import expected_error
 from onnx_norm.cli.bench import print_report
 from onnx_norm.dtypes import type_name
 from onnx_norm.zoo.export import output_names_of, to_torch, write_onnx
@@ -61,7 +63,14 @@ Row = tuple[str, int, str, int, BenchReport]  # model file, hidden size, dtype, 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     console = Console()
-    rows = _measure(args, console)
+    try:
+        rows = _measure(args, console)
+    except Exception as err:
+        message = expected_error(err)  # the CLI's: bad input or a machine that cannot run it, one line
+        if message is None:
+            raise
+        print(f"bench_models: {message}", file=sys.stderr)
+        return 2
     console.print(_summary(args, rows))
     if args.plot:
         _plot(args, rows, console)
@@ -83,6 +92,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="torchscript-17",
         help="torchscript-<opset> (Div-style RMSNorm, which ORT fuses) or dynamo (rsqrt as Reciprocal(Sqrt))",
     )
+    parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime execution provider")
+    parser.add_argument(
+        "--cuda-graph", action="store_true", help="with --provider cuda: run every session as a CUDA graph"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=10)
@@ -91,6 +104,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, metavar="PNG", help="plot the speedup against the hidden size")
     parser.add_argument("--keep", type=Path, help="directory to keep the models in (default: a temporary one)")
     args = parser.parse_args(argv)
+    if args.cuda_graph and args.provider != "cuda":
+        parser.error("--cuda-graph needs --provider cuda (CUDA graphs are a CUDA feature)")
     if args.vocab < 3:
         parser.error(f"--vocab must be at least 3 (ids 0 and 1 are special), got {args.vocab}")
     for name in ("layers", "heads", "sequence", "batch", "repeat", "sessions"):
@@ -123,6 +138,8 @@ def _measure(args: argparse.Namespace, console: Console) -> list[Row]:
                     str(path),
                     optimized,
                     shapes=shapes,
+                    provider=args.provider,
+                    cuda_graph=args.cuda_graph,
                     threads=args.threads,
                     warmup=args.warmup,
                     repeat=args.repeat,
@@ -137,7 +154,8 @@ def _measure(args: argparse.Namespace, console: Console) -> list[Row]:
 def _summary(args: argparse.Namespace, rows: list[Row]) -> Table:
     table = Table(
         title=f"LLaMA-style, {args.layers} layers, batch {args.batch}, sequence {args.sequence}, "
-        f"threads {args.threads or 'default'}, {args.exporter}",
+        f"threads {args.threads or 'default'}, {args.exporter}, {args.provider}"
+        + (" as CUDA graphs" if args.cuda_graph else ""),
         title_justify="left",
     )
     columns = (
