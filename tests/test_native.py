@@ -110,6 +110,7 @@ def test_layer_normalization_17(x_type: int, bias: bool, axis: int) -> None:
             "to": f"{DOMAIN}::LayerNorm",
             "converted": True,
             "reason": None,
+            "residual": False,
         }
     ]
     assert _converted_ops(converted) == [f"{DOMAIN}::LayerNorm"]
@@ -372,3 +373,43 @@ def test_skip_input_made_by_a_contrib_op_is_taken_over_with_its_inferred_shape()
     assert [v.type.tensor_type.HasField("shape") for v in converted.graph.value_info if v.name == "h"] == [False]
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)}
     np.testing.assert_allclose(_run(converted, feeds)["y"], _run(proto, feeds)["y"], rtol=3e-5, atol=3e-5)
+
+
+def _residual_model(sum_read_elsewhere: bool, skip_shape: list[int], x_type: int = F32) -> onnx.ModelProto:
+    """Add(a, b) -> LayerNormalization, as BERT's exports write the residual; the sum optionally also a graph
+    output (the residual stream)."""
+    a = helper.make_tensor_value_info("a", x_type, [2, 3, 8])
+    b = helper.make_tensor_value_info("b", x_type, skip_shape)
+    gamma = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 8).astype(NP[x_type]), "gamma")
+    beta = onnx.numpy_helper.from_array(np.linspace(-1, 1, 8).astype(NP[x_type]), "beta")
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"], name="residual"),
+        helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], name="native", axis=-1),
+    ]
+    outputs = [helper.make_tensor_value_info("y", x_type, [2, 3, 8])]
+    if sum_read_elsewhere:
+        outputs.append(helper.make_tensor_value_info("s", x_type, [2, 3, 8]))
+    graph = helper.make_graph(nodes, "g", [a, b], outputs, [gamma, beta])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("x_type", [F32, F16])
+@pytest.mark.parametrize("sum_read_elsewhere", [False, True])
+def test_a_residual_add_is_folded_into_the_skip_op(x_type: int, sum_read_elsewhere: bool) -> None:
+    proto = _residual_model(sum_read_elsewhere, [2, 3, 8], x_type)
+    converted, records = _take_over(proto)
+    assert [(r["converted"], r["residual"]) for r in records] == [(True, True)], records
+    assert _converted_ops(converted) == [f"{DOMAIN}::SkipLayerNorm"]  # the Add is gone
+    skip_node = converted.graph.node[0]
+    assert list(skip_node.input[:2]) == ["a", "b"]
+    assert list(skip_node.output) == (["y", "s"] if sum_read_elsewhere else ["y"])  # Sum: the residual stream
+    _check_same(proto, converted, x_type)
+
+
+def test_a_broadcasting_add_is_not_folded() -> None:
+    proto = _residual_model(False, [8])
+    converted, records = _take_over(proto)
+    assert [(r["converted"], r["residual"]) for r in records] == [(True, False)], records
+    assert _converted_ops(converted) == ["::Add", f"{DOMAIN}::LayerNorm"]
+    _check_same(proto, converted, F32)

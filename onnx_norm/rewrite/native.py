@@ -27,7 +27,7 @@ import onnx_ir as ir
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops import functions
 from onnx_norm.ops.schema import DOMAIN, NormAttributes
-from onnx_norm.rewrite import targets
+from onnx_norm.rewrite import skip, targets
 from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec, elem_type
 
@@ -206,14 +206,12 @@ def _take_over_one(model: ir.Model, owner: ir.Graph | ir.Function, node: ir.Node
     assert graph is not None
     source = f"{node.domain or 'ai.onnx'}::{node.op_type}"
     record: dict[str, Any] = {"name": node.name, "from": source, "to": None, "converted": False, "reason": None}
+    record["residual"] = False  # True when a residual Add was folded in (the Skip op)
     opset = onnx_opset(owner.opset_imports) or onnx_opset(model.opset_imports) or 0
     try:
         if (_group(node.domain), node.op_type) in target.native_ops:
             raise _Skip(f"it is already an op of the {target.name!r} target")
-        spec = _spec(node, opset)
-        prepared = targets.prepare(spec, target.name, opset)
-        if isinstance(prepared, str):
-            raise _Skip(prepared)
+        spec, add, prepared = _prepared(node, opset, target)
     except _Skip as skipped:
         record["reason"] = str(skipped)
         logger.info("not taking over %s %r: %s", source, node.name, skipped)
@@ -223,11 +221,41 @@ def _take_over_one(model: ir.Model, owner: ir.Graph | ir.Function, node: ir.Node
     new_nodes = list(op.nodes)
     for index, new in enumerate(new_nodes):
         new.name = f"{node.name}_{target.name}_{index}" if node.name else None
-    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, spec.replaced(), new_values)
+    old_nodes = [node] if add is None else [add, node]
+    ir.convenience.replace_nodes_and_values(graph, node, old_nodes, new_nodes, spec.replaced(), new_values)
     for domain, version in op.used_opsets:
         if domain and version is not None:
             owner.opset_imports.setdefault(domain, version)
             model.opset_imports.setdefault(domain, version)
     record["to"] = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in new_nodes if n.op_type != "Constant")
     record["converted"] = True
+    record["residual"] = add is not None
     return record
+
+
+def _prepared(node: ir.Node, opset: int, target: targets.Target) -> tuple[NormSpec, ir.Node | None, Any]:
+    """The spec to emit for `node`, the residual Add folded into it (or None) and the target's preparation.
+
+    A plain native norm of a residual sum `Add(a, b)` becomes the target's Skip op, as the rewrite does for
+    decomposed norms (ONNX Runtime fuses BERT's Add + LayerNormalization into SkipLayerNormalization itself); when
+    the target cannot express the folded norm, the norm alone is taken over."""
+    spec = _spec(node, opset)
+    folded = _fold_residual(spec, node)
+    if folded is not None:
+        prepared = targets.prepare(folded[0], target.name, opset)
+        if not isinstance(prepared, str):
+            return folded[0], folded[1], prepared
+    prepared = targets.prepare(spec, target.name, opset)
+    if isinstance(prepared, str):
+        raise _Skip(prepared)
+    return spec, None, prepared
+
+
+def _fold_residual(spec: NormSpec, node: ir.Node) -> tuple[NormSpec, ir.Node] | None:
+    if spec.skip is not None or spec.mean is not None or spec.inv_std is not None:
+        return None  # already a Skip op, or statistics outputs our Skip ops do not have
+    addends = skip.residual_addends(spec.x)
+    if addends is None or addends[0].graph is not node.graph:
+        return None
+    add, a, b = addends
+    return skip.fold_spec(spec, a, b, {add, node}), add
