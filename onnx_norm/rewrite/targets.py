@@ -198,6 +198,7 @@ class Target:
     native_ops: frozenset[tuple[str, str]] = frozenset()
     min_opset: int = 0
     min_opset_reason: str = ""
+    min_opset_hint: str = ""  # what a user of an older model can do instead
     attaches_functions: bool = False
 
     def lowering(self) -> Lowering:
@@ -516,6 +517,7 @@ ONNX_NORM = register(
         opset_needs=_library_opsets,
         min_opset=11,
         min_opset_reason="the onnx_norm ops' model-local functions need default opset >= 11",
+        min_opset_hint=" (the 'ort' target has no such limit; or convert the model to opset 11 or later first)",
         attaches_functions=True,
     )
 )
@@ -578,7 +580,7 @@ def prepare(spec: NormSpec, target: str, opset: int) -> Emitter | str:
         return _unknown(target)
     chosen = _TARGETS[target]
     if chosen.min_opset and opset and opset < chosen.min_opset:
-        return f"{chosen.min_opset_reason}, the model imports {opset}"
+        return f"{chosen.min_opset_reason}, the model imports {opset}{chosen.min_opset_hint}"
     if spec.x_type == _BF16 and opset and opset < 13:
         return "bfloat16 needs default opset >= 13"
     lowering = family.get(spec.kind).lowering(target)
