@@ -28,7 +28,7 @@ from fractions import Fraction
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.dtypes import is_onnx_domain
+from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain
 from onnx_norm.rewrite.evaluate import SHAPE_OPS, SUPPORTED_OPS, EvaluationError, evaluate, static_shape
 
 #: Constant expressions larger than this are not folded (a scale or bias is one row of the normalised dims).
@@ -59,6 +59,24 @@ def is_direct_constant(value: ir.Value) -> bool:
         return True
     node = value.producer()
     return node is not None and node.op_type == "Constant" and is_onnx_domain(node.domain)
+
+
+def is_runtime_parameter(value: ir.Value | None) -> bool:
+    """A weight the model takes at run time (an export with `export_params=False`, or an initializer kept as an
+    overridable input), which a fused op can read as it is: a graph input of a float type and fully static shape
+    that is only ever the operand of a Mul or Add with something else. A norm's own input never is: it also feeds
+    the statistic (a reduction, Pow, Sub, Cast or Mul with itself)."""
+    if value is None or not value.is_graph_input() or value.dtype not in FLOAT_TYPES or value.shape is None:
+        return False
+    if not all(isinstance(d, int) for d in value.shape) or not value.uses():
+        return False
+    for use in value.uses():
+        node = use.node
+        if node.op_type not in ("Mul", "Add") or not is_onnx_domain(node.domain) or len(node.inputs) != 2:
+            return False
+        if node.inputs[0] is node.inputs[1]:
+            return False
+    return True
 
 
 def is_constant(value: ir.Value | None) -> bool:

@@ -80,13 +80,18 @@ class _TailOp:
     exponent: int = 1
 
 
-def _other_constant(node: ir.Node, value: ir.Value) -> ir.Value | None:
-    """The constant operand of a binary node whose other operand is `value`, if any."""
+def _other_parameter(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The scale or bias operand (`_parameter`) of a binary node whose other operand is `value`, if any."""
     a, b = node.inputs[0], node.inputs[1]
     other = b if a is value else a
     if other is value or other is None:
         return None
-    return other if constants.is_constant(other) else None
+    return other if _parameter(other) else None
+
+
+def _parameter(value: ir.Value) -> bool:
+    """A scale or bias operand: a constant, or a weight the model takes at run time."""
+    return constants.is_constant(value) or constants.is_runtime_parameter(value)
 
 
 def _walk_tail(y: ir.Value) -> tuple[ir.Value, list[_TailOp]] | None:
@@ -112,9 +117,9 @@ def _walk_tail(y: ir.Value) -> tuple[ir.Value, list[_TailOp]] | None:
         if op == "Add":
             if seen_bias or seen_scale:
                 return None
-            if not constants.is_constant(a) and not constants.is_constant(b):
+            if not _parameter(a) and not _parameter(b):
                 return value, tail  # a sum of two computed values: only the distributed LayerNorm ends here
-            if constants.is_constant(b):
+            if _parameter(b):
                 tail.append(_TailOp(node, "bias", b))
                 value = a
             else:
@@ -123,12 +128,12 @@ def _walk_tail(y: ir.Value) -> tuple[ir.Value, list[_TailOp]] | None:
             seen_bias = True
             continue
         if op == "Mul":
-            if constants.is_constant(b) and not constants.is_constant(a):
+            if _parameter(b) and not _parameter(a):
                 tail.append(_TailOp(node, "scale", b))
                 value = a
                 seen_scale = True
                 continue
-            if constants.is_constant(a) and not constants.is_constant(b):
+            if _parameter(a) and not _parameter(b):
                 tail.append(_TailOp(node, "scale", a))
                 value = b
                 seen_scale = True
@@ -161,7 +166,7 @@ def _extends(y: ir.Value, tail: list[_TailOp]) -> bool:
     if has_bias or len(node.inputs) != 2:
         return False
     if node.op_type in ("Add", "Mul"):
-        return _other_constant(node, y) is not None
+        return _other_parameter(node, y) is not None
     if node.op_type == "Div":
         return node.inputs[0] is y and node.inputs[1] is not y and constants.is_constant(node.inputs[1])
     return False
@@ -380,7 +385,7 @@ def find_norm(
     """The norm ending at `anchor`, None when there is none, NearMiss when one is there but unsafe to fuse.
 
     `kinds`: the families whose statistics to look for (default: every family with a statistic recogniser).
-    `affine`: how scale and bias are read from the tail (default `constant_rows`)."""
+    `affine`: how scale and bias are read from the tail (default `default_affine`)."""
     if kinds is None:
         kinds = frozenset(f.kind for f in family.families() if f.statistic is not None)
     if anchor.op_type not in ANCHOR_OPS or not is_onnx_domain(anchor.domain) or len(anchor.outputs) != 1:
@@ -562,7 +567,8 @@ def _build(
     x = strip_widening_casts(statistic.x)
     _check_types(x, y)
     layout = _layout(x, y, stat, statistic, channels_first)
-    replaced = _replaced(y, x, statistic, layout, eps_sum)
+    runtime = {op.constant for op in tail if constants.is_runtime_parameter(op.constant)}
+    replaced = _replaced(y, x, statistic, layout, eps_sum, runtime)
     scale_terms = [(op.constant, Fraction(op.exponent)) for op in tail if op.role == "scale"]
     bias_op = next((op for op in tail if op.role == "bias"), None)
     inputs = AffineInputs(
@@ -572,7 +578,7 @@ def _build(
         layout=layout,
         name=anchor.name or "norm",
     )
-    params = (affine or constant_rows)(inputs)
+    params = (affine or default_affine)(inputs)
     rounding = _rounding(x, y, junction, tail, factors)
     attrs = NormAttributes(
         axis=-len(layout.axes),
@@ -665,11 +671,14 @@ def _layout(x: ir.Value, y: ir.Value, stat: ir.Value, statistic: Statistic, chan
     return Layout(axes, from_end, rank, x_shape, perm)
 
 
-def _replaced(y: ir.Value, x: ir.Value, statistic: Statistic, layout: Layout, eps_sum: ir.Value) -> Replaced:
-    """The nodes between the input and `y`, less what must stay because something else reads it."""
+def _replaced(
+    y: ir.Value, x: ir.Value, statistic: Statistic, layout: Layout, eps_sum: ir.Value, runtime: set[ir.Value]
+) -> Replaced:
+    """The nodes between the input and `y`, less what must stay because something else reads it; `runtime`: the
+    scale and bias the model takes at run time, which the fused op reads like the input."""
     strip_all = strip_casts(statistic.x)
     twins = _twin_casts(x)
-    nodes = _collect_nodes(y, {x, strip_all, *twins})
+    nodes = _collect_nodes(y, {x, strip_all, *twins, *runtime})
     if strip_all is not x and any(strip_all in node.inputs for node in nodes):
         raise NearMiss("the subgraph reads the input both before and after a narrowing Cast", x)
     readers = _OutsideReaders(nodes, y, x, statistic, layout, eps_sum)
@@ -770,6 +779,46 @@ class _OutsideReaders:
             and same_data(found.input, self.statistic.x)
             and found.axes == self.layout.from_end
         )
+
+
+def default_affine(inputs: AffineInputs) -> Affine:
+    """`runtime_rows` when the model takes a scale or bias at run time, else `constant_rows`."""
+    terms = [v for v, _ in inputs.scale_terms] + ([inputs.bias] if inputs.bias is not None else [])
+    if any(not constants.is_constant(v) for v in terms):
+        return runtime_rows(inputs)
+    return constant_rows(inputs)
+
+
+def runtime_rows(inputs: AffineInputs) -> Affine:
+    """A scale and/or bias the model takes at run time (`constants.is_runtime_parameter`), read by the fused op as
+    they are: each must be exactly one row (the normalised dims), the scale the only factor; a constant beside one
+    is made a row of the run-time one's type (the fused op reads Scale and Bias in one type)."""
+    layout = inputs.layout
+    if layout.perm is not None or layout.x_shape is None:
+        raise NearMiss("a run-time scale or bias needs trailing normalised axes of known size")
+    row = tuple(layout.x_shape[a] for a in layout.axes)
+    scale = next((v for v, _ in inputs.scale_terms if not constants.is_constant(v)), None)
+    if scale is not None and (len(inputs.scale_terms) != 1 or inputs.scale_terms[0][1] != 1 or inputs.correction != 1):
+        raise NearMiss("a run-time scale multiplied with other factors cannot be the fused op's Scale", scale)
+    bias = inputs.bias if inputs.bias is not None and not constants.is_constant(inputs.bias) else None
+    for value in (scale, bias):
+        if value is not None and tuple(value.shape or ()) != row:
+            raise NearMiss(
+                f"run-time {value.name!r} of shape {list(value.shape or ())} is not one row {list(row)}", value
+            )
+    if scale is not None and bias is not None and scale.dtype != bias.dtype:
+        raise NearMiss("run-time scale and bias have different element types", bias)
+    runtime_type = (scale or bias).dtype  # type: ignore[union-attr]
+    made = {"scale": _scale_row(inputs)[0] if scale is None else None}
+    made["bias"] = _bias_row(inputs)[0] if bias is None else None
+    new_constants = {
+        k: np.ascontiguousarray(a.astype(np_dtype(int(runtime_type)))) for k, a in made.items() if a is not None
+    }
+    if "scale" in new_constants:
+        scale = _detached_constant(new_constants["scale"], f"{inputs.name}_scale")
+    if "bias" in new_constants:
+        bias = _detached_constant(new_constants["bias"], f"{inputs.name}_bias")
+    return Affine(scale, bias, new_constants, None)
 
 
 def constant_rows(inputs: AffineInputs) -> Affine:

@@ -27,6 +27,7 @@ from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import constants, family
 from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
 from onnx_norm.rewrite.match import Candidate
+from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
 #: Relative tolerance of the formula check (float64 graph vs reference with float32 output rounding).
@@ -98,6 +99,7 @@ class _Feeds:
     x: np.ndarray  # what the norm normalises (x + skip for residual variants), in the input's type
     x_wide: np.ndarray  # the same in float64 without the input-type rounding of the sum
     extra: dict[str, np.ndarray]  # the family's extra inputs, by name
+    runtime: dict[str, np.ndarray]  # "scale"/"bias" the model takes at run time (random rows here)
 
 
 def _proof_input_shape(candidate: Candidate) -> list[int]:
@@ -149,21 +151,35 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
         assert value.dtype is not None
         array = rng.standard_normal(_broadcast_shape(value, shape, spec.x.shape)).astype(np.float32)
         extra[name] = array.astype(np_dtype(int(value.dtype)))
+    runtime = _runtime_parameters(spec, rng)
     given = {spec.extra_inputs[name]: array for name, array in extra.items()}
+    given |= {getattr(spec, name): array for name, array in runtime.items()}
     if spec.skip is None:
         x = data.astype(np.float32).astype(dtype)
         arrays = {spec.x: x} | dict.fromkeys(candidate.aliases, x) | given
-        return _Feeds(arrays, x, x.astype(np.float64), extra)
+        return _Feeds(arrays, x, x.astype(np.float64), extra, runtime)
     half = (data / 2).astype(np.float32).astype(dtype)
     rest = (data - half.astype(np.float64)).astype(np.float32).astype(dtype)
     total = (half.astype(np.float32) + rest.astype(np.float32)).astype(dtype)
     wide = half.astype(np.float64) + rest.astype(np.float64)
-    return _Feeds({spec.x: half, spec.skip: rest} | given, total, wide, extra)
+    return _Feeds({spec.x: half, spec.skip: rest} | given, total, wide, extra, runtime)
+
+
+def _runtime_parameters(spec: NormSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random rows for a scale or bias the model takes at run time (a scale around 1, a bias around 0)."""
+    arrays = {}
+    for name, value, centre in (("scale", spec.scale, 1.0), ("bias", spec.bias, 0.0)):
+        if value is None or constants.is_constant(value):
+            continue
+        assert value.shape is not None and value.dtype is not None
+        row = centre + 0.5 * rng.standard_normal([int(d) for d in value.shape])
+        arrays[name] = row.astype(np.float32).astype(np_dtype(int(value.dtype)))
+    return arrays
 
 
 def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
+    if value is None or constants.is_runtime_parameter(value):
+        return None  # none, or fed at run time (_Feeds.runtime)
     array = constants.constant_array(value)
     if array is None:
         raise NearMiss(f"scale or bias {value.name!r} is not constant", value)
@@ -175,7 +191,8 @@ def _reference(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The family's reference on the candidate's parameters: (Y, inverse std, mean or None)."""
     spec = candidate.spec
-    params: dict[str, np.ndarray | None] = {"scale": _const(spec.scale), "bias": _const(spec.bias), **feeds.extra}
+    params: dict[str, np.ndarray | None] = {"scale": _const(spec.scale), "bias": _const(spec.bias)}
+    params |= feeds.runtime | feeds.extra
     if wide:
         params = {k: None if v is None else v.astype(np.float64) for k, v in params.items()}
     x = feeds.x_wide if wide else feeds.x
