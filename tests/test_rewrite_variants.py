@@ -9,6 +9,7 @@ epsilon as a scalar or one-element tensor of any float type from an initializer 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 from test_rewrite_support import DOUBLE, FLOAT, FLOAT16, assert_fused, const, layer_nodes, make_model, rms_nodes, run
@@ -508,3 +509,15 @@ def test_input_without_shape_uses_axes_from_the_end_and_the_scale():
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, D)).astype(np.float32)}
     feeds["shape"] = np.array([6, D], dtype=np.int64)
     np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("opset", [9, 10])
+def test_old_opsets_fuse_and_run_from_the_functions(opset):
+    """paddle.onnx.export still writes opset 9 by default: the fused ops' model-local functions are written at the
+    model's opset (Slice with attribute bounds before 10), so the model runs without the library too."""
+    nodes = layer_nodes(scale="w", bias="b")
+    inits = [const("eps", [1e-5], np.float32), const("w", W), const("b", B)]
+    model = make_model(nodes, X, Y, inits, opset=opset)
+    optimized, _ = assert_fused(model, SHAPES, ["LayerNorm"])
+    assert {f.opset_import[0].version for f in optimized.functions} == {opset}
+    onnx.checker.check_model(optimized, full_check=True)

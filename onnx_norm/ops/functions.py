@@ -10,7 +10,7 @@ steps apply change the structure of the body, not just constants in it. Attribut
 so each distinct node signature gets its own function overload (`NodeProto.overload`, IR version >= 10), and the
 node is pointed at it. The body also bakes in `axis` and `epsilon`: attribute references to them would need
 opset >= 12 for `Constant(value_float)` and >= 18 for dynamic reduction axes, while the models we rewrite start
-at opset 11. An op used with a single signature gets the default overload "" (runtimes without overload support,
+at opset 9. An op used with a single signature gets the default overload "" (runtimes without overload support,
 and IR < 10, then work too).
 
 Bodies are written in the model's default-domain opset (the checker wants function and model opsets to agree):
@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 
 #: IR version that introduced function overloads.
 MIN_IR_VERSION = 10
-#: Oldest default-domain opset a body can be written in (negative Flatten axis, Slice with inputs).
-MIN_BODY_OPSET = 11
+#: Oldest default-domain opset a body can be written in: opset 9's Flatten, Cast and Slice (attributes before 10)
+#: cover every body; paddle.onnx.export still writes opset 9 by default.
+MIN_BODY_OPSET = 9
 #: Opset used by `function_proto` when the signature does not say.
 DEFAULT_BODY_OPSET = 18
 
@@ -159,6 +160,14 @@ class _Body:
     def i64(self, *values: int) -> ir.Value:
         return self.const(np.array(values, np.int64))
 
+    def slice(self, data: ir.Value, starts: list[int], ends: list[int], axes: list[int] | None = None) -> ir.Value:
+        """Slice with constant bounds: inputs from opset 10, attributes before."""
+        if self.sig.opset < 10:
+            attributes = {"starts": starts, "ends": ends} | ({"axes": axes} if axes is not None else {})
+            return self.op("Slice", [data], attributes)
+        bounds = [self.i64(*starts), self.i64(*ends)] + ([self.i64(*axes)] if axes is not None else [])
+        return self.op("Slice", [data, *bounds])
+
     def cast(self, v: ir.Value, to: int) -> ir.Value:
         return self.op("Cast", [v], {"to": ir.DataType(to)})
 
@@ -232,9 +241,9 @@ def _normalise_trailing(body: _Body, xf: ir.Value, axis: int, n_out: int) -> _No
     y = body.op("Mul", [centred, inv])
     if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
         # ONNX Runtime (1.31) reduces an empty tensor to its input shape; keep one element per normalised dim.
-        starts, ends, axes_value = body.i64(*[0] * len(axes)), body.i64(*[1] * len(axes)), body.i64(*axes)
-        mean = None if mean is None else body.op("Slice", [mean, starts, ends, axes_value])
-        inv = body.op("Slice", [inv, starts, ends, axes_value])
+        starts, ends = [0] * len(axes), [1] * len(axes)
+        mean = None if mean is None else body.slice(mean, starts, ends, axes)
+        inv = body.slice(inv, starts, ends, axes)
     return _Normalised(y, mean, inv)
 
 
@@ -249,8 +258,8 @@ def _normalise_flattened(body: _Body, xf: ir.Value, x_source: ir.Value, axis: in
     if schema.modulated:  # the modulated ops have no statistics outputs
         return _Normalised(y, None, None)
     # Statistics keep X's leading dims and have 1 for every normalised dim.
-    leading = body.op("Slice", [x_shape, body.i64(0), body.i64(axis)])
-    tail = body.op("Slice", [x_shape, body.i64(axis), body.i64(_INT64_MAX)])
+    leading = body.slice(x_shape, [0], [axis])
+    tail = body.slice(x_shape, [axis], [_INT64_MAX])
     ones = body.op("Add", [body.op("Mul", [tail, body.i64(0)]), body.i64(1)])
     stat_shape = body.op("Concat", [leading, ones], {"axis": 0})
     mean = None if mean is None else body.op("Reshape", [mean, stat_shape], reshape_attrs)
@@ -276,14 +285,14 @@ def _modulate(body: _Body, y: ir.Value, x: ir.Value, mod_scale: ir.Value, mod_sh
     that covers both accepted shapes whatever X's rank, with reductions of nothing but Shape and Slice."""
     a = body.sig.attrs
     x_shape = body.op("Shape", [x])
-    middle = body.op("Slice", [x_shape, body.i64(1), body.i64(a.axis)])
+    middle = body.slice(x_shape, [1], [a.axis])
     ones = body.op("Add", [body.op("Mul", [middle, body.i64(0)]), body.i64(1)])
-    normalized = body.op("Slice", [x_shape, body.i64(a.axis), body.i64(_INT64_MAX)])
+    normalized = body.slice(x_shape, [a.axis], [_INT64_MAX])
     one = body.const(np.array(1.0, np.float32))
     m = a.multiply_type
 
     def broadcastable(v: ir.Value) -> ir.Value:
-        batch = body.op("Slice", [body.op("Shape", [v]), body.i64(0), body.i64(1)])
+        batch = body.slice(body.op("Shape", [v]), [0], [1])
         shape = body.op("Concat", [batch, ones, normalized], {"axis": 0})
         return body.op("Reshape", [body.cast(v, _FLOAT), shape])
 

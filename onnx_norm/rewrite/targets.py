@@ -27,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset, type_name
+from onnx_norm.ops.functions import MIN_BODY_OPSET
 from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, OpSignature
 from onnx_norm.rewrite import family
 from onnx_norm.rewrite.family import Emitter, Lowering
@@ -515,9 +516,9 @@ ONNX_NORM = register(
         plan=_plan_onnx_norm,
         emit=_emit_onnx_norm,
         opset_needs=_library_opsets,
-        min_opset=11,
-        min_opset_reason="the onnx_norm ops' model-local functions need default opset >= 11",
-        min_opset_hint=" (the 'ort' target has no such limit; or convert the model to opset 11 or later first)",
+        min_opset=MIN_BODY_OPSET,
+        min_opset_reason=f"the onnx_norm ops' model-local functions need default opset >= {MIN_BODY_OPSET}",
+        min_opset_hint=" (the 'ort' target has no such limit)",
         attaches_functions=True,
     )
 )
