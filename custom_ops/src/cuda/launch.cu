@@ -16,19 +16,8 @@ namespace onnx_norm {
 namespace cuda {
 namespace {
 
-// The pieces shared with the other launchers (launch_common.h).
-using launch::AlignedTo;
-using launch::CachedAttribute;
-using launch::CachedFlag;
-using launch::ElementSize;
-using launch::Fail;
-using launch::FailCuda;
-using launch::Info;
-using launch::IsRoundingType;
-using launch::MakeDeviceCurrent;
-using launch::NextPowerOfTwo;
-using launch::Overlap;
-using launch::VectorAligned;
+// The pieces every launcher shares: sizes, errors, overlap, the device and its cached attributes.
+using namespace launch;  // NOLINT(build/namespaces): launch_common.h, inside this file's anonymous namespace
 
 constexpr int kUnsupportedTypes = -1;
 

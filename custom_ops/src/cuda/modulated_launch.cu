@@ -16,16 +16,8 @@ namespace onnx_norm {
 namespace cuda {
 namespace {
 
-// The pieces shared with the norm launcher (launch_common.h).
-using launch::CachedAttribute;
-using launch::ElementSize;
-using launch::Fail;
-using launch::FailCuda;
-using launch::Info;
-using launch::IsRoundingType;
-using launch::MakeDeviceCurrent;
-using launch::NextPowerOfTwo;
-using launch::Overlap;
+// The pieces every launcher shares: sizes, errors, overlap, the device and its cached attributes.
+using namespace launch;  // NOLINT(build/namespaces): launch_common.h, inside this file's anonymous namespace
 
 // Aligned for units of `vector` elements (every row and modulation row starts at a multiple of cols, which the
 // vector path needs to be a multiple of `vector`).
