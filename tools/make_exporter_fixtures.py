@@ -68,8 +68,6 @@ class Fixture(dict):
 # ---------------------------------------------------------------------------------------------------- tf2onnx
 def tf2onnx_fixtures() -> Iterator[Fixture]:
     import keras
-    import tensorflow as tf
-    import tf2onnx
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
@@ -84,25 +82,47 @@ def tf2onnx_fixtures() -> Iterator[Fixture]:
             ms = keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True)
             return x * keras.ops.rsqrt(ms + 1e-6) * self.scale
 
-    def norm_layer(kind: str) -> Any:
-        if kind == "layernorm":
-            return keras.layers.LayerNormalization(axis=-1, epsilon=EPS)
-        if kind == "layernorm-2axes":
-            return keras.layers.LayerNormalization(axis=[-2, -1], epsilon=EPS)
-        if kind == "layernorm-plain":
-            return keras.layers.LayerNormalization(axis=-1, epsilon=EPS, center=False, scale=False)
-        if kind == "rmsnorm-keras":
-            return keras.layers.RMSNormalization(axis=-1, epsilon=1e-6)
-        return HandRMSNorm()
-
     kinds = ["layernorm", "layernorm-2axes", "layernorm-plain", "rmsnorm"]
     if hasattr(keras.layers, "RMSNormalization"):
         kinds.append("rmsnorm-keras")
     versions = version("tensorflow-cpu", "tensorflow", "keras", "tf2onnx")
-    for kind in kinds:
+    opsets = dict.fromkeys(kinds, (13, 17, 18))
+    yield from _keras_fixtures(keras, "keras", opsets, versions, rng, HandRMSNorm)
+    try:
+        # Keras 2 (tf.keras up to TensorFlow 2.15, `tf_keras` since): its LayerNormalization runs a fused batch
+        # norm over a 4-D reshape, which tf2onnx writes with GlobalAveragePool moments.
+        import tf_keras
+    except ImportError:
+        return
+    tf_keras.utils.set_random_seed(0)
+    versions = version("tensorflow-cpu", "tensorflow", "tf_keras", "tf2onnx")
+    opsets = {"layernorm": (13, 17), "layernorm-2axes": (13,), "layernorm-plain": (13,)}
+    yield from _keras_fixtures(tf_keras, "keras2", opsets, versions, rng, None)
+
+
+def _keras_layer(keras: Any, kind: str, hand_rms: Any) -> Any:
+    if kind == "layernorm":
+        return keras.layers.LayerNormalization(axis=-1, epsilon=EPS)
+    if kind == "layernorm-2axes":
+        return keras.layers.LayerNormalization(axis=[-2, -1], epsilon=EPS)
+    if kind == "layernorm-plain":
+        return keras.layers.LayerNormalization(axis=-1, epsilon=EPS, center=False, scale=False)
+    if kind == "rmsnorm-keras":
+        return keras.layers.RMSNormalization(axis=-1, epsilon=1e-6)
+    return hand_rms()
+
+
+def _keras_fixtures(
+    keras: Any, prefix: str, opsets: dict[str, tuple[int, ...]], versions: str, rng: Any, hand_rms: Any
+) -> Iterator[Fixture]:
+    """Each kind of norm between two Dense layers, through tf2onnx at each of its opsets."""
+    import tensorflow as tf
+    import tf2onnx
+
+    for kind, kind_opsets in opsets.items():
         seq = SEQ if kind == "layernorm-2axes" else None  # a norm over (seq, hidden) needs a static seq
         inputs = keras.Input((seq, HIDDEN), name="x")
-        norm = norm_layer(kind)
+        norm = _keras_layer(keras, kind, hand_rms)
         h = keras.layers.Dense(HIDDEN)(inputs)
         outputs = keras.layers.Dense(HIDDEN)(norm(h))
         model = keras.Model(inputs, outputs)
@@ -110,15 +130,16 @@ def tf2onnx_fixtures() -> Iterator[Fixture]:
         norm.set_weights([rng.uniform(0.5, 1.5, w.shape).astype(np.float32) for w in norm.get_weights()])
         spec = (tf.TensorSpec((None, seq, HIDDEN), tf.float32, name="x"),)
         function = tf.function(lambda x, m=model: m(x, training=False), input_signature=spec)
-        for opset in (13, 17, 18):
+        for opset in kind_opsets:
             proto, _ = tf2onnx.convert.from_function(function, input_signature=spec, opset=opset)
             yield Fixture(
-                f"keras-{kind}-opset{opset}",
+                f"{prefix}-{kind}-opset{opset}",
                 proto.SerializeToString(),
                 norms=1,
                 shapes={proto.graph.input[0].name: [2, SEQ, HIDDEN]},
                 versions=versions,
-                what=f"Keras {kind} between two Dense layers, tf2onnx opset {opset}",
+                what=f"{'Keras 2 (tf_keras)' if prefix == 'keras2' else 'Keras'} {kind} between two Dense layers, "
+                f"tf2onnx opset {opset}",
             )
 
 
