@@ -6,8 +6,8 @@ square is written (`Pow(t, 2)`, `Mul(t, t)`), the row mean (`ReduceMean` with di
 `Unsqueeze`, `ReduceSum` divided or multiplied by the row size), how each constant is spelled (initializer, scalar
 or one-element tensor, `Constant` with `value` or `value_float`, `CastLike(Constant, ..)`), the reciprocal square
 root (`Div`, `Reciprocal`, `Div(1, ..)`, `Pow(.., -0.5)`), operand orders, a float Cast of the input, and
-`Identity`/`Reshape`/`Expand` to the same shape between steps; then scale and bias; and a quarter of them are fp16
-models that compute the norm in fp32 and cast back.
+`Identity`/`Reshape`/`Expand` to the same shape between steps; then scale and bias (a fifth of them graph inputs,
+taken at run time); and a quarter of them are fp16 models that compute the norm in fp32 and cast back.
 
 Seeded: `ONNX_NORM_FUZZ_SEED` picks the seed (default 0), `ONNX_NORM_FUZZ_ITERATIONS` the number of variants
 (default 24, a few seconds).
@@ -157,14 +157,21 @@ def write(seed: int, *, look_alike: str | None = None) -> tuple[onnx.ModelProto,
             with_eps = w.node("Mul", [with_eps, with_eps])
         normalised = w.rsqrt_times(numerator, with_eps)
     y = normalised
+    runtime = rng.random() < 0.2  # scale and bias as graph inputs: taken at run time (export_params=False)
+    weights: list[onnx.ValueInfoProto] = []
+
+    def weight(stem: str, values: np.ndarray) -> str:
+        name = w.name(stem)
+        if runtime:
+            weights.append(helper.make_tensor_value_info(name, FLOAT, [D]))
+        else:
+            w.inits.append(numpy_helper.from_array(values.astype(np.float32), name))
+        return name
+
     if rng.random() < 0.7:
-        scale = w.name("scale")
-        w.inits.append(numpy_helper.from_array((rng.random(D) + 0.5).astype(np.float32), scale))
-        y = w.binary("Mul", y, scale)
+        y = w.binary("Mul", y, weight("scale", rng.random(D) + 0.5))
     if kind == "layer" and rng.random() < 0.7:
-        bias = w.name("bias")
-        w.inits.append(numpy_helper.from_array(rng.standard_normal(D).astype(np.float32), bias))
-        y = w.binary("Add", y, bias)
+        y = w.binary("Add", y, weight("bias", rng.standard_normal(D)))
     if narrow:
         y = w.node("Cast", [y], to=FLOAT16)
     w.nodes.append(helper.make_node("Identity", [y], ["y"]))
@@ -172,7 +179,7 @@ def write(seed: int, *, look_alike: str | None = None) -> tuple[onnx.ModelProto,
     graph = helper.make_graph(
         w.nodes,
         f"fuzz{seed}",
-        [helper.make_tensor_value_info("x", io_type, ["b", "s", D])],
+        [helper.make_tensor_value_info("x", io_type, ["b", "s", D]), *weights],
         [helper.make_tensor_value_info("y", io_type, ["b", "s", D])],
         w.inits,
     )
@@ -183,7 +190,7 @@ def write(seed: int, *, look_alike: str | None = None) -> tuple[onnx.ModelProto,
 
 
 def _parity(model: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
-    feeds = random_feeds(model, {"x": SHAPE})
+    feeds = random_feeds(model, {"x": SHAPE} | {i.name: [D] for i in model.graph.input if i.name != "x"})
     (expected,), (actual,) = run(model, feeds), run(optimized, feeds)
     assert actual.dtype == expected.dtype
     tolerance = 1e-2 if expected.dtype == np.float16 else 1e-5  # the fused op's fp32 may round the last bit
