@@ -16,6 +16,7 @@ from onnx import helper
 from test_rewrite_support import FLOAT, FLOAT16, assert_fused, assert_not_fused, const, fused_ops, make_model, run
 
 from onnx_norm.rewrite import constants, optimize
+from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
 
 D = 16
 rng = np.random.default_rng(9)
@@ -175,6 +176,32 @@ def test_size_of_symbolic_dims_is_not_a_constant():
     graph = ir.serde.deserialize_model(model).graph
     n = next(node for node in graph if node.op_type == "Cast").outputs[0]
     assert not constants.is_constant(n)
+
+
+def test_shape_arithmetic_that_would_be_huge_is_not_folded():
+    """BART's dynamo export builds positions as `Expand(Range(0, seq), [seq, seq])`: folding reads the symbolic
+    dims as a million, which would ask for terabytes. The value is not a constant, and asking is quick."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+        helper.make_node("Range", ["zero", "seq", "step"], ["positions"]),
+        helper.make_node("Concat", ["seq_1d", "seq_1d"], ["square"], axis=0),
+        helper.make_node("Unsqueeze", ["seq", "axes0"], ["seq_1d"]),
+        helper.make_node("Expand", ["positions", "square"], ["grid"]),
+        helper.make_node("Cast", ["grid"], ["y"], to=FLOAT),
+    ]
+    inits = [
+        const("one", 1, np.int64), const("zero", 0, np.int64), const("step", 1, np.int64),
+        const("axes0", [0], np.int64),
+    ]  # fmt: skip
+    nodes = [nodes[0], nodes[1], nodes[2], nodes[4], nodes[3], nodes[5], nodes[6]]  # topological order
+    model = make_model(nodes, [("x", FLOAT, ["b", "s", D])], [("y", FLOAT, ["s", "s"])], inits, opset=18)
+    graph = ir.serde.deserialize_model(model).graph
+    grid = next(node for node in graph if node.op_type == "Expand").outputs[0]
+    assert not constants.is_constant(grid)
+    assert constants.constant_array(grid) is None
+    with pytest.raises(EvaluationError, match="too many to evaluate"):  # refused before numpy allocates
+        evaluate([grid], {}, symbolic_fill=1_000_003)
 
 
 def test_folding_cache_is_scoped_to_one_pass():

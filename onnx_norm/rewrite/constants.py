@@ -193,7 +193,7 @@ def _fold(value: ir.Value) -> np.ndarray | None:
             (other,) = evaluate([value], {}, symbolic_fill=_FILLS[1])
             if other.shape != array.shape or not np.array_equal(other, array):
                 return None
-    except (EvaluationError, ValueError, TypeError, IndexError, AssertionError):
+    except (EvaluationError, ValueError, TypeError, IndexError, AssertionError, MemoryError):
         return None
     return array
 

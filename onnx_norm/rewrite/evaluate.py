@@ -11,6 +11,7 @@ float64 (`widen=True`), which gives the exact value of the formula the graph spe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -25,6 +26,12 @@ _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.Data
 
 class EvaluationError(Exception):
     """The subgraph uses an op or an input this interpreter does not handle."""
+
+
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less"})
+#: Largest array one op may make. Folding reads symbolic dims as a million (constants.py), so shape arithmetic
+#: such as `Expand(Range(0, seq), [seq, 1])` would ask for terabytes; such a value is not a constant anyway.
+MAX_EVALUATED_ELEMENTS = 1 << 25
 
 
 def _attr(node: ir.Node, name: str, default=None):
@@ -493,4 +500,29 @@ class _Evaluator:
             raise EvaluationError(f"cannot evaluate {node.op_type}")
         if len(node.outputs) != 1:
             raise EvaluationError(f"{node.op_type} with several outputs")
+        elements = _output_elements(node, inputs)
+        if elements is not None and elements > MAX_EVALUATED_ELEMENTS:
+            raise EvaluationError(f"{node.op_type} would make {elements} elements, too many to evaluate")
         return fn(node, inputs)
+
+
+def _output_elements(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> int | None:
+    """How many elements `node` would make, where its inputs say so before it runs (ops that make arrays from a
+    shape or a range, and broadcasting ones); None when they do not."""
+    try:
+        if node.op_type == "Expand" and inputs[0] is not None:
+            target = _int_list(inputs[1]) or []
+            return math.prod(np.broadcast_shapes(inputs[0].shape, tuple(target)))
+        if node.op_type == "ConstantOfShape":
+            return math.prod(_int_list(inputs[0]) or [])
+        if node.op_type == "Range" and all(i is not None for i in inputs[:3]):
+            start, limit, delta = (float(np.asarray(i).reshape(())) for i in inputs[:3])  # type: ignore[union-attr]
+            return max(0, math.ceil((limit - start) / delta)) if delta else None
+        if node.op_type == "Tile" and inputs[0] is not None:
+            repeats = _int_list(inputs[1]) or []
+            return math.prod(d * r for d, r in zip(inputs[0].shape, repeats, strict=False))
+        if node.op_type in _BROADCASTING:
+            return math.prod(np.broadcast_shapes(*(i.shape for i in inputs if i is not None)))
+        return None
+    except (ValueError, TypeError, OverflowError):
+        return None  # not broadcastable, or not a shape: the op itself says what is wrong

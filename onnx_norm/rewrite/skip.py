@@ -37,12 +37,12 @@ def residual_addends(x: ir.Value) -> tuple[ir.Node, ir.Value, ir.Value] | None:
     if add is None or add.op_type != "Add" or not is_onnx_domain(add.domain) or len(add.inputs) != 2:
         return None
     a, b = add.inputs
-    if a is None or b is None or constants.is_constant(a) or constants.is_constant(b):
-        return None
-    if a.dtype != x.dtype or b.dtype != x.dtype:
+    if a is None or b is None or a.dtype != x.dtype or b.dtype != x.dtype:
         return None
     shape = _known_shape(x)
     if shape is None or _known_shape(a) != shape or _known_shape(b) != shape:
+        return None
+    if constants.is_constant(a) or constants.is_constant(b):  # last: folding is the costly test
         return None
     return add, a, b
 
