@@ -32,7 +32,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from onnx_norm.dtypes import ANALYSED_FLOAT_TYPES, FLOAT_TYPES, is_onnx_domain
+from onnx_norm.dtypes import ANALYSED_FLOAT_TYPES, FLOAT_TYPES
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN, LAYER_NORM, OPS, OPSET_VERSION, RMS_NORM, OpSignature
 
@@ -175,27 +175,16 @@ def torchscript_symbolics(opset_version: int) -> Iterator[None]:
         unregister_torchscript_symbolics(opset_version)
 
 
-def _same_known_shape(a: ir.Value, b: ir.Value) -> bool:
-    from onnx_norm.rewrite.skip import _known_shape
-
-    shape = _known_shape(a)
-    return shape is not None and shape == _known_shape(b)
-
-
 def _fold_residual(graph: ir.Graph, node: ir.Node) -> bool:
     """Replaces `norm(Add(a, b))` by the Skip op, as the rewrite's `skip.fold_residual` does; False if not."""
-    from onnx_norm.rewrite import constants
+    from onnx_norm.rewrite import skip as residual
 
     base, skip_op = OPS[node.op_type], _SKIP_OPS[node.op_type]
     x = node.inputs[base.inputs.index("X")]
-    add = x.producer() if x is not None else None
-    if add is None or add.op_type != "Add" or not is_onnx_domain(add.domain) or len(add.inputs) != 2:
+    addends = residual.residual_addends(x) if x is not None else None
+    if addends is None:
         return False
-    a, b = add.inputs
-    if a is None or b is None or constants.is_constant(a) or constants.is_constant(b):
-        return False
-    if a.dtype != x.dtype or b.dtype != x.dtype or not (_same_known_shape(a, x) and _same_known_shape(b, x)):
-        return False
+    add, a, b = addends
     y_index, sum_index = skip_op.outputs.index("Y"), skip_op.outputs.index("Sum")
     extra = [out for name, out in zip(base.outputs, node.outputs, strict=False) if name not in skip_op.outputs]
     if any(out.uses() or out.is_graph_output() for out in extra):

@@ -169,7 +169,7 @@ def _runtime_parameters(spec: NormSpec, rng: np.random.Generator) -> dict[str, n
     """Random rows for a scale or bias the model takes at run time (a scale around 1, a bias around 0)."""
     arrays = {}
     for name, value, centre in (("scale", spec.scale, 1.0), ("bias", spec.bias, 0.0)):
-        if value is None or constants.is_constant(value):
+        if value is None or not constants.is_runtime_parameter(value):
             continue
         assert value.shape is not None and value.dtype is not None
         row = centre + 0.5 * rng.standard_normal([int(d) for d in value.shape])
