@@ -100,6 +100,7 @@ _UNCHECKED_DOMAIN = "onnx_norm.unchecked"
 # importing it (its transformers optimizer writes such models), so `load` imports them instead of refusing the
 # model, and onnx's checker and shape inference then read the model as ONNX Runtime does.
 ORT_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental"})
+ORT_DOMAIN_VERSION = 1
 
 
 def check(model: onnx.ModelProto, name: str) -> None:
@@ -176,28 +177,32 @@ def _hide_ort_ops(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
     return moved
 
 
+def _unimported_ort_domains(node_domains: Iterable[str], imported: Iterable[str]) -> list[str]:
+    """The ONNX Runtime domains (ORT_DOMAINS) among `node_domains` that `imported` lacks: the one rule behind
+    `_import_ort_domains` (on the ModelProto, for the checker) and `_import_ort_domains_ir` (on the loaded model)."""
+    return sorted({domain for domain in node_domains if domain in ORT_DOMAINS} - set(imported))
+
+
 def _import_ort_domains(model: onnx.ModelProto) -> list[tuple[Any, onnx.OperatorSetIdProto]]:
-    """Adds an import of each ONNX Runtime domain (ORT_DOMAINS) that the graph or a function uses without one;
-    returns what was added, to take out after the check."""
+    """Adds an import (ORT_DOMAIN_VERSION) of each ONNX Runtime domain that the graph or a function uses without
+    one; returns what was added, to take out after the check."""
     added = []
     bodies = [(model.opset_import, graph_nodes(model.graph)), *((f.opset_import, f.node) for f in model.functions)]
     for imports, nodes in bodies:
-        missing = {n.domain for n in nodes if n.domain in ORT_DOMAINS} - {o.domain for o in imports}
-        for domain in sorted(missing):
-            imports.append(onnx.helper.make_opsetid(domain, 1))
+        for domain in _unimported_ort_domains((n.domain for n in nodes), (o.domain for o in imports)):
+            imports.append(onnx.helper.make_opsetid(domain, ORT_DOMAIN_VERSION))
             added.append((imports, imports[-1]))
     return added
 
 
 def _import_ort_domains_ir(model: ir.Model) -> ir.Model:
-    """`model` with an import (version 1) of each ONNX Runtime domain (ORT_DOMAINS) its nodes use without one."""
+    """`model` with an import (ORT_DOMAIN_VERSION) of each ONNX Runtime domain its nodes use without one."""
     bodies: list[tuple[Any, Iterable[ir.Node]]] = [(model, ir.traversal.RecursiveGraphIterator(model.graph))]
     bodies += [(function, function) for function in model.functions.values()]
     for owner, nodes in bodies:
-        for node in nodes:
-            if node.domain in ORT_DOMAINS and node.domain not in owner.opset_imports:
-                logger.info("the model uses %s without importing it: imported at version 1", node.domain)
-                owner.opset_imports[node.domain] = 1
+        for domain in _unimported_ort_domains((node.domain for node in nodes), owner.opset_imports):
+            logger.info("the model uses %s without importing it: imported at version %d", domain, ORT_DOMAIN_VERSION)
+            owner.opset_imports[domain] = ORT_DOMAIN_VERSION
     return model
 
 

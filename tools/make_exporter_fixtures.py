@@ -87,7 +87,7 @@ def tf2onnx_fixtures() -> Iterator[Fixture]:
         kinds.append("rmsnorm-keras")
     versions = version("tensorflow-cpu", "tensorflow", "keras", "tf2onnx")
     opsets = dict.fromkeys(kinds, (13, 17, 18))
-    yield from _keras_fixtures(keras, "keras", opsets, versions, rng, HandRMSNorm)
+    yield from _keras_fixtures(keras, ("keras", "Keras"), opsets, versions, rng, HandRMSNorm)
     try:
         # Keras 2 (tf.keras up to TensorFlow 2.15, `tf_keras` since): its LayerNormalization runs a fused batch
         # norm over a 4-D reshape, which tf2onnx writes with GlobalAveragePool moments.
@@ -97,7 +97,7 @@ def tf2onnx_fixtures() -> Iterator[Fixture]:
     tf_keras.utils.set_random_seed(0)
     versions = version("tensorflow-cpu", "tensorflow", "tf_keras", "tf2onnx")
     opsets = {"layernorm": (13, 17), "layernorm-2axes": (13,), "layernorm-plain": (13,)}
-    yield from _keras_fixtures(tf_keras, "keras2", opsets, versions, rng, None)
+    yield from _keras_fixtures(tf_keras, ("keras2", "Keras 2 (tf_keras)"), opsets, versions, rng, None)
 
 
 def _keras_layer(keras: Any, kind: str, hand_rms: Any) -> Any:
@@ -113,9 +113,11 @@ def _keras_layer(keras: Any, kind: str, hand_rms: Any) -> Any:
 
 
 def _keras_fixtures(
-    keras: Any, prefix: str, opsets: dict[str, tuple[int, ...]], versions: str, rng: Any, hand_rms: Any
+    keras: Any, names: tuple[str, str], opsets: dict[str, tuple[int, ...]], versions: str, rng: Any, hand_rms: Any
 ) -> Iterator[Fixture]:
-    """Each kind of norm between two Dense layers, through tf2onnx at each of its opsets."""
+    """Each kind of norm between two Dense layers, through tf2onnx at each of its opsets; `names`: the fixtures'
+    name prefix and the Keras flavour as their description says it."""
+    prefix, flavour = names
     import tensorflow as tf
     import tf2onnx
 
@@ -138,8 +140,7 @@ def _keras_fixtures(
                 norms=1,
                 shapes={proto.graph.input[0].name: [2, SEQ, HIDDEN]},
                 versions=versions,
-                what=f"{'Keras 2 (tf_keras)' if prefix == 'keras2' else 'Keras'} {kind} between two Dense layers, "
-                f"tf2onnx opset {opset}",
+                what=f"{flavour} {kind} between two Dense layers, tf2onnx opset {opset}",
             )
 
 

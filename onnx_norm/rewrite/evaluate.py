@@ -28,7 +28,6 @@ class EvaluationError(Exception):
     """The subgraph uses an op or an input this interpreter does not handle."""
 
 
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less"})
 #: Largest array one op may make. Folding reads symbolic dims as a million (constants.py), so shape arithmetic
 #: such as `Expand(Range(0, seq), [seq, 1])` would ask for terabytes; such a value is not a constant anyway.
 MAX_EVALUATED_ELEMENTS = 1 << 25
@@ -318,6 +317,8 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
 #: Ops that may sit inside a matched norm or a folded constant: elementwise and per-row ops, layout ops, and the
 #: integer shape arithmetic that dynamo emits to restore a reduction's dims.
 SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
+#: The ops of `_OPS` whose output can be larger than every input (numpy broadcasting), for `_output_elements`.
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Where"})
 
 
 #: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain): op ->
@@ -518,9 +519,6 @@ def _output_elements(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> int 
         if node.op_type == "Range" and all(i is not None for i in inputs[:3]):
             start, limit, delta = (float(np.asarray(i).reshape(())) for i in inputs[:3])  # type: ignore[union-attr]
             return max(0, math.ceil((limit - start) / delta)) if delta else None
-        if node.op_type == "Tile" and inputs[0] is not None:
-            repeats = _int_list(inputs[1]) or []
-            return math.prod(d * r for d, r in zip(inputs[0].shape, repeats, strict=False))
         if node.op_type in _BROADCASTING:
             return math.prod(np.broadcast_shapes(*(i.shape for i in inputs if i is not None)))
         return None
