@@ -9,6 +9,7 @@ protobuf limit.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import pathlib
@@ -51,7 +52,7 @@ def load(model: ModelLike) -> ir.Model:
     if isinstance(model, onnx.ModelProto):
         check(model, "the ModelProto")
         try:
-            return _import_ort_domains_ir(ir.serde.deserialize_model(model))
+            return _sorted_ir(_import_ort_domains_ir(ir.serde.deserialize_model(model)))
         except Exception as err:
             raise ModelLoadError(f"cannot convert the ModelProto: {err}") from err
     if isinstance(model, (str, os.PathLike)):
@@ -64,7 +65,7 @@ def load(model: ModelLike) -> ir.Model:
         # As ir.load does: external tensors are memory-mapped from files relative to the model.
         ir.external_data.set_base_dir(loaded.graph, path.parent)
         _check_external_data(loaded, path)
-        return _import_ort_domains_ir(loaded)
+        return _sorted_ir(_import_ort_domains_ir(loaded))
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
@@ -87,6 +88,7 @@ def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelPr
         raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {_one_line(err)})") from err
     if not proto.ir_version or not proto.HasField("graph"):
         raise ModelLoadError(f"{path}: not an ONNX model (no ir_version or no graph)")
+    sort_proto(proto)  # ONNX Runtime sorts on load; so does every reader of this copy
     if checked:
         check(proto, str(path))
     return proto
@@ -122,6 +124,7 @@ def check(model: onnx.ModelProto, name: str) -> None:
         target.CopyFrom(model)
         for tensor in paths.external_tensors(target):
             _stand_in(tensor)
+    target = _as_ort_reads(target, copied=target is not model)
     moved = _hide_ort_ops(target)
     imported = _import_ort_domains(target)
     # A graph input or output of unknown rank (no shape field) is valid ONNX and runs, but the checker wants the
@@ -136,7 +139,7 @@ def check(model: onnx.ModelProto, name: str) -> None:
     try:
         onnx.checker.check_model(target)
     except (onnx.checker.ValidationError, ValueError) as err:
-        raise ModelLoadError(f"{name}: not a valid ONNX model: {_one_line(err)}") from err
+        _refuse_unless_ort_loads(model, name, err)
     finally:
         for tensor_type in shapeless:
             tensor_type.ClearField("shape")
@@ -146,6 +149,168 @@ def check(model: onnx.ModelProto, name: str) -> None:
             _drop_opset(target, _UNCHECKED_DOMAIN)
         for imports, opset in imported:
             imports.remove(opset)
+
+
+# What ONNX Runtime loads although onnx's checker refuses it: nodes out of topological order (ORT sorts them on
+# load, and its own fusion-test generators append nodes after their consumers), graph outputs and value_info
+# without a type (ORT infers them). Anything else the checker refuses is asked of ORT itself before refusing.
+
+
+def sort_proto(model: onnx.ModelProto) -> bool:
+    """Sorts the nodes of every graph of `model` (subgraphs and functions too) topologically, in place, as ONNX
+    Runtime does on load; a sorted graph keeps its order, and a cycle is left for the checker to name. Returns
+    whether any node moved."""
+    moved = False
+    for nodes in _node_lists(model):
+        order = _topological_order(nodes)
+        if order is not None:
+            reordered = [nodes[i] for i in order]
+            del nodes[:]
+            nodes.extend(reordered)
+            moved = True
+    return moved
+
+
+def _node_lists(model: onnx.ModelProto) -> Iterator[Any]:
+    """The node list of the main graph, of every subgraph and of every model-local function."""
+
+    def graph_lists(graph: onnx.GraphProto) -> Iterator[Any]:
+        yield graph.node
+        for node in graph.node:
+            for sub in _subgraphs(node):
+                yield from graph_lists(sub)
+
+    yield from graph_lists(model.graph)
+    for function in model.functions:
+        yield function.node
+        for node in function.node:
+            for sub in _subgraphs(node):
+                yield from graph_lists(sub)
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node reads: its inputs, and every name its subgraphs read (outer-scope values among them)."""
+    names = {name for name in node.input if name}
+    for sub in _subgraphs(node):
+        for inner in graph_nodes(sub):
+            names.update(name for name in inner.input if name)
+    return names
+
+
+def _topological_order(nodes: Any) -> list[int] | None:
+    """A stable topological order of `nodes` (Kahn's, lowest index first), or None when they are already in order
+    or form a cycle."""
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    needs = [{producer[n] for n in _reads(node) if producer.get(n, i) != i} for i, node in enumerate(nodes)]
+    if all(j < i for i, need in enumerate(needs) for j in need):
+        return None
+    waiting = [len(need) for need in needs]
+    dependents: dict[int, list[int]] = {}
+    for i, need in enumerate(needs):
+        for j in need:
+            dependents.setdefault(j, []).append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in dependents.get(i, ()):
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                heapq.heappush(ready, k)
+    return order if len(order) == len(nodes) else None
+
+
+def _typeless(value: onnx.ValueInfoProto) -> bool:
+    return value.type.WhichOneof("value") is None
+
+
+def _untyped_values(model: onnx.ModelProto) -> bool:
+    graphs = [model.graph, *(sub for node in proto_nodes(model) for sub in _subgraphs(node))]
+    return any(_typeless(v) for graph in graphs for v in [*graph.output, *graph.value_info]) or any(
+        _typeless(v) for function in model.functions for v in function.value_info
+    )
+
+
+def _as_ort_reads(model: onnx.ModelProto, *, copied: bool) -> onnx.ModelProto:
+    """`model` for the checker as ONNX Runtime reads it: nodes sorted, value_info without a type dropped, graph
+    outputs without a type given an undefined tensor type. A copy when anything changes (`copied`: `model` is
+    already one)."""
+    unsorted = any(_topological_order(nodes) is not None for nodes in _node_lists(model))
+    if not unsorted and not _untyped_values(model):
+        return model
+    if not copied:
+        model = _copy(model)
+    sort_proto(model)
+    graphs = [model.graph, *(sub for node in proto_nodes(model) for sub in _subgraphs(node))]
+    for owner in [*graphs, *model.functions]:
+        for value in [v for v in owner.value_info if _typeless(v)]:
+            owner.value_info.remove(value)
+    for graph in graphs:
+        for value in graph.output:
+            if _typeless(value):
+                value.type.tensor_type.elem_type = onnx.TensorProto.UNDEFINED
+    return model
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _refuse_unless_ort_loads(model: onnx.ModelProto, name: str, err: BaseException) -> None:
+    """Raises ModelLoadError for a model the checker refused (`err`) unless ONNX Runtime loads it; the line says
+    whether ORT refuses it too. A model with external data is not asked (its weights are not in `model`)."""
+    message = f"{name}: not a valid ONNX model: {_one_line(err)}"
+    if paths.external_tensors(model):
+        raise ModelLoadError(message) from err
+    refusal = _ort_refusal(model)
+    if refusal is not None:
+        raise ModelLoadError(f"{message} (ONNX Runtime refuses it too: {refusal})") from err
+    logger.warning("%s: onnx's checker refuses the model (%s), but ONNX Runtime loads it", name, _one_line(err))
+
+
+def _ort_refusal(model: onnx.ModelProto) -> str | None:
+    """Why ONNX Runtime refuses to load `model` (no optimisation, our library registered when built), or None."""
+    import onnxruntime as ort
+
+    from onnx_norm import library, sessions
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    if library.library_available():
+        options = library.session_options(options)
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # ORT's Fail/InvalidGraph/InvalidArgument share no base class
+        return sessions.ort_message(err)
+    return None
+
+
+def _sorted_ir(model: ir.Model) -> ir.Model:
+    """`model` with its graphs and functions in topological order (`sort_proto`, on the loaded model); one already
+    in order is left as it is."""
+    for owner in [model.graph, *model.functions.values()]:
+        seen: set[ir.Node] = set()
+        for node in ir.traversal.RecursiveGraphIterator(owner):
+            producers = [value.producer() for value in node.inputs if value is not None]
+            if any(p is not None and p.graph is node.graph and p not in seen for p in producers):
+                logger.info("nodes out of topological order (ONNX Runtime sorts them on load): sorted")
+                owner.sort()
+                break
+            seen.add(node)
+    return model
 
 
 def _stand_in(tensor: onnx.TensorProto) -> None:
