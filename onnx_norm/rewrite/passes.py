@@ -54,6 +54,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
         session = self.session
         report = OptimizeReport(target=session.target, ops_before=op_counts(model))
         progress = _Progress()
+        order = _initializer_order(model)
         if self.infer_shapes:
             progress.step(f"inferring shapes ({sum(report.ops_before.values())} nodes)")
         stored = _infer_shapes(model, self.take_over_native) if self.infer_shapes else {}
@@ -76,6 +77,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
                 from onnx_norm.ops.functions import attach_functions
 
                 attach_functions(model)
+        _restore_initializer_order(order)
         report.norms = list(session.records)
         report.near_misses = session.open_near_misses()
         counts: dict[str, int] = {}
@@ -89,6 +91,31 @@ class FuseNormsPass(ir.passes.InPlacePass):
         if count:
             logger.info("fused %d norm(s): %s", count, counts)
         return ir.passes.PassResult(model, modified)
+
+
+def _initializer_order(model: ir.Model) -> dict[ir.Graph, list[str]]:
+    return {graph: list(graph.initializers) for graph in model.graphs()}
+
+
+def _restore_initializer_order(order: dict[ir.Graph, list[str]]) -> None:
+    """Puts the initializers that were there before back in their order, new ones after them in theirs.
+
+    Shape inference moves the large initializers to the end (it runs without them). That alone made ONNX
+    Runtime 1.31 refuse, above its basic level, a model it had optimised itself and loaded before ("Attempt to
+    replace the existing tensor"): its MatMulAddFusion names the shape initializers it adds with the node-name
+    generator (`gemm_input_shape_token_N`), which does not look at initializer names, so on a model where that
+    fusion ran before it can mint a name an initializer holds; whether it does depends on the initializer order
+    (disabling that one fusion makes the reordered model load). Writing the order we read keeps what ORT did with
+    the input."""
+    for graph, names in order.items():
+        rank = {name: index for index, name in enumerate(names)}
+        current = list(graph.initializers)
+        wanted = sorted(current, key=lambda name: (name not in rank, rank.get(name, 0)))
+        if wanted == current:
+            continue
+        values = [graph.initializers.pop(name) for name in wanted]
+        for value in values:
+            graph.register_initializer(value)
 
 
 class _Progress:
