@@ -99,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
     console = common.console()
     report = bench_and_print(args.original, args.optimized, kwargs, console, title=str(args.original))
     if args.report is not None:
-        report.write_json(args.report)
+        from onnx_norm.cli import write_json_report
+
+        optimized = args.optimized or "(ORIGINAL optimized in memory)"
+        write_json_report(args.report, report.to_dict(), {"original": args.original, "optimized": optimized})
         console.print(f"report written to {args.report}")
     if args.plot:
         from onnx_norm.bench_plot import plot

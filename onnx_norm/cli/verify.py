@@ -88,7 +88,11 @@ def verify_and_print(
     print_report(report, console)
     report_path = getattr(args, "report", None)
     if report_path is not None:
-        report.write_json(report_path)
+        from onnx_norm.cli import write_json_report
+
+        # optimize --verify checks a staged copy of OUT: the report names OUT, where it is kept.
+        models = {"original": original, "optimized": getattr(args, "output", None) or optimized}
+        write_json_report(report_path, report.to_dict(), {k: _file_name(v) for k, v in models.items()})
         console.print(f"report written to {report_path}")
     status = "PASSED" if report.passed else "FAILED"
     style = "bold green" if report.passed else "bold red"
@@ -97,6 +101,10 @@ def verify_and_print(
         highlight=False,
     )
     return (0 if report.passed else 1), report
+
+
+def _file_name(model: Any) -> str:
+    return str(model) if isinstance(model, str | Path) else "(in memory)"
 
 
 def _status(passed: bool) -> str:

@@ -39,7 +39,9 @@ def run_folder(args: argparse.Namespace) -> int:
             line += f"; {native} native norm op(s) kept (--take-over-native moves them onto our kernels)"
         console.print(line)
     if args.report:  # the decoder's (or the first model's) report
-        write_report(args.report, report.models.get("decoder") or next(iter(report.models.values())))
+        section = "decoder" if "decoder" in report.models else next(iter(report.models))
+        files = {"input": source / report.files[section], "output": output / report.files[section]}
+        write_report(args.report, report.models[section], files)
     if args.verify:
         from onnx_norm.cli.verify import gate
 
