@@ -179,3 +179,66 @@ def test_third_party_log_records_carry_no_traceback() -> None:
         "WARNING onnx_ir.passes.common.shape_inference: Shape inference failed (ValueError: inference failed)"
     ]
     assert "Traceback (most recent call last):" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("other", "difference"),
+    [
+        (BERT, "different outputs: the optimized model's 'pooler_output' (fp32, rank 2) not in the original"),
+        (
+            EXAMPLES / "llama-rmsnorm-fp16.onnx",
+            "output 'last_hidden_state' (fp32, rank 3) in the original is 'last_hidden_state' (fp16, rank 3)",
+        ),
+    ],
+)
+def test_bench_refuses_models_that_do_not_correspond(tmp_path: Path, other: Path, difference: str) -> None:
+    report = tmp_path / "bench.json"
+    done = cli("bench", EXAMPLES / "llama-rmsnorm-fp32.onnx", other, "--report", report)
+    assert done.returncode == 2
+    assert done.stderr.startswith("onnx-norm bench: error: llama-rmsnorm-fp32.onnx and ")
+    assert difference in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not report.exists()
+
+
+def _with_terminal_stderr(argv: list[str | Path]) -> tuple[int, str, str]:
+    """Runs `onnx-norm ARGV` with stderr on a pseudo-terminal (as in an interactive shell) and stdout piped."""
+    import pty
+    import select
+
+    primary, secondary = pty.openpty()
+    command = [*onnx_norm_command(), *map(str, argv)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=secondary, text=True) as process:
+        os.close(secondary)
+        terminal = b""
+        while True:
+            ready, _, _ = select.select([primary], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(primary, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                terminal += chunk
+            elif process.poll() is not None:
+                break
+        stdout = process.stdout.read() if process.stdout else ""
+    os.close(primary)
+    return process.wait(), stdout, terminal.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["verify", LLAMA, LLAMA, "--samples", "1"], "verify: loading the models and running both"),
+        (["bench", LLAMA, LLAMA, "--warmup", "1", "--repeat", "40", "--sessions", "1"], ": timing"),
+    ],
+)
+def test_progress_on_a_terminal_only(argv: list[str | Path], shown: str) -> None:
+    code, stdout, terminal = _with_terminal_stderr(argv)
+    assert code == 0
+    assert shown in terminal  # on the terminal (stderr) ...
+    assert shown not in stdout  # ... never in the results
+    piped = cli(*argv)
+    assert piped.returncode == 0
+    assert shown not in piped.stdout and shown not in piped.stderr

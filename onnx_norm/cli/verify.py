@@ -83,7 +83,9 @@ def verify_and_print(
     console = console or common.console()
     kwargs = parity_kwargs(args)
     start = time.perf_counter()
-    with common.input_errors():
+    from onnx_norm.cli.progress import status
+
+    with common.input_errors(), status("verify: loading the models and running both"):
         report = verify(original, optimized, **kwargs)
     print_report(report, console)
     report_path = getattr(args, "report", None)
