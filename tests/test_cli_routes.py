@@ -242,3 +242,56 @@ def test_progress_on_a_terminal_only(argv: list[str | Path], shown: str) -> None
     piped = cli(*argv)
     assert piped.returncode == 0
     assert shown not in piped.stdout and shown not in piped.stderr
+
+
+def _half_model(path: Path, scale: float) -> None:
+    """y = float32(x * w) in float16, w = scale: a float16 model with a float32 output."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["p"]), helper.make_node("Cast", ["p"], ["y"], to=TensorProto.FLOAT)],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor("w", TensorProto.FLOAT16, [64], [scale] * 64)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+
+
+def test_float16_model_with_float32_outputs_names_the_tolerance_and_the_flag(tmp_path: Path) -> None:
+    original, changed = tmp_path / "half.onnx", tmp_path / "half.changed.onnx"
+    _half_model(original, 1.0)
+    _half_model(changed, 1.00390625)  # one float16 step above 1: ~0.4% off, within float16's 1e-2, not float32's
+    done = cli("verify", original, changed)
+    assert done.returncode == 1
+    out = " ".join(done.stdout.split())
+    assert "output 'y' (float32) was compared with atol=0.0001 rtol=0.0001" in out
+    assert "The model computes in float16 (1 float16/bfloat16 weights)" in out
+    assert "(--atol y:0.01 --rtol y:0.01)" in out
+    assert cli("verify", original, changed, "--atol", "y:0.01", "--rtol", "y:0.01").returncode == 0
+
+
+def test_an_original_that_does_not_reproduce_itself_is_said_as_such(tmp_path: Path) -> None:
+    """Here: NaN everywhere (sqrt(-|x| - 1)), as T5 in float16 overflows; the same exit for outputs that change from
+    run to run."""
+    original, copy = tmp_path / "nan.onnx", tmp_path / "copy.onnx"
+    nodes = [
+        helper.make_node("Abs", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["n"]),
+        helper.make_node("Sub", ["n", "one"], ["m"]),
+        helper.make_node("Sqrt", ["m"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(original))
+    onnx.save(model, str(copy))
+    report = tmp_path / "parity.json"
+    done = cli("verify", original, copy, "--report", report)
+    assert done.returncode == 2
+    assert done.stderr.startswith("onnx-norm verify: error: the original model does not reproduce itself")
+    assert "FAILED" not in done.stdout  # the optimized model is not blamed
+    assert not report.exists()
