@@ -28,6 +28,8 @@ def _values(values: list[onnx.ValueInfoProto]) -> Signature:
 def signature(path: str | os.PathLike) -> tuple[Signature, Signature]:
     """The graph inputs (initializers excluded) and outputs of the model file, read without its weights."""
     model = onnx.load(str(path), load_external_data=False)
+    if not model.HasField("graph"):  # an empty file parses as an empty model
+        raise ValueError(f"{path}: no graph")
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs = [value for value in model.graph.input if value.name not in initializers]
     return _values(inputs), _values(list(model.graph.output))
