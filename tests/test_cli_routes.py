@@ -295,3 +295,33 @@ def test_an_original_that_does_not_reproduce_itself_is_said_as_such(tmp_path: Pa
     assert done.stderr.startswith("onnx-norm verify: error: the original model does not reproduce itself")
     assert "FAILED" not in done.stdout  # the optimized model is not blamed
     assert not report.exists()
+
+
+@pytest.fixture(scope="module")
+def dynamo_bert() -> Path:
+    """A tiny Hugging Face BERT through the dynamo exporter, which writes LayerNormalization itself."""
+    pytest.importorskip("transformers")
+    from onnx_norm import zoo
+
+    try:
+        return zoo.export("bert", "dynamo", "fp32").path
+    except zoo.ZooExportError as err:
+        pytest.skip(f"exporter failure: {err}")
+
+
+def test_native_norms_point_at_take_over_native(dynamo_bert: Path) -> None:
+    done = cli("inspect", dynamo_bert, "--explain")
+    assert done.returncode == 0
+    assert done.stdout.strip() == (
+        "no decomposed norm and no near-miss found; the model already has native norm ops (5 LayerNormalization), "
+        "left as they are; `onnx-norm optimize --take-over-native` moves them onto onnx-norm's kernels"
+    )
+
+
+def test_demo_does_not_present_its_temporary_folder_as_an_output() -> None:
+    done = cli("demo", "--model", "bert-layernorm-opset13", "--warmup", "1", "--repeat", "5", "--sessions", "1")
+    assert done.returncode == 0, done.stderr
+    assert "wrote bert-layernorm-opset13.optimized.onnx (into a temporary folder deleted when the demo ends" in (
+        " ".join(done.stdout.split())
+    )
+    assert not any(line.startswith("wrote /") for line in done.stdout.splitlines())
