@@ -3,7 +3,12 @@ tiny LLaMA; the output is fused, and Olive's own evaluation ran it on our kernel
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -62,26 +67,89 @@ def _norm_ops(path: Path) -> dict[str, int]:
     return counts
 
 
-def test_one_pass_workflow_fuses_and_olive_evaluates_on_our_kernels(tmp_path: Path, monkeypatch) -> None:
-    from olive.workflows import run
+def _olive_command() -> list[str]:
+    """`olive` as a user types it: the console script beside this Python, or `python -m olive` (Olive's own
+    fallback) where the environment has no script."""
+    script = Path(sys.executable).with_name("olive")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "olive"]
 
-    from onnx_norm.integrations import olive as integration
 
-    monkeypatch.setenv("OLIVE_DISABLE_TELEMETRY", "1")
-    monkeypatch.chdir(tmp_path)  # ORT writes the profiles into the working directory
-    package_config = tmp_path / "olive_package_config.json"
-    assert integration.main([str(package_config)]) == 0
-    output = run(_workflow(tmp_path, verify=True), package_config=str(package_config))
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OLIVE_DISABLE_TELEMETRY": "1"}
+    done = subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
-    best = output.get_best_candidate()
-    assert best is not None and best.metrics_value["latency-avg"]["value"] > 0
-    assert json.loads((tmp_path / "out" / "model_config.json").read_text())["type"] == integration.MODEL_TYPE.lower()
-    assert _norm_ops(Path(best.model_path)) == {"RMSNorm": 1, "SkipRMSNorm": 4}
+
+def _package_config(cwd: Path) -> Path:
+    """The documented command, as a user types it."""
+    done = _run([sys.executable, "-m", "onnx_norm.integrations.olive", "olive_package_config.json"], cwd)
+    assert "olive run --config" in done.stdout
+    return cwd / "olive_package_config.json"
+
+
+def test_package_config_command_names_an_importable_pass(tmp_path: Path) -> None:
+    path = _package_config(tmp_path)
+    module_path = json.loads(path.read_text())["passes"]["OnnxNormFusion"]["module_path"]
+    module, _, name = module_path.rpartition(".")
+    assert getattr(importlib.import_module(module), name).__name__ == "OnnxNormFusion"
+
+
+def test_package_config_help_prints_usage_and_writes_nothing(tmp_path: Path) -> None:
+    done = _run([sys.executable, "-m", "onnx_norm.integrations.olive", "--help"], tmp_path)
+    assert done.stdout.startswith("usage:") and "PACKAGE_CONFIG.json" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def _runs_with_our_library(path: Path) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from onnx_norm.library import session_options
+
+    session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
+    ids = np.ones((1, 8), dtype=np.int64)
+    (logits, *_) = session.run(None, {"input_ids": ids, "attention_mask": ids})
+    assert np.isfinite(logits).all()
+
+
+def test_documented_olive_run_fuses_and_olive_evaluates_on_our_kernels(tmp_path: Path) -> None:
+    # Profiling on: the profile of each evaluation session names the kernels that ran (into the working directory).
+    package_config = _package_config(tmp_path)
+    (tmp_path / "workflow.json").write_text(json.dumps(_workflow(tmp_path, verify=True)))
+    _run([*_olive_command(), "run", "--config", "workflow.json", "--package-config", package_config.name], tmp_path)
+
+    config = json.loads((tmp_path / "out" / "model_config.json").read_text())
+    assert config["type"] == "onnxnormmodel"
+    best = Path(config["config"]["model_path"])
+    assert _norm_ops(best) == {"RMSNorm": 1, "SkipRMSNorm": 4}
+    _runs_with_our_library(best)
     profiles = sorted(tmp_path.glob("onnxruntime_profile_*.json"))
     ours = [p for p in profiles if '"op_name" : "SkipRMSNorm"' in p.read_text()]
     # Olive evaluated the input model (our ops absent) and the output (our kernels, as the library is registered;
     # without it ORT would inline the model-local functions and the profile would name standard ops only).
     assert len(profiles) == 2 and len(ours) == 1
+
+
+def test_documented_olive_run_on_an_export_with_external_data(tmp_path: Path) -> None:
+    """Every dynamo export has external data: the output must not reference the input's data file."""
+    source = tmp_path / "export"
+    source.mkdir()
+    onnx.save(onnx.load(str(MODEL)), str(source / "model.onnx"), save_as_external_data=True, size_threshold=0)
+    package_config = _package_config(tmp_path)
+    workflow = {
+        "input_model": {"type": "ONNXModel", "model_path": "export/model.onnx"},
+        "passes": {"fuse": {"type": "OnnxNormFusion"}},
+        "output_dir": "out",
+        "cache_dir": "cache",
+    }
+    (tmp_path / "workflow.json").write_text(json.dumps(workflow))
+    _run([*_olive_command(), "run", "--config", "workflow.json", "--package-config", package_config.name], tmp_path)
+
+    shutil.rmtree(source)  # nothing of the input may be needed any more
+    output = Path(json.loads((tmp_path / "out" / "model_config.json").read_text())["config"]["model_path"])
+    assert _norm_ops(output) == {"RMSNorm": 1, "SkipRMSNorm": 4}  # onnx.load reads its external data too
+    _runs_with_our_library(output)
 
 
 def test_pass_options_reach_the_rewrite(tmp_path: Path, monkeypatch) -> None:

@@ -4,6 +4,7 @@ TorchScript symbolics give, op for op, what `optimize` makes of the plain export
 from __future__ import annotations
 
 import collections
+import logging
 import warnings
 from pathlib import Path
 
@@ -162,3 +163,12 @@ def test_symbolics_are_unregistered_after_export(tmp_path: Path) -> None:
         torch_export.export(module, (x,), tmp_path / "model.onnx", dynamo=False, opset_version=17)
         with pytest.raises(ValueError, match="empty sequence"):
             torch.onnx.export(module, (x,), str(tmp_path / "plain.onnx"), dynamo=False, opset_version=17)
+
+
+def test_export_without_any_norm_says_why(tmp_path: Path, caplog) -> None:
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with caplog.at_level(logging.INFO, logger="onnx_norm.integrations.torch_export"):
+        torch_export.export(module, (torch.randn(2, 8),), tmp_path / "plain.onnx")
+    ours = [r for r in caplog.records if r.name == "onnx_norm.integrations.torch_export"]
+    warnings = [r.getMessage() for r in ours if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("no norm fused: the model has no aten.rms_norm")

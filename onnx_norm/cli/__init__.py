@@ -1,7 +1,7 @@
 """The `onnx-norm` command line: one module per subcommand, shared argument groups in `args.py`.
 
 Exit codes (every subcommand): 0 success, 1 a check failed (parity, a missing fusion that was required),
-2 usage or input error.
+2 usage or input error, 130 interrupted (Ctrl-C; nothing written).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # Each module defines `add_parser(subparsers) -> argparse.ArgumentParser` and sets `func` on it
 # with `parser.set_defaults(func=run)`; `run(args) -> int` returns the exit code.
@@ -28,12 +28,50 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def versions() -> dict[str, str]:
+    """onnx-norm's version and those of the runtime and libraries it ran with (for --version and the reports),
+    read from the installed distributions: nothing is imported."""
+    from importlib import metadata
+
+    from onnx_norm import __version__
+
+    found = {"onnx-norm": __version__}
+    for names in (("onnxruntime-gpu", "onnxruntime"), ("onnx",), ("onnx-ir",)):
+        for name in names:
+            try:
+                found[names[-1]] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def write_json_report(path: Any, data: dict[str, Any], models: dict[str, Any]) -> None:
+    """Writes a `--report` file: `data` with a `run` section naming what it describes (the model files by role,
+    the command line) and what produced it (onnx-norm, ONNX Runtime, onnx and onnx-ir versions)."""
+    from onnx_norm.paths import write_json_atomic
+
+    files = {role: None if path is None else str(path) for role, path in models.items()}
+    run = {"models": files, "command": ["onnx-norm", *sys.argv[1:]], "versions": versions()}
+    write_json_atomic(path, {**data, "run": run})
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """-v/-q, accepted before and after the subcommand. On a subcommand they default to SUPPRESS, so that a flag
+    given before the subcommand is not reset by the subcommand's parser."""
+    default = 0 if top else argparse.SUPPRESS
+    parser.add_argument("-v", "--verbose", action="count", default=default, help="more log output (-vv for debug)")
+    parser.add_argument("-q", "--quiet", action="count", default=default, help="errors only (no warnings)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="onnx-norm", description="Fuse decomposed LayerNorm/RMSNorm subgraphs in ONNX models.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    text = ", ".join(f"{name} {version}" for name, version in versions().items())
+    parser.add_argument("--version", action="version", version=text)
+    _add_verbosity(parser, top=True)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
-        importlib.import_module(f"onnx_norm.cli.{name}").add_parser(subparsers)
+        _add_verbosity(importlib.import_module(f"onnx_norm.cli.{name}").add_parser(subparsers), top=False)
     return parser
 
 
@@ -63,19 +101,60 @@ def expected_error(err: BaseException) -> str | None:
     return None
 
 
-def _configure_output(verbose: int) -> None:
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    # numpy's RuntimeWarnings (overflow in an fp16 model, NaN in a comparison) are expected and handled: they go
-    # to the log, shown with -v, instead of interleaving with the tables.
+class _LogFormatter(logging.Formatter):
+    """One line per record: an exception attached to a record (onnx_ir logs a failed shape inference with its
+    traceback) is given as its type and first line; the traceback only with -vv."""
+
+    def __init__(self, tracebacks: bool) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and record.exc_info[1] is not None and not self.tracebacks:
+            err = record.exc_info[1]
+            first = (str(err).strip().splitlines() or [""])[0]
+            record = logging.makeLogRecord(
+                {**record.__dict__, "msg": f"{record.getMessage()} ({type(err).__name__}: {first})", "args": None}
+            )
+            record.exc_info, record.exc_text = None, None
+        return super().format(record)
+
+
+class _ThirdPartyFilter(logging.Filter):
+    """Warnings of other libraries (and Python warnings) only with -v: they are handled or expected (numpy's
+    overflow in an fp16 model, a shape inference that stops at a custom op) and would interleave with the tables."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name == "onnx_norm" or record.name.startswith("onnx_norm.")
+        return ours or record.levelno >= self.level
+
+
+def _configure_output(verbose: int, quiet: int = 0) -> None:
+    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LogFormatter(tracebacks=verbose >= 2))
+    handler.addFilter(_ThirdPartyFilter(logging.ERROR if not verbose else logging.DEBUG))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.captureWarnings(True)
-    logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Outputs are staged and moved into place only when complete: an interrupt leaves nothing behind.
+        print("onnx-norm: interrupted; nothing written", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_output(args.verbose)
+    _configure_output(args.verbose, args.quiet)
     try:
         return int(args.func(args))
     except UsageError as err:

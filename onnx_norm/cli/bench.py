@@ -11,7 +11,6 @@ import re
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
@@ -91,6 +90,8 @@ def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     PATHS.parse(args)
+    if args.optimized is not None:
+        check_correspondence(args.original, args.optimized)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:
@@ -99,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
     console = common.console()
     report = bench_and_print(args.original, args.optimized, kwargs, console, title=str(args.original))
     if args.report is not None:
-        report.write_json(args.report)
+        from onnx_norm.cli import write_json_report
+
+        optimized = args.optimized or "(ORIGINAL optimized in memory)"
+        write_json_report(args.report, report.to_dict(), {"original": args.original, "optimized": optimized})
         console.print(f"report written to {args.report}")
     if args.plot:
         from onnx_norm.bench_plot import plot
@@ -112,22 +116,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_correspondence(original: str, optimized: str) -> None:
+    """Two models that do not take and give the same tensors are not an original and its optimized version: a
+    speedup between them means nothing (UsageError, exit 2, naming the difference)."""
+    from onnx_norm.correspond import mismatch
+
+    problem = mismatch(original, optimized)
+    if problem is not None:
+        raise UsageError(problem)
+
+
 def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], console: Console, *, title: str) -> Any:
     """Runs the bench with a progress bar and prints its tables; returns the BenchReport (demo uses it too)."""
     from onnx_norm.bench import bench
+    from onnx_norm.cli.progress import rounds_bar
 
-    with Progress(
-        TextColumn("[bold]bench[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(title, total=None)
+    with rounds_bar() as progress:
+        task = progress.add_task(f"bench {title}: loading the models, creating sessions", total=None)
 
         def advance(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            progress.update(task, completed=done, total=total, description=f"bench {title}: timing")
 
         with common.input_errors():
             report = bench(original, optimized, progress=advance, **kwargs)

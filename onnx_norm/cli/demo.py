@@ -67,10 +67,14 @@ def examples_dir(explicit: Path | None = None) -> Path:
     raise UsageError(f"bundled example models not found (looked in {', '.join(str(c) for c in candidates if c)})")
 
 
-def _subcommand(argv: list[str]) -> int:
+def _subcommand(argv: list[str], *, temporary: bool = False) -> int:
+    """Runs a subcommand as its command line; `temporary`: its output is in the demo's temporary folder, which the
+    subcommand says instead of presenting a path that is gone when the demo ends."""
     from onnx_norm.cli import build_parser
 
     parsed = build_parser().parse_args(argv)
+    if temporary:
+        parsed.output_note = "into a temporary folder deleted when the demo ends; --out DIR keeps the models"
     return int(parsed.func(parsed))
 
 
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[bold]$ onnx-norm inspect {original}", highlight=False, soft_wrap=True)
             _subcommand(["inspect", str(original)])
             console.print(f"[bold]$ onnx-norm optimize {original} -o {optimized}", highlight=False, soft_wrap=True)
-            code = _subcommand(["optimize", str(original), "-o", str(optimized)])
+            code = _subcommand(["optimize", str(original), "-o", str(optimized)], temporary=args.out is None)
             if code != 0 or not optimized.is_file():
                 console.print(f"[bold red]optimize failed on {name} (exit {code})")
                 summary.append((name, 0, False, float("nan"), "-"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -33,21 +34,45 @@ def run(args: argparse.Namespace) -> int:
     common.check_outputs([("--report", args.report)], [args.model])
     with common.input_errors():
         report = inspect(args.model, target=args.target)
-    console = Console()
-    print_norms(console, report)
-    if args.explain:
+    console = common.console()
+    print_norms(console, report, nothing_else=args.explain and not report.near_misses)
+    if args.explain and (report.norms or report.near_misses):
         print_near_misses(console, report)
     elif report.near_misses:
         console.print(f"{len(report.near_misses)} near-miss(es) not fused; --explain lists them with the reasons")
     if args.report:
-        write_report(args.report, report)
+        write_report(args.report, report, {"model": args.model})
     return 0
 
 
-def print_norms(console: Console, report: OptimizeReport) -> None:
+def native_hint(report: OptimizeReport) -> str | None:
+    """The native norm ops the model already had, and the flag that moves them onto our kernels; None if none or
+    when they were already taken over."""
+    from onnx_norm.rewrite.native import NATIVE_OP_NAMES
+
+    if report.native_taken_over:
+        return None
+    native = {op: n for op, n in report.ops_before.items() if op in NATIVE_OP_NAMES}
+    if not native:
+        return None
+    ops = ", ".join(f"{n} {op.split('::')[-1]}" for op, n in sorted(native.items()))
+    return (
+        f"the model already has native norm ops ({ops}), left as they are; "
+        "`onnx-norm optimize --take-over-native` moves them onto onnx-norm's kernels"
+    )
+
+
+def print_norms(console: Console, report: OptimizeReport, *, nothing_else: bool = False) -> None:
+    """The norms found, as a table; one line when there are none (`nothing_else`: and no near-miss either). Either
+    way, the native norms already there."""
+    hint = native_hint(report)
+    if not report.norms:
+        line = "no decomposed norm and no near-miss found" if nothing_else else "no decomposed norm found"
+        console.print(line + (f"; {hint}" if hint else ""), highlight=False, soft_wrap=True)
+        return
     table = Table(title=f"{report.fused} norm(s) found", title_justify="left")
     for column in ("rule", "nodes", "dtype", "eps", "axes", "casts", "residual", "graph"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "rule")
     for norm in report.norms:
         nodes = ", ".join(norm.replaced_nodes[:3]) + (
             f" +{len(norm.replaced_nodes) - 3}" if len(norm.replaced_nodes) > 3 else ""
@@ -64,6 +89,8 @@ def print_norms(console: Console, report: OptimizeReport) -> None:
             norm.graph,
         )
     console.print(table)
+    if hint:
+        console.print(hint, highlight=False, soft_wrap=True)
 
 
 def print_near_misses(console: Console, report: OptimizeReport) -> None:
@@ -79,10 +106,11 @@ def print_near_misses(console: Console, report: OptimizeReport) -> None:
     console.print(table)
 
 
-def write_report(path: Path, report: OptimizeReport) -> None:
-    from onnx_norm.paths import write_json_atomic
+def write_report(path: Path, report: OptimizeReport, models: dict[str, Any]) -> None:
+    """The rewrite report as JSON, with the model files it describes (by role) and the versions that made it."""
+    from onnx_norm.cli import write_json_report
 
     try:
-        write_json_atomic(path, report.to_dict())
+        write_json_report(path, report.to_dict(), models)
     except OSError as err:
         raise UsageError(f"cannot write the report {path}: {err.strerror or err}") from err

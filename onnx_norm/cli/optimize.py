@@ -154,11 +154,12 @@ def run(args: argparse.Namespace) -> int:
     elif report.near_misses:
         console.print(f"{len(report.near_misses)} near-miss(es) not fused; --explain lists them with the reasons")
     if args.report:
-        write_report(args.report, report)
+        write_report(args.report, report, {"input": source, "output": output})
     if not passed:
         console.print(f"[red]FAILED[/red] parity gate: {output} not written")
         return 1
-    console.print(f"wrote {output}")
+    note = getattr(args, "output_note", None)  # set by `demo` for its temporary folder
+    console.print(f"wrote {output.name} ({note})" if note else f"wrote {output}", highlight=False)
     return 0
 
 
@@ -185,6 +186,8 @@ def print_take_over(console: Console, report: OptimizeReport) -> None:
 
 
 def print_summary(console: Console, report: OptimizeReport) -> None:
+    if not report.norms:
+        return  # print_norms said so in one line
     rules = Table(title="fused per rule", title_justify="left")
     rules.add_column("rule")
     rules.add_column("count", justify="right")

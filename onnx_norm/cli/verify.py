@@ -83,12 +83,23 @@ def verify_and_print(
     console = console or common.console()
     kwargs = parity_kwargs(args)
     start = time.perf_counter()
-    with common.input_errors():
+    from onnx_norm.cli.progress import status
+
+    with common.input_errors(), status("verify: loading the models and running both"):
         report = verify(original, optimized, **kwargs)
+    if not report.passed:
+        check_reproducible(original, kwargs)
     print_report(report, console)
+    if not report.passed:
+        for hint in tolerance_hints(report, original):
+            console.print(hint, highlight=False, soft_wrap=True)
     report_path = getattr(args, "report", None)
     if report_path is not None:
-        report.write_json(report_path)
+        from onnx_norm.cli import write_json_report
+
+        # optimize --verify checks a staged copy of OUT: the report names OUT, where it is kept.
+        models = {"original": original, "optimized": getattr(args, "output", None) or optimized}
+        write_json_report(report_path, report.to_dict(), {k: _file_name(v) for k, v in models.items()})
         console.print(f"report written to {report_path}")
     status = "PASSED" if report.passed else "FAILED"
     style = "bold green" if report.passed else "bold red"
@@ -97,6 +108,72 @@ def verify_and_print(
         highlight=False,
     )
     return (0 if report.passed else 1), report
+
+
+def check_reproducible(original: Any, kwargs: dict[str, Any]) -> None:
+    """After a failed comparison: does the original pass the same check against itself? If not (its outputs change
+    from run to run, or are NaN/Inf where nothing can be compared), no optimized model can be judged against it:
+    UsageError (exit 2) saying so, not a parity failure blamed on the optimized model."""
+    from onnx_norm.cli import UsageError
+    from onnx_norm.cli.progress import status
+    from onnx_norm.parity import verify
+
+    with common.input_errors(), status("verify: checking the original against itself"):
+        itself = verify(original, original, **{**kwargs, "per_node": False})
+    if itself.passed:
+        return
+    worst = next(output for output in itself.outputs if not output.passed)
+    raise UsageError(
+        f"the original model does not reproduce itself: compared with itself it fails (output {worst.name!r}: "
+        f"{worst.message}), so the optimized model cannot be judged against it. Nondeterministic ops or NaN/Inf "
+        "outputs (--allow-nonfinite), or a comparison too strict for this model (--atol/--rtol [OUTPUT:]VALUE)"
+    )
+
+
+def _half_weights(original: Any) -> int:
+    """How many float16/bfloat16 initializers the original has (a model that computes in 16 bits)."""
+    import onnx
+
+    if not isinstance(original, str | Path):
+        return 0
+    try:
+        model = onnx.load(str(original), load_external_data=False)
+    except Exception:  # a model verify() already ran: unreadable here only if it changed since
+        return 0
+    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    return sum(1 for tensor in model.graph.initializer if tensor.data_type in half)
+
+
+def tolerance_hints(report: ParityReport, original: Any) -> list[str]:
+    """For each output that failed on its values: the tolerance that applied and the flag that changes it, and for
+    a float32 output of a model that computes in float16, that the float32 default applied."""
+    from onnx_norm.parity.tolerances import DEFAULT_TOLERANCES
+
+    hints = []
+    half = None
+    for output in report.outputs:
+        if output.passed or output.metrics is None:
+            continue
+        tolerance = output.tolerance
+        line = (
+            f"output {output.name!r} ({output.dtype}) was compared with atol={tolerance.atol:g} "
+            f"rtol={tolerance.rtol:g}; --atol/--rtol {output.name}:VALUE change it for this output"
+        )
+        if output.dtype == "float32":
+            half = _half_weights(original) if half is None else half
+            if half:
+                fp16 = DEFAULT_TOLERANCES["float16"]
+                line += (
+                    f". The model computes in float16 ({half} float16/bfloat16 weights) but this output is float32, "
+                    f"so the float32 default applied; float16's is atol={fp16[0]:g} rtol={fp16[1]:g} "
+                    f"(--atol {output.name}:{fp16[0]:g} --rtol {output.name}:{fp16[1]:g})"
+                )
+        hints.append(line)
+    return hints
+
+
+def _file_name(model: Any) -> str:
+    return str(model) if isinstance(model, str | Path) else "(in memory)"
 
 
 def _status(passed: bool) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -60,6 +61,8 @@ def write_rewritten_folder(
         if finish is not None:
             finish(staging)
         _copy_the_rest(source, staging, written, keep_links=keep_links)
+        # mkdtemp makes the staging folder private (0700); the output gets the input folder's permissions.
+        staging.chmod(stat.S_IMODE(source.stat().st_mode))
         if replace and output.exists():
             shutil.rmtree(output)
         os.replace(staging, output)

@@ -5,8 +5,10 @@ models `model.embedding`, `model.vision`, ...), their external data, and the tok
 writes a new folder with the same files, each named model rewritten, and, where a rewritten model uses our ops,
 `"custom_ops_library": "libonnx_norm_ops.so"` in that model's `session_options`: GenAI (checked with 0.18) registers a
 library named there with the session. GenAI only loads such a library from inside the model folder, the working
-directory or an execution provider's directory (it resolves the path and rejects anything else), so the library is
-copied into the folder rather than linked: a link would resolve to site-packages and be rejected.
+directory or an execution provider's directory (it resolves the path and rejects anything else; an absolute path to
+site-packages is refused with "custom_ops_library path is not within an allowed directory"), so the library is put
+into the folder: hard-linked where the folder is on the same file system as the installed library (no copy), copied
+where it is not. A symbolic link would resolve to site-packages and be rejected.
 
 The models GenAI's model builder writes already carry `SimplifiedLayerNormalization` and
 `SkipSimplifiedLayerNormalization`: it is `take_over_native` that moves them onto our kernels.
@@ -46,7 +48,8 @@ class FolderReport:
 
     models: dict[str, OptimizeReport] = dataclasses.field(default_factory=dict)
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # section -> model file name
-    library: str | None = None  # the library's file name in the folder, when copied and registered
+    library: str | None = None  # the library's file name in the folder, when placed there and registered
+    library_linked: bool = False  # hard-linked to the installed library (else copied)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -64,6 +67,44 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise GenAIFolderError(f"{path}: no 'model' section")
     return config
+
+
+def _place_library(library: Path, target: Path) -> bool:
+    """The library at `target`: a hard link (True) where the file system allows one, else a copy (False)."""
+    try:
+        os.link(library, target)
+        return True
+    except OSError:  # another file system, or links not allowed: the 50 MB copy it is
+        shutil.copy2(library, target)
+        return False
+
+
+#: The symbolic dims of the model builder's decoders and the lengths `--verify` gives them unless told otherwise:
+#: attention needs total = past + new tokens (GroupQueryAttention refuses anything else).
+DECODER_LENGTHS = {"sequence_length": 8, "past_sequence_length": 16, "total_sequence_length": 24}
+
+
+def verify_shapes(folder: str | os.PathLike, section: str) -> dict[str, int]:
+    """Symbolic dims of a GenAI model that random inputs must get right, read from the folder: the decoder's
+    lengths (DECODER_LENGTHS, consistent with each other) and the KV cache's head size (`kv_cache_dim` in the
+    builder's models; `head_size` in genai_config.json). Only dims the model's inputs use are returned."""
+    import onnx
+
+    folder = Path(folder)
+    config = _read_config(folder)
+    settings = config["model"].get(section) or {}
+    if not isinstance(settings.get("filename"), str):
+        return {}
+    model = onnx.load(str(folder / settings["filename"]), load_external_data=False)
+    found: dict[str, int] = {}
+    past_key = str((settings.get("inputs") or {}).get("past_key_names", "past_key_values.%d.key")).replace("%d", "0")
+    for value in model.graph.input:
+        dims = [dim.dim_param for dim in value.type.tensor_type.shape.dim]
+        found |= {dim: DECODER_LENGTHS[dim] for dim in dims if dim in DECODER_LENGTHS}
+        head_size = settings.get("head_size")
+        if value.name == past_key and len(dims) == 4 and dims[3] and isinstance(head_size, int):
+            found[dims[3]] = head_size
+    return found
 
 
 def model_sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -107,7 +148,7 @@ def optimize_folder(
 
     def finish(staging: Path) -> None:
         if report.library:
-            shutil.copy2(get_library_path(), staging / LIBRARY_NAME)
+            report.library_linked = _place_library(get_library_path(), staging / LIBRARY_NAME)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=4) + "\n")
 
     write_rewritten_folder(source, output, files, rewrite, finish=finish, replace=overwrite, keep_links=True)

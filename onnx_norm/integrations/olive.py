@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 PASS_NAME = "OnnxNormFusion"
 MODEL_TYPE = "OnnxNormModel"
+#: The module Olive imports the pass from. Spelled out: run as `python -m onnx_norm.integrations.olive`, this
+#: module's `__name__` is `__main__`, which `olive run` (another process) cannot import the pass from.
+MODULE = "onnx_norm.integrations.olive"
 
 
 @model_handler_registry(MODEL_TYPE)
@@ -145,6 +148,10 @@ class OnnxNormFusion(Pass):
         logger.info("%s: fused %d norm(s) %s", PASS_NAME, len(report.norms), report.rule_counts)
         if config.verify:
             _gate(model.model_path, rewritten)
+        # The input's external data is read into memory: its tensors reference the input's data file by a name
+        # relative to the input folder, which is in neither Olive's output folder nor its cache. Olive then writes
+        # the weights as its own external-data options say (`save_as_external_data`, inline by default).
+        ir.external_data.load_to_model(rewritten)
         written = model_proto_to_olive_model(ir.serde.serialize_model(rewritten), output_model_path, config)
         settings = written.to_json()["config"]
         if config.target != "onnx-norm":
@@ -172,7 +179,7 @@ def package_config() -> dict[str, Any]:
     with open(OlivePackageConfig.get_default_config_path()) as f:
         config = json.load(f)
     config["passes"][PASS_NAME] = {
-        "module_path": f"{__name__}.{PASS_NAME}",
+        "module_path": f"{MODULE}.{PASS_NAME}",
         "supported_providers": ["*"],
         "supported_accelerators": ["*"],
         "supported_precisions": ["*"],
@@ -184,12 +191,25 @@ def package_config() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m onnx_norm.integrations.olive PACKAGE_CONFIG.json", file=sys.stderr)
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}",
+        description=f"Write Olive's package config with the {PASS_NAME} pass added, for "
+        "`olive run --config WORKFLOW.json --package-config PACKAGE_CONFIG.json`.",
+    )
+    parser.add_argument("package_config", metavar="PACKAGE_CONFIG.json", help="where to write the package config")
+    args = parser.parse_args(argv)
+    path = Path(args.package_config)
+    try:
+        path.write_text(json.dumps(package_config(), indent=2) + "\n")
+    except OSError as err:
+        print(f"{parser.prog}: error: cannot write {path}: {err.strerror or err}", file=sys.stderr)
         return 2
-    Path(args[0]).write_text(json.dumps(package_config(), indent=2) + "\n")
-    print(f"wrote {args[0]}: Olive's package config with {PASS_NAME}; pass it to `olive run --package-config`")
+    print(
+        f"wrote {path}: Olive's package config with {PASS_NAME}; next: olive run --config workflow.json "
+        f'--package-config {path} (a workflow with {{"type": "{PASS_NAME}"}} in "passes")'
+    )
     return 0
 
 

@@ -15,8 +15,9 @@ model runnable without our library. `export` does all of it in one call. The res
 `onnx_norm.optimize` makes of a plain export that decomposes the norm (dynamo's for `rms_norm`, TorchScript's below
 opset 17 for `layer_norm`); tests/test_integrations_torch.py checks that.
 
-Norm modules written out in Python (Hugging Face's `LlamaRMSNorm` and the like) never reach `aten.rms_norm`: for
-those, export plainly and run `onnx_norm.optimize`.
+Norm modules written out in Python (Hugging Face's `LlamaRMSNorm`, `Qwen2RMSNorm`, `GemmaRMSNorm`,
+`T5LayerNorm`) never reach `aten.rms_norm`: the export writes their ops, decomposed. `export` therefore runs the
+rewrite (`onnx_norm.optimize`) on the finalized model too, and logs how many norms each step fused, or why none.
 """
 
 from __future__ import annotations
@@ -262,10 +263,51 @@ def finalize(model: Any) -> Any:
     return model if hasattr(model, "model") else ir_model
 
 
+def _our_norms(model: ir.Model) -> int:
+    return sum(1 for node in ir.traversal.RecursiveGraphIterator(model.graph) if node.domain == DOMAIN)
+
+
+def _rewrite_after_export(model: ir.Model, translated: int) -> None:
+    """The rewrite on the exported model, for the norms the translations could not see (written out in Python, as
+    Hugging Face writes RMSNorm); logs what each step fused, and why nothing was when nothing was."""
+    from onnx_norm.rewrite import optimize
+    from onnx_norm.rewrite.native import native_kind
+
+    _, report = optimize(model)
+    logger.info(
+        "%d norm(s) translated at export (aten.rms_norm / aten.layer_norm), %d fused by the rewrite after it "
+        "(norms written out in Python: decomposed in the export)",
+        translated,
+        len(report.norms),
+    )
+    if translated or report.norms:
+        return
+    native = sum(1 for node in ir.traversal.RecursiveGraphIterator(model.graph) if native_kind(node) is not None)
+    if native:
+        logger.warning(
+            "no norm fused: the exporter wrote %d native normalization op(s), kept as they are "
+            "(onnx_norm.optimize(..., take_over_native=True) moves them onto our ops)",
+            native,
+        )
+    else:
+        logger.warning(
+            "no norm fused: the model has no aten.rms_norm/aten.layer_norm call and the rewrite recognised no "
+            "decomposed norm in the export (%d near-miss(es); `onnx-norm inspect --explain` lists them)",
+            len(report.near_misses),
+        )
+
+
 def export(
-    model: Any, args: tuple[Any, ...], path: str | os.PathLike, *, dynamo: bool = True, **kwargs: Any
+    model: Any,
+    args: tuple[Any, ...],
+    path: str | os.PathLike,
+    *,
+    dynamo: bool = True,
+    rewrite: bool = True,
+    **kwargs: Any,
 ) -> ir.Model:
-    """`torch.onnx.export` with our translations, `finalize`d and saved to `path`; returns the model.
+    """`torch.onnx.export` with our translations, `finalize`d, the rewrite run on what the translations could not
+    see (`rewrite`, on by default), saved to `path`; returns the model.
 
     `kwargs` go to `torch.onnx.export` (`opset_version`, `dynamic_shapes`/`dynamic_axes`, names...). TorchScript
     exports default to opset 17.
@@ -285,5 +327,7 @@ def export(
             torch.onnx.export(model, args, str(plain), dynamo=False, **kwargs)
             result = finalize(onnx.load(str(plain)))
             result = ir.serde.deserialize_model(result)
+    if rewrite:
+        _rewrite_after_export(result, _our_norms(result))
     model_io.save(result, path)
     return result

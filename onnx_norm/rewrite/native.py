@@ -49,6 +49,9 @@ _NATIVE = {
     ("ms", "SkipSimplifiedLayerNormalization"): ("rms", True),
 }
 
+#: The native norm ops as `report.op_counts` names them (`domain::op` outside ONNX), for counting them in a report.
+NATIVE_OP_NAMES = frozenset(op if group == "onnx" else f"{_MS}::{op}" for group, op in _NATIVE)
+
 
 class _Skip(Exception):
     """A node that cannot be taken over; the message is the reason."""

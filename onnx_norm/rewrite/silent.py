@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 import onnx_ir as ir
 
 from onnx_norm.dtypes import is_onnx_domain
+from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.reductions import REDUCTIONS, rank_of, reduction_axes
 from onnx_norm.rewrite.structure import NearMiss, centred, squared
@@ -106,7 +107,11 @@ def diagnose(node: ir.Node) -> str:
 def _nodes(model: ir.Model) -> Iterator[tuple[ir.Node, ir.Graph | ir.Function]]:
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         yield node, node.graph if node.graph is not None else model.graph
+    # Our own domain's functions are the bodies of our ops (an already optimized model carries them), not the
+    # model's: the driver does not rewrite them either.
     for function in model.functions.values():
+        if function.domain == DOMAIN:
+            continue
         for node in ir.traversal.RecursiveGraphIterator(function):
             yield node, function
 

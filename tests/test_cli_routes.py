@@ -1,0 +1,327 @@
+"""The CLI as a user types it (a subprocess of the `onnx-norm` script): --version, -v/-q anywhere, reports that name
+their models and versions, readable output when piped, one line when nothing was found, the hint for native norms,
+Ctrl-C, and third-party log records without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+LLAMA = EXAMPLES / "llama-rmsnorm-dynamo-fp32.onnx"
+BERT = EXAMPLES / "bert-layernorm-opset13.onnx"
+
+
+def onnx_norm_command() -> list[str]:
+    """The `onnx-norm` script beside this Python (where the install put it), else `python -m onnx_norm`."""
+    script = Path(sys.executable).with_name("onnx-norm")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "onnx_norm"]
+
+
+def cli(*argv: str | Path, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `onnx-norm ARGV` with stdout and stderr piped (not a terminal), as CI and `| tee` run it."""
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    command = [*onnx_norm_command(), *map(str, argv)]
+    return subprocess.run(command, check=False, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def test_version_names_onnx_norm_and_onnxruntime() -> None:
+    import onnxruntime
+
+    import onnx_norm
+
+    done = cli("--version")
+    assert done.returncode == 0
+    assert f"onnx-norm {onnx_norm.__version__}" in done.stdout
+    assert f"onnxruntime {onnxruntime.__version__}" in done.stdout
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_and_quiet_are_accepted_before_and_after_the_subcommand(where: str) -> None:
+    verbose = ["-v", "inspect", BERT] if where == "before" else ["inspect", BERT, "-v"]
+    done = cli(*verbose)
+    assert done.returncode == 0 and "INFO onnx_norm" in done.stderr
+    quiet = ["-q", "inspect", BERT] if where == "before" else ["inspect", BERT, "-q"]
+    done = cli(*quiet)
+    assert done.returncode == 0 and "INFO" not in done.stderr and "5 norm(s) found" in done.stdout
+
+
+def test_inspect_piped_keeps_rule_names_whole() -> None:
+    done = cli("inspect", LLAMA)
+    assert done.returncode == 0
+    rows = [line for line in done.stdout.splitlines() if "rms_norm" in line]
+    # One row per norm, each with its whole rule name (at 80 columns rich cut them into "skip_rms_…" or two lines).
+    assert len(rows) == 5
+    assert sum(1 for row in rows if "skip_rms_norm" in row) == 4
+
+
+def _optimized(tmp_path: Path) -> Path:
+    out = tmp_path / "llama.opt.onnx"
+    assert cli("optimize", LLAMA, "-o", out).returncode == 0
+    return out
+
+
+def test_nothing_found_is_one_line_and_our_function_bodies_are_not_near_misses(tmp_path: Path) -> None:
+    optimized = _optimized(tmp_path)
+    # The optimized model carries our ops' function bodies (decomposed norms); they are ours, not the model's.
+    assert any(function.domain == "onnx_norm" for function in onnx.load(str(optimized)).functions)
+    done = cli("inspect", optimized, "--explain")
+    assert done.returncode == 0
+    assert done.stdout.strip() == "no decomposed norm and no near-miss found"
+    again = cli("optimize", optimized, "-o", tmp_path / "again.onnx")
+    assert again.returncode == 0
+    assert again.stdout.splitlines() == ["no decomposed norm found", f"wrote {tmp_path / 'again.onnx'}"]
+
+
+def test_reports_name_their_models_and_versions(tmp_path: Path) -> None:
+    import onnxruntime
+
+    import onnx_norm
+
+    out, report = tmp_path / "bert.opt.onnx", tmp_path / "optimize.json"
+    assert cli("optimize", BERT, "-o", out, "--report", report).returncode == 0
+    verify = tmp_path / "verify.json"
+    assert cli("verify", BERT, out, "--report", verify, "--samples", "1").returncode == 0
+    bench = tmp_path / "bench.json"
+    done = cli("bench", BERT, out, "--report", bench, "--warmup", "1", "--repeat", "3", "--sessions", "1", "--no-noopt")
+    assert done.returncode == 0, done.stderr
+    expected = {
+        report: ("optimize", {"input": str(BERT), "output": str(out)}),
+        verify: ("verify", {"original": str(BERT), "optimized": str(out)}),
+        bench: ("bench", {"original": str(BERT), "optimized": str(out)}),
+    }
+    for path, (command, models) in expected.items():
+        run = json.loads(path.read_text())["run"]
+        assert run["models"] == models
+        assert run["versions"]["onnx-norm"] == onnx_norm.__version__
+        assert run["versions"]["onnxruntime"] == onnxruntime.__version__
+        assert run["command"][:2] == ["onnx-norm", command]
+
+
+def test_optimize_verify_report_names_the_kept_output(tmp_path: Path) -> None:
+    out, report = tmp_path / "bert.opt.onnx", tmp_path / "parity.json"
+    assert cli("optimize", BERT, "-o", out, "--verify", "--verify-report", report, "--samples", "1").returncode == 0
+    assert json.loads(report.read_text())["run"]["models"] == {"original": str(BERT), "optimized": str(out)}
+
+
+def _many_norms(path: Path, count: int) -> None:
+    """A chain of `count` decomposed RMSNorms: seconds of matching and proving, time to press Ctrl-C."""
+    nodes, inits, x = [], [helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-6])], "x"
+    for i in range(count):
+        nodes += [
+            helper.make_node("Mul", [x, x], [f"sq{i}"]),
+            helper.make_node("ReduceMean", [f"sq{i}"], [f"m{i}"], axes=[-1]),
+            helper.make_node("Add", [f"m{i}", "eps"], [f"me{i}"]),
+            helper.make_node("Sqrt", [f"me{i}"], [f"r{i}"]),
+            helper.make_node("Div", [x, f"r{i}"], [f"y{i}"]),
+        ]
+        x = f"y{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, 16])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "chain.onnx"
+    _many_norms(source, 400)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    command = [*onnx_norm_command(), "-v", "optimize", str(source), "-o", str(out_dir / "chain.opt.onnx")]
+    command += ["--report", str(out_dir / "report.json")]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        for line in process.stderr:  # wait until the rewrite is under way
+            if "matching and proving norms" in line:
+                break
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert stderr.strip().splitlines()[-1] == "onnx-norm: interrupted; nothing written"
+    assert stdout == ""
+    assert list(out_dir.iterdir()) == []  # no output, no report, no staging folder
+
+
+def test_third_party_log_records_carry_no_traceback() -> None:
+    """onnx_ir logs a failed shape inference with its exception (`exc_info`): one line with -v, hidden without,
+    the traceback only with -vv."""
+    script = (
+        "import logging, sys\n"
+        "from onnx_norm.cli import _configure_output\n"
+        "_configure_output(int(sys.argv[1]))\n"
+        "try:\n"
+        "    raise ValueError('inference failed\\nsecond line')\n"
+        "except ValueError as err:\n"
+        "    log = logging.getLogger('onnx_ir.passes.common.shape_inference')\n"
+        "    log.warning('Shape inference failed', exc_info=err)\n"
+    )
+    lines = {}
+    for verbose in (0, 1, 2):
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(verbose)], check=True, capture_output=True, text=True, timeout=60
+        )
+        lines[verbose] = done.stderr.splitlines()
+    assert lines[0] == []
+    assert lines[1] == [
+        "WARNING onnx_ir.passes.common.shape_inference: Shape inference failed (ValueError: inference failed)"
+    ]
+    assert "Traceback (most recent call last):" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("other", "difference"),
+    [
+        (BERT, "different outputs: the optimized model's 'pooler_output' (fp32, rank 2) not in the original"),
+        (
+            EXAMPLES / "llama-rmsnorm-fp16.onnx",
+            "output 'last_hidden_state' (fp32, rank 3) in the original is 'last_hidden_state' (fp16, rank 3)",
+        ),
+    ],
+)
+def test_bench_refuses_models_that_do_not_correspond(tmp_path: Path, other: Path, difference: str) -> None:
+    report = tmp_path / "bench.json"
+    done = cli("bench", EXAMPLES / "llama-rmsnorm-fp32.onnx", other, "--report", report)
+    assert done.returncode == 2
+    assert done.stderr.startswith("onnx-norm bench: error: llama-rmsnorm-fp32.onnx and ")
+    assert difference in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not report.exists()
+
+
+def _with_terminal_stderr(argv: list[str | Path]) -> tuple[int, str, str]:
+    """Runs `onnx-norm ARGV` with stderr on a pseudo-terminal (as in an interactive shell) and stdout piped."""
+    import pty
+    import select
+
+    primary, secondary = pty.openpty()
+    command = [*onnx_norm_command(), *map(str, argv)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=secondary, text=True) as process:
+        os.close(secondary)
+        terminal = b""
+        while True:
+            ready, _, _ = select.select([primary], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(primary, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                terminal += chunk
+            elif process.poll() is not None:
+                break
+        stdout = process.stdout.read() if process.stdout else ""
+    os.close(primary)
+    return process.wait(), stdout, terminal.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["verify", LLAMA, LLAMA, "--samples", "1"], "verify: loading the models and running both"),
+        (["bench", LLAMA, LLAMA, "--warmup", "1", "--repeat", "40", "--sessions", "1"], ": timing"),
+    ],
+)
+def test_progress_on_a_terminal_only(argv: list[str | Path], shown: str) -> None:
+    code, stdout, terminal = _with_terminal_stderr(argv)
+    assert code == 0
+    assert shown in terminal  # on the terminal (stderr) ...
+    assert shown not in stdout  # ... never in the results
+    piped = cli(*argv)
+    assert piped.returncode == 0
+    assert shown not in piped.stdout and shown not in piped.stderr
+
+
+def _half_model(path: Path, scale: float) -> None:
+    """y = float32(x * w) in float16, w = scale: a float16 model with a float32 output."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["p"]), helper.make_node("Cast", ["p"], ["y"], to=TensorProto.FLOAT)],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor("w", TensorProto.FLOAT16, [64], [scale] * 64)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+
+
+def test_float16_model_with_float32_outputs_names_the_tolerance_and_the_flag(tmp_path: Path) -> None:
+    original, changed = tmp_path / "half.onnx", tmp_path / "half.changed.onnx"
+    _half_model(original, 1.0)
+    _half_model(changed, 1.00390625)  # one float16 step above 1: ~0.4% off, within float16's 1e-2, not float32's
+    done = cli("verify", original, changed)
+    assert done.returncode == 1
+    out = " ".join(done.stdout.split())
+    assert "output 'y' (float32) was compared with atol=0.0001 rtol=0.0001" in out
+    assert "The model computes in float16 (1 float16/bfloat16 weights)" in out
+    assert "(--atol y:0.01 --rtol y:0.01)" in out
+    assert cli("verify", original, changed, "--atol", "y:0.01", "--rtol", "y:0.01").returncode == 0
+
+
+def test_an_original_that_does_not_reproduce_itself_is_said_as_such(tmp_path: Path) -> None:
+    """Here: NaN everywhere (sqrt(-|x| - 1)), as T5 in float16 overflows; the same exit for outputs that change from
+    run to run."""
+    original, copy = tmp_path / "nan.onnx", tmp_path / "copy.onnx"
+    nodes = [
+        helper.make_node("Abs", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["n"]),
+        helper.make_node("Sub", ["n", "one"], ["m"]),
+        helper.make_node("Sqrt", ["m"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(original))
+    onnx.save(model, str(copy))
+    report = tmp_path / "parity.json"
+    done = cli("verify", original, copy, "--report", report)
+    assert done.returncode == 2
+    assert done.stderr.startswith("onnx-norm verify: error: the original model does not reproduce itself")
+    assert "FAILED" not in done.stdout  # the optimized model is not blamed
+    assert not report.exists()
+
+
+@pytest.fixture(scope="module")
+def dynamo_bert() -> Path:
+    """A tiny Hugging Face BERT through the dynamo exporter, which writes LayerNormalization itself."""
+    pytest.importorskip("transformers")
+    from onnx_norm import zoo
+
+    try:
+        return zoo.export("bert", "dynamo", "fp32").path
+    except zoo.ZooExportError as err:
+        pytest.skip(f"exporter failure: {err}")
+
+
+def test_native_norms_point_at_take_over_native(dynamo_bert: Path) -> None:
+    done = cli("inspect", dynamo_bert, "--explain")
+    assert done.returncode == 0
+    assert done.stdout.strip() == (
+        "no decomposed norm and no near-miss found; the model already has native norm ops (5 LayerNormalization), "
+        "left as they are; `onnx-norm optimize --take-over-native` moves them onto onnx-norm's kernels"
+    )
+
+
+def test_demo_does_not_present_its_temporary_folder_as_an_output() -> None:
+    done = cli("demo", "--model", "bert-layernorm-opset13", "--warmup", "1", "--repeat", "5", "--sessions", "1")
+    assert done.returncode == 0, done.stderr
+    assert "wrote bert-layernorm-opset13.optimized.onnx (into a temporary folder deleted when the demo ends" in (
+        " ".join(done.stdout.split())
+    )
+    assert not any(line.startswith("wrote /") for line in done.stdout.splitlines())
