@@ -351,9 +351,17 @@ def _row_constant(
     if array.ndim > rank:
         raise NearMiss(f"{what} has more dims than the input")
     padded = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    x_shape = list(x_shape)
     for dim in range(rank):
         if dim not in axes and padded.shape[dim] != 1:
             raise NearMiss(f"{what} varies across rows (shape {list(array.shape)}), not only along the normalised axes")
+        if dim in axes and not isinstance(x_shape[dim], int):
+            # A symbolic normalised dim: the constant's own size is the only one the model runs with.
+            if padded.shape[dim] == 1:
+                raise NearMiss(
+                    f"{what} of shape {list(array.shape)} broadcasts inside a row of symbolic size {x_shape[dim]}"
+                )
+            x_shape[dim] = padded.shape[dim]
         if dim in axes and padded.shape[dim] not in (1, x_shape[dim]):
             raise NearMiss(f"{what} shape {list(array.shape)} does not broadcast against the input")
     if perm is not None:
@@ -664,8 +672,8 @@ def _layout(x: ir.Value, y: ir.Value, stat: ir.Value, statistic: Statistic, chan
         if not channels_first:
             raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
         perm = tuple(d for d in range(rank) if d not in axes) + axes
-    if not all(isinstance(x_shape[a], int) for a in axes):
-        raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
+    # Symbolic normalised dims are fine: the fused op reads the row size at run time, a constant scale or bias pins
+    # it (`_row_constant`) and the proof picks a size (prove.py).
     if y.shape is not None and len(y.shape) != rank:
         raise NearMiss("the output does not have the input's rank", y)
     return Layout(axes, from_end, rank, x_shape, perm)
@@ -795,7 +803,7 @@ def runtime_rows(inputs: AffineInputs) -> Affine:
     is made a row of the run-time one's type (the fused op reads Scale and Bias in one type)."""
     layout = inputs.layout
     if layout.perm is not None or layout.x_shape is None:
-        raise NearMiss("a run-time scale or bias needs trailing normalised axes of known size")
+        raise NearMiss("a run-time scale or bias needs trailing normalised axes of known rank")
     row = tuple(layout.x_shape[a] for a in layout.axes)
     scale = next((v for v, _ in inputs.scale_terms if not constants.is_constant(v)), None)
     if scale is not None and (len(inputs.scale_terms) != 1 or inputs.scale_terms[0][1] != 1 or inputs.correction != 1):
