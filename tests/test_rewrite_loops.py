@@ -160,3 +160,63 @@ def test_a_state_the_body_grows_keeps_no_assumed_shape() -> None:
     assert any("rank" in m.reason for m in report.near_misses), report.near_misses
     feeds = random_feeds(model, SHAPES)
     np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_the_norm_after_the_loop_needs_no_symbolic_inference(opset: int, monkeypatch) -> None:
+    """onnx's inference leaves the Loop's output without a shape; the body returns its state with the shape it got,
+    so the output has it, and the norm after the Loop (axes counted from the front) is fused without ONNX
+    Runtime's symbolic inference."""
+    from onnx_norm.rewrite import passes
+
+    monkeypatch.setattr(passes, "_infer_symbolic_shapes", lambda model: None)
+    model = _model(opset, "carried")
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
+    _check_parity(model, optimized)
+
+
+def test_a_norm_of_a_scan_output_is_fused(monkeypatch) -> None:
+    """A scan output stacks the body's value along a new first dim: a norm over its axis 3 has the rank it needs."""
+    from onnx_norm.rewrite import passes
+
+    monkeypatch.setattr(passes, "_infer_symbolic_shapes", lambda model: None)
+    body_nodes = [
+        helper.make_node("Identity", ["c"], ["c_out"]),
+        helper.make_node("Relu", ["h_in"], ["h_out"]),
+        helper.make_node("Identity", ["h_out"], ["scan_out"]),
+    ]
+    body_inputs = [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("h_in", FLOAT, None),
+    ]
+    body_outputs = [
+        helper.make_tensor_value_info("c_out", TensorProto.BOOL, None),
+        *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("h_out", "scan_out")),
+    ]
+    body = helper.make_graph(body_nodes, "body", body_inputs, body_outputs)
+    nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["h", "stacked"], body=body)]
+    nodes += _layer_norm("stacked", "y", "gamma", "beta", "a_")
+    for node in nodes[1:]:
+        if node.op_type == "ReduceMean":
+            node.attribute[0].ints[:] = [3]
+    inits = [
+        const("trips", np.array(2, np.int64)),
+        const("cond", np.array(True)),
+        const("a_eps", np.array(1e-3, np.float32)),
+        const("gamma", rng.random(D).astype(np.float32) + 0.5),
+        const("beta", rng.standard_normal(D).astype(np.float32)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", FLOAT, ["b", "s", D])],
+        [helper.make_tensor_value_info("y", FLOAT, ["t", "b", "s", D])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
+    _check_parity(model, optimized)

@@ -102,6 +102,37 @@ def check(assumed: list[Assumed]) -> bool:
     return changed
 
 
+def loop_output_shapes(model: ir.Model) -> bool:
+    """Gives a Loop's outputs without a shape the shape the body keeps them in (onnx's inference of Loop often
+    leaves them unknown, and a norm after the Loop then has an input of unknown rank): a loop-carried output has its
+    body input's shape when the body returns it with that shape (zero iterations return the initial value, which
+    has it too); a scan output is the body's per-iteration value stacked along a new first dim (the iteration
+    count, left unnamed). True when any shape was set (inference should run again)."""
+    changed = False
+    for loop, body in _loops(model):
+        carried = len(body.inputs) - 2
+        for index, output in enumerate(loop.outputs):
+            if output.shape is not None and not any(not isinstance(d, int) and d.value is None for d in output.shape):
+                continue
+            returned = body.outputs[index + 1] if index + 1 < len(body.outputs) else None
+            if returned is None or returned.shape is None:
+                continue
+            if index < carried:
+                inner = body.inputs[index + 2]
+                if not _same_dims(returned.shape, inner.shape):
+                    continue
+                shape = ir.Shape(list(inner.shape))  # type: ignore[arg-type]
+            else:
+                shape = ir.Shape([None, *returned.shape])
+            if output.shape is not None and len(output.shape) != len(shape):
+                continue  # inference says otherwise: keep what it says
+            output.shape = shape
+            if output.type is None and returned.type is not None:
+                output.type = returned.type
+            changed = True
+    return changed
+
+
 def _same_dims(a: ir.Shape | None, b: ir.Shape | None) -> bool:
     """Equal static or named dims (an anonymous dim may be any size, so it equals nothing)."""
     if a is None or b is None or len(a) != len(b):

@@ -136,7 +136,7 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
-    if loops.check(assumed) or _reshapes_to_own_shape(model.graph):
+    if any([loops.check(assumed), loops.loop_output_shapes(model), _reshapes_to_own_shape(model.graph)]):
         try:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # best effort, as above
