@@ -137,3 +137,19 @@ def test_a_runtime_scale_of_another_named_dim_is_not_the_row() -> None:
     optimized, report = optimize(model)
     assert "Mul" in [n.op_type for n in optimized.graph.node]
     assert any("is not one row" in m.reason for m in report.near_misses), report.near_misses
+
+
+def test_channels_first_rms_norm_over_a_symbolic_channel_dim() -> None:
+    """NCHW with C symbolic, the scale `w[:, None, None]` of 8 channels: the scale pins C, the proof runs at 8."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[1]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["y"]),
+    ]
+    inits = [const("eps", 1e-6, np.float32), const("w", np.linspace(0.5, 1.5, 8).reshape(8, 1, 1), np.float32)]
+    model = make_model(nodes, [("x", FLOAT, ["n", "C", "h", "w"])], [("y", FLOAT, ["n", "C", "h", "w"])], inits)
+    optimized, report = assert_fused(model, {"x": [2, 8, 3, 5]}, ["RMSNorm"])
+    assert [n.op_type for n in optimized.graph.node] == ["Transpose", "RMSNorm", "Transpose"], report.near_misses

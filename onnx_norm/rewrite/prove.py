@@ -83,18 +83,25 @@ def concrete_shape(shape: ir.Shape) -> list[int]:
     return result
 
 
-def _pinned(shape: list[int], spec: NormSpec) -> list[int]:
+def _pinned(shape: list[int], candidate: Candidate) -> list[int]:
     """`shape` with each symbolic normalised dim set to the size a constant scale or bias has there (the only size
-    the model runs with); a run-time one of a named dim takes the size chosen for that name."""
+    the model runs with); a run-time one of a named dim takes the size chosen for that name. The op's Scale and
+    Bias are rows of the normalised dims in the order the op sees them (after a channels-first Transpose)."""
+    spec = candidate.spec
     assert spec.x.shape is not None
     dims = list(spec.x.shape)
+    rank, k = len(dims), len(candidate.axes)
+    row_axes = list(candidate.perm[rank - k :]) if candidate.perm is not None else list(range(rank - k, rank))
     pinned = list(shape)
     for value in (spec.scale, spec.bias):
         if value is None or value.shape is None or constants.is_runtime_parameter(value):
             continue
         for offset, size in enumerate(reversed(list(value.shape)), start=1):
-            if isinstance(size, int) and size > 1 and offset <= len(dims) and not isinstance(dims[-offset], int):
-                pinned[-offset] = size
+            if offset > k:
+                break
+            axis = row_axes[-offset]
+            if isinstance(size, int) and size > 1 and not isinstance(dims[axis], int):
+                pinned[axis] = size
     return pinned
 
 
@@ -133,7 +140,7 @@ def _proof_input_shape(candidate: Candidate) -> list[int]:
         assert candidate.proof_shape is not None
         shape = list(candidate.proof_shape)
     else:
-        shape = _pinned(concrete_shape(spec.x.shape), spec)
+        shape = _pinned(concrete_shape(spec.x.shape), candidate)
     normalised = {axis % len(shape) for axis in candidate.axes}
     if all(node.op_type in _ROW_WISE for node in candidate.nodes):
         # Rows are independent: a few of them prove as much as the model's static batch and sequence would.
