@@ -153,3 +153,12 @@ def test_channels_first_rms_norm_over_a_symbolic_channel_dim() -> None:
     model = make_model(nodes, [("x", FLOAT, ["n", "C", "h", "w"])], [("y", FLOAT, ["n", "C", "h", "w"])], inits)
     optimized, report = assert_fused(model, {"x": [2, 8, 3, 5]}, ["RMSNorm"])
     assert [n.op_type for n in optimized.graph.node] == ["Transpose", "RMSNorm", "Transpose"], report.near_misses
+
+
+def test_a_scale_of_ones_over_a_named_dim_is_kept_as_the_row() -> None:
+    """Scale 1 and bias 0 of 16 elements over a last dim N: they scale nothing but fix N = 16, so the op keeps them
+    (the proof reads the size from them) instead of the norm becoming a near-miss."""
+    inits = [const("eps", 1e-5, np.float32), const("w", np.ones(D), np.float32), const("b", np.zeros(D), np.float32)]
+    model = make_model(layer_nodes(scale="w", bias="b"), [("x", FLOAT, ["b", "N"])], [("y", FLOAT, ["b", "N"])], inits)
+    optimized, report = assert_fused(model, {"x": [3, D]}, ["LayerNorm"])
+    assert [list(n.input) for n in optimized.graph.node] == [["x", "w", "b"]], report.near_misses

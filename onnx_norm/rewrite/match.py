@@ -876,7 +876,7 @@ def _scale_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None
     if scale_array is None:
         return None, None, dtype
     row = _row_constant(scale_array, layout.x_shape, layout.axes, layout.perm, "scale")
-    if np.all(row == 1.0):
+    if np.all(row == 1.0) and not _pins_a_dim(layout):
         return None, None, dtype
     alone = len(terms) == 1 and terms[0][1] == 1 and inputs.correction == 1.0
     if layout.perm is None and alone and _tensor_fits(terms[0][0], row):
@@ -892,11 +892,17 @@ def _bias_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None,
     if array is None:
         raise NearMiss("bias is not constant", bias)
     row = _row_constant(array.astype(np.float64), layout.x_shape, layout.axes, layout.perm, "bias")
-    if np.all(row == 0.0):
+    if np.all(row == 0.0) and not _pins_a_dim(layout):
         return None, None, bias.dtype
     if layout.perm is None and _tensor_fits(bias, row):
         return row, bias, bias.dtype
     return row, None, bias.dtype
+
+
+def _pins_a_dim(layout: Layout) -> bool:
+    """Whether a constant row is the only size of a symbolic normalised dim (kept even when it scales nothing: the
+    model runs only at that size, and the proof reads it from the row)."""
+    return layout.x_shape is not None and not all(isinstance(layout.x_shape[a], int) for a in layout.axes)
 
 
 def _rounding(x: ir.Value, y: ir.Value, junction: ir.Value, tail: list[_TailOp], factors: Factors) -> casts.Rounding:
