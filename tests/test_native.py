@@ -146,8 +146,8 @@ def test_rms_normalization_23(x_type: int) -> None:
 @pytest.mark.parametrize(("domain", "opset"), [("", 16), (MS, 18)])
 def test_contrib_layer_norm_with_scale_of_another_type(domain: str, opset: int, monkeypatch) -> None:
     """ORT's contrib LayerNormalization gives Y the scale's type. float32 X with float16 scale and bias: our op
-    then a Cast. float16 X with float32 scale and bias: refused, since our library types Y like X, but the
-    function path alone computes it exactly."""
+    then a Cast. float16 X with float32 scale and bias: our op on X cast to float32 (our library types Y like X;
+    a Cast after the op would round), or with output_type where the library honours it."""
     inputs = [("x", F32, [2, 4, 8]), ("scale", F16, [8]), ("bias", F16, [8])]
     proto = _model("LayerNormalization", domain, inputs, [("y", F16), ("", 0), ("inv", F32)], opset)
     converted, records = _take_over(proto)
@@ -158,9 +158,11 @@ def test_contrib_layer_norm_with_scale_of_another_type(domain: str, opset: int, 
 
     inputs = [("x", F16, [2, 4, 8]), ("scale", F32, [8]), ("bias", F32, [8])]
     proto = _model("LayerNormalization", domain, inputs, [("y", F32), ("", 0), ("inv", F32)], opset)
-    _, records = _take_over(proto)
-    assert not records[0]["converted"]
-    assert "types Y like X" in records[0]["reason"]
+    converted, records = _take_over(proto)
+    assert records[0]["converted"], records
+    assert [n.op_type for n in converted.graph.node] == ["Cast", "LayerNorm"]
+    if domain == "":
+        _check_same(proto, converted, F32)
     monkeypatch.setattr(targets, "LIBRARY_TYPES_Y_LIKE_X", False)
     converted, records = _take_over(proto)
     assert records[0]["converted"], records
@@ -181,11 +183,10 @@ def test_simplified_layer_normalization(x_type: int, s_type: int) -> None:
     inputs = [("x", x_type, [2, 3, 8]), ("scale", s_type, [8])]
     proto = _model("SimplifiedLayerNormalization", "", inputs, [("y", s_type), ("inv", F32)], 18, epsilon=1e-6)
     converted, records = _take_over(proto)
-    if (x_type, s_type) == (F16, F32):
-        # A float32 Y from float16 X: our library types Y like X, and a Cast from float16 would round.
-        assert "types Y like X" in records[0]["reason"]
-        return
     assert records[0]["converted"], records
+    if (x_type, s_type) == (F16, F32):
+        # A float32 Y from float16 X: our library types Y like X, so the op reads X cast to float32.
+        assert [n.op_type for n in converted.graph.node] == ["Cast", "RMSNorm"]
     _check_same(proto, converted, F16 if F16 in (x_type, s_type) else F32)
 
 

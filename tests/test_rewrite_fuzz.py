@@ -98,9 +98,11 @@ class Writer:
             return self.node(op, [value, self.axes(axes)], keepdims=keepdims)
         return self.node(op, [value], axes=axes, keepdims=keepdims)
 
-    def mean(self, value: str, axis: int = -1, divisor: int = D) -> str:
-        """A row mean over `axis` with dims kept, `divisor` the number it divides the sum by."""
-        kind = self.pick(["mean", "mean_dropped", "sum_div", "sum_mul"])
+    def mean(self, value: str, axis: int = -1, divisor: int | None = None) -> str:
+        """A row mean over `axis` with dims kept; with `divisor`, a sum over `axis` divided by that number instead
+        (a ReduceMean over another axis would be a true norm over that axis, fused channels-first)."""
+        kind = self.pick(["mean", "mean_dropped", "sum_div", "sum_mul"] if divisor is None else ["sum_div", "sum_mul"])
+        divisor = D if divisor is None else divisor
         if kind == "mean":
             return self.reduce("ReduceMean", value, [axis])
         if kind == "mean_dropped":
@@ -142,11 +144,11 @@ def write(seed: int, *, look_alike: str | None = None) -> tuple[onnx.ModelProto,
     x = w.passthrough(x)
     if kind == "layer":
         centre_axis = -2 if look_alike == "mean_over_another_axis" else -1
-        data = w.node("Sub", [x, w.mean(x, axis=centre_axis, divisor=SHAPE[centre_axis])])
+        data = w.node("Sub", [x, w.mean(x, axis=centre_axis)])
         numerator = w.node("Sub", [x, w.mean(x)]) if look_alike == "mean_over_another_axis" else w.passthrough(data)
     else:
         data = numerator = x
-    stat_axis, divisor = (-2, D) if look_alike == "wrong_axis" else (-1, D)
+    stat_axis, divisor = (-2, D) if look_alike == "wrong_axis" else (-1, None)
     stat = w.passthrough(w.mean(w.square(data), axis=stat_axis, divisor=divisor))
     eps = w.constant(1e-5, stat)
     if look_alike == "epsilon_outside_the_root":

@@ -424,6 +424,70 @@ def test_channels_first_layer_norm():
     assert [n.op_type for n in optimized.graph.node].count("Transpose") == 2
 
 
+def _channels_first_rms_nodes(spelling: str, affine: str) -> list[onnx.NodeProto]:
+    """`x * rsqrt(x.pow(2).mean(1, keepdim=True) + eps) * w[:, None, None]` (ConvNeXt-V2, diffusion code) as the
+    TorchScript exporter writes it (Pow, ReduceMean, Div(1, Sqrt)) or dynamo (Mul(x, x), Reciprocal(Sqrt)), the
+    scale after the normalisation, before it (`w * x * rsqrt(..)`) or absent."""
+    square = (
+        helper.make_node("Pow", ["x", "two"], ["sq"])
+        if spelling == "ts"
+        else helper.make_node("Mul", ["x"] * 2, ["sq"])
+    )
+    rsqrt = (
+        helper.make_node("Div", ["one", "s"], ["r"])
+        if spelling == "ts"
+        else helper.make_node("Reciprocal", ["s"], ["r"])
+    )
+    nodes = [
+        square,
+        helper.make_node("ReduceMean", ["sq", "axes1"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        rsqrt,
+    ]
+    if affine == "after":
+        return [*nodes, helper.make_node("Mul", ["x", "r"], ["n"]), helper.make_node("Mul", ["n", "w"], ["y"])]
+    if affine == "before":
+        return [helper.make_node("Mul", ["w", "x"], ["wx"]), *nodes, helper.make_node("Mul", ["wx", "r"], ["y"])]
+    return [*nodes, helper.make_node("Mul", ["x", "r"], ["y"])]
+
+
+def _channels_first_rms_model(spelling: str, affine: str, w_shape: tuple[int, ...], opset: int = 18):
+    inits = [
+        const("two", 2.0, np.float32),
+        const("one", 1.0, np.float32),
+        const("eps", 1e-6, np.float32),
+        const("axes1", np.array([1], np.int64)),
+        const("w", (rng.random(w_shape) + 0.5).astype(np.float32)),
+    ]
+    nodes = _channels_first_rms_nodes(spelling, affine)
+    return make_model(nodes, [("x", FLOAT, ["n", 8, "h", "w"])], [("y", FLOAT, ["n", 8, "h", "w"])], inits, opset)
+
+
+@pytest.mark.parametrize("w_shape", [(8, 1, 1), (1, 8, 1, 1)])
+@pytest.mark.parametrize("affine", ["after", "before", "none"])
+@pytest.mark.parametrize("spelling", ["ts", "dynamo"])
+def test_channels_first_rms_norm(spelling, affine, w_shape):
+    model = _channels_first_rms_model(spelling, affine, w_shape)
+    optimized, report = assert_fused(model, {"x": [2, 8, 3, 5]}, ["RMSNorm"])
+    assert [n.rule for n in report.norms] == ["rms_norm_channels_first"]
+    ops = [n.op_type for n in optimized.graph.node]
+    assert ops.count("Transpose") == 2 and "ReduceMean" not in ops and "Sqrt" not in ops
+
+
+@pytest.mark.parametrize(
+    ("target", "op", "opset"), [("ort", "SimplifiedLayerNormalization", 18), ("onnx", "RMSNormalization", 23)]
+)
+def test_channels_first_rms_norm_other_targets(target, op, opset):
+    from onnx_norm.rewrite import optimize
+
+    model = _channels_first_rms_model("dynamo", "after", (8, 1, 1), opset)
+    optimized, report = optimize(model, target=target)
+    assert [n.op_type for n in optimized.graph.node] == ["Transpose", op, "Transpose"], report.near_misses
+    feeds = {"x": rng.standard_normal((2, 8, 3, 5)).astype(np.float32)}
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_double_precision_input_is_a_near_miss():
     nodes = rms_nodes()
     model = make_model(nodes, [("x", DOUBLE, ["b", D])], [("y", DOUBLE, None)], [const("eps", 1e-6, np.float64)])

@@ -29,6 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain
+from onnx_norm.rewrite import loops
 from onnx_norm.rewrite.evaluate import SHAPE_OPS, SUPPORTED_OPS, EvaluationError, evaluate, static_shape
 
 #: Constant expressions larger than this are not folded (a scale or bias is one row of the normalised dims).
@@ -62,21 +63,44 @@ def is_direct_constant(value: ir.Value) -> bool:
 
 
 def is_runtime_parameter(value: ir.Value | None) -> bool:
-    """A weight the model takes at run time (an export with `export_params=False`, or an initializer kept as an
-    overridable input), which a fused op can read as it is: a graph input of a float type and fully static shape
-    that is only ever the operand of a Mul or Add with something else. A norm's own input never is: it also feeds
-    the statistic (a reduction, Pow, Sub, Cast or Mul with itself)."""
-    if value is None or not value.is_graph_input() or value.dtype not in FLOAT_TYPES or value.shape is None:
+    """A weight the model takes at run time, which a fused op can read as it is: a value of a float type and a
+    shape of static or named dims (a named dim is the input's dim of that name, `[N]` for an input `[B, S, N]`)
+    that is only ever the operand of a Mul or Add with something else, and that is
+
+    - a graph input (an export with `export_params=False`, or an initializer kept as an overridable input),
+    - a Loop body input every iteration sees unchanged (tf2onnx passes gamma and beta through its loops, loops.py),
+    - or a value of an enclosing graph read inside a subgraph (constant for the whole run of the subgraph).
+
+    A norm's own input never is: it also feeds the statistic (a reduction, Pow, Sub, Cast or Mul with itself)."""
+    if value is None or value.dtype not in FLOAT_TYPES or value.shape is None:
         return False
-    if not all(isinstance(d, int) for d in value.shape) or not value.uses():
+    if not all(isinstance(d, int) or d.value is not None for d in value.shape) or not value.uses():
+        return False
+    dims = list(value.shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    if 1 in dims:
+        return False  # broadcast inside: per sample ([B, 1, H], adaLN's modulation), not a row of weights
+    invariant = loops.is_invariant(value)
+    if not (value.is_graph_input() or invariant or _read_from_subgraph(value)):
         return False
     for use in value.uses():
         node = use.node
+        if invariant and node.op_type == "Identity" and is_onnx_domain(node.domain):
+            continue  # the body passing it on to the next iteration
         if node.op_type not in ("Mul", "Add") or not is_onnx_domain(node.domain) or len(node.inputs) != 2:
             return False
         if node.inputs[0] is node.inputs[1]:
             return False
     return True
+
+
+def _read_from_subgraph(value: ir.Value) -> bool:
+    """Whether `value` is read by a node of another graph than its own (an If/Loop/Scan body reading it from the
+    enclosing scope)."""
+    producer = value.producer()
+    own = producer.graph if producer is not None else value.graph
+    return own is not None and any(use.node.graph is not own for use in value.uses())
 
 
 def is_constant(value: ir.Value | None) -> bool:

@@ -351,9 +351,17 @@ def _row_constant(
     if array.ndim > rank:
         raise NearMiss(f"{what} has more dims than the input")
     padded = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    x_shape = list(x_shape)
     for dim in range(rank):
         if dim not in axes and padded.shape[dim] != 1:
             raise NearMiss(f"{what} varies across rows (shape {list(array.shape)}), not only along the normalised axes")
+        if dim in axes and not isinstance(x_shape[dim], int):
+            # A symbolic normalised dim: the constant's own size is the only one the model runs with.
+            if padded.shape[dim] == 1:
+                raise NearMiss(
+                    f"{what} of shape {list(array.shape)} broadcasts inside a row of symbolic size {x_shape[dim]}"
+                )
+            x_shape[dim] = padded.shape[dim]
         if dim in axes and padded.shape[dim] not in (1, x_shape[dim]):
             raise NearMiss(f"{what} shape {list(array.shape)} does not broadcast against the input")
     if perm is not None:
@@ -664,8 +672,8 @@ def _layout(x: ir.Value, y: ir.Value, stat: ir.Value, statistic: Statistic, chan
         if not channels_first:
             raise NearMiss(f"reduction axes {list(axes)} are not the trailing axes of a rank-{rank} input", stat)
         perm = tuple(d for d in range(rank) if d not in axes) + axes
-    if not all(isinstance(x_shape[a], int) for a in axes):
-        raise NearMiss(f"normalised dims {x_shape[axes[0] :]} are not static", x)
+    # Symbolic normalised dims are fine: the fused op reads the row size at run time, a constant scale or bias pins
+    # it (`_row_constant`) and the proof picks a size (prove.py).
     if y.shape is not None and len(y.shape) != rank:
         raise NearMiss("the output does not have the input's rank", y)
     return Layout(axes, from_end, rank, x_shape, perm)
@@ -795,7 +803,7 @@ def runtime_rows(inputs: AffineInputs) -> Affine:
     is made a row of the run-time one's type (the fused op reads Scale and Bias in one type)."""
     layout = inputs.layout
     if layout.perm is not None or layout.x_shape is None:
-        raise NearMiss("a run-time scale or bias needs trailing normalised axes of known size")
+        raise NearMiss("a run-time scale or bias needs trailing normalised axes of known rank")
     row = tuple(layout.x_shape[a] for a in layout.axes)
     scale = next((v for v, _ in inputs.scale_terms if not constants.is_constant(v)), None)
     if scale is not None and (len(inputs.scale_terms) != 1 or inputs.scale_terms[0][1] != 1 or inputs.correction != 1):
@@ -868,7 +876,7 @@ def _scale_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None
     if scale_array is None:
         return None, None, dtype
     row = _row_constant(scale_array, layout.x_shape, layout.axes, layout.perm, "scale")
-    if np.all(row == 1.0):
+    if np.all(row == 1.0) and not _pins_a_dim(layout):
         return None, None, dtype
     alone = len(terms) == 1 and terms[0][1] == 1 and inputs.correction == 1.0
     if layout.perm is None and alone and _tensor_fits(terms[0][0], row):
@@ -884,11 +892,17 @@ def _bias_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None,
     if array is None:
         raise NearMiss("bias is not constant", bias)
     row = _row_constant(array.astype(np.float64), layout.x_shape, layout.axes, layout.perm, "bias")
-    if np.all(row == 0.0):
+    if np.all(row == 0.0) and not _pins_a_dim(layout):
         return None, None, bias.dtype
     if layout.perm is None and _tensor_fits(bias, row):
         return row, bias, bias.dtype
     return row, None, bias.dtype
+
+
+def _pins_a_dim(layout: Layout) -> bool:
+    """Whether a constant row is the only size of a symbolic normalised dim (kept even when it scales nothing: the
+    model runs only at that size, and the proof reads it from the row)."""
+    return layout.x_shape is not None and not all(isinstance(layout.x_shape[a], int) for a in layout.axes)
 
 
 def _rounding(x: ir.Value, y: ir.Value, junction: ir.Value, tail: list[_TailOp], factors: Factors) -> casts.Rounding:

@@ -12,7 +12,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from onnx_norm.dtypes import is_onnx_domain
-from onnx_norm.rewrite import constants, driver, native, silent, targets
+from onnx_norm.rewrite import constants, driver, loops, native, silent, targets
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import enabled_rules
@@ -146,6 +146,7 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
     ops); what that one changed is returned (the previous shapes) so that `_restore_shapes` can take it back out
     of the written model.
     """
+    assumed = loops.type_bodies(model)
     # Data propagation finds the shapes behind computed Reshapes, but on some exports (Cohere's attention) it
     # infers dims that contradict each other; strict mode detects that, and the run without it is kept instead.
     inference_logger = logging.getLogger(common_passes.ShapeInferencePass.__module__)
@@ -162,7 +163,7 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
-    if _reshapes_to_own_shape(model.graph):
+    if any([loops.check(assumed), loops.loop_output_shapes(model), _reshapes_to_own_shape(model.graph)]):
         try:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # best effort, as above

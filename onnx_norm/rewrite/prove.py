@@ -83,6 +83,38 @@ def concrete_shape(shape: ir.Shape) -> list[int]:
     return result
 
 
+def _pinned(shape: list[int], candidate: Candidate) -> list[int]:
+    """`shape` with each symbolic normalised dim set to the size a constant scale or bias has there (the only size
+    the model runs with); a run-time one of a named dim takes the size chosen for that name. The op's Scale and
+    Bias are rows of the normalised dims in the order the op sees them (after a channels-first Transpose)."""
+    spec = candidate.spec
+    assert spec.x.shape is not None
+    dims = list(spec.x.shape)
+    rank, k = len(dims), len(candidate.axes)
+    row_axes = list(candidate.perm[rank - k :]) if candidate.perm is not None else list(range(rank - k, rank))
+    pinned = list(shape)
+    for value in (spec.scale, spec.bias):
+        if value is None or value.shape is None or constants.is_runtime_parameter(value):
+            continue
+        for offset, size in enumerate(reversed(list(value.shape)), start=1):
+            if offset > k:
+                break
+            axis = row_axes[-offset]
+            if isinstance(size, int) and size > 1 and not isinstance(dims[axis], int):
+                pinned[axis] = size
+    return pinned
+
+
+def _dim_sizes(spec: NormSpec, shape: list[int]) -> dict[object, int]:
+    """The size chosen for each dim of the input, by the dim itself (an int stands for itself, a named dim for the
+    size it got): how a run-time scale of shape [N] is fed."""
+    sizes: dict[object, int] = {}
+    for dim, size in zip(spec.x.shape or (), shape, strict=False):
+        if not isinstance(dim, int) and dim.value is not None:
+            sizes.setdefault(dim.value, size)
+    return sizes
+
+
 def _sample(kind: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
     if kind == "normal":
         return rng.standard_normal(shape)
@@ -108,7 +140,7 @@ def _proof_input_shape(candidate: Candidate) -> list[int]:
         assert candidate.proof_shape is not None
         shape = list(candidate.proof_shape)
     else:
-        shape = concrete_shape(spec.x.shape)
+        shape = _pinned(concrete_shape(spec.x.shape), candidate)
     normalised = {axis % len(shape) for axis in candidate.axes}
     if all(node.op_type in _ROW_WISE for node in candidate.nodes):
         # Rows are independent: a few of them prove as much as the model's static batch and sequence would.
@@ -151,7 +183,7 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
         assert value.dtype is not None
         array = rng.standard_normal(_broadcast_shape(value, shape, spec.x.shape)).astype(np.float32)
         extra[name] = array.astype(np_dtype(int(value.dtype)))
-    runtime = _runtime_parameters(spec, rng)
+    runtime = _runtime_parameters(spec, rng, _dim_sizes(spec, shape))
     given = {spec.extra_inputs[name]: array for name, array in extra.items()}
     given |= {getattr(spec, name): array for name, array in runtime.items()}
     if spec.skip is None:
@@ -165,14 +197,16 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
     return _Feeds({spec.x: half, spec.skip: rest} | given, total, wide, extra, runtime)
 
 
-def _runtime_parameters(spec: NormSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Random rows for a scale or bias the model takes at run time (a scale around 1, a bias around 0)."""
+def _runtime_parameters(spec: NormSpec, rng: np.random.Generator, sizes: dict[object, int]) -> dict[str, np.ndarray]:
+    """Random rows for a scale or bias the model takes at run time (a scale around 1, a bias around 0); a named dim
+    of theirs has the size `sizes` gives it."""
     arrays = {}
     for name, value, centre in (("scale", spec.scale, 1.0), ("bias", spec.bias, 0.0)):
         if value is None or not constants.is_runtime_parameter(value):
             continue
         assert value.shape is not None and value.dtype is not None
-        row = centre + 0.5 * rng.standard_normal([int(d) for d in value.shape])
+        dims = [d if isinstance(d, int) else sizes.get(d.value, 1) for d in value.shape]
+        row = centre + 0.5 * rng.standard_normal(dims)
         arrays[name] = row.astype(np.float32).astype(np_dtype(int(value.dtype)))
     return arrays
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import ANALYSED_FLOAT_TYPES, is_onnx_domain
 from onnx_norm.rewrite import constants
+from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
 
 _REL_TOLERANCE = {
     ir.DataType.FLOAT16: 2.0**-10,
@@ -134,6 +136,7 @@ class _Path:
     tolerance: float
     unsqueezes: list[tuple[int, ...]]
     reshaped: bool
+    divisor: ir.Value | None = None  # a row size computed at run time that the sum is divided by (`x.shape[-1]`)
 
 
 def _path_to_reduction(value: ir.Value) -> _Path | None:
@@ -160,7 +163,7 @@ def _path_to_reduction(value: ir.Value) -> _Path | None:
             path.reshaped = True
             current = node.inputs[0]
         elif op in ("Mul", "Div"):
-            scaled = _scalar_factor(node)
+            scaled = _scalar_factor(node) or _runtime_divisor(node, path)
             if scaled is None:
                 return None
             current, step, tol = scaled
@@ -172,6 +175,92 @@ def _path_to_reduction(value: ir.Value) -> _Path | None:
         if current is None:
             return None
     return None
+
+
+def _runtime_divisor(node: ir.Node, path: _Path) -> tuple[ir.Value, float, float] | None:
+    """For `Div(s, n)`, `Mul(s, Reciprocal(n))` or `Mul(s, Div(c, n))` with `n` computed at run time (the row size
+    read from the input's shape when it is symbolic): (s, the constant factor, its tolerance), `n` recorded on
+    `path` (one per path; `row_mean` checks that it is the reduced size)."""
+    a, b = node.inputs[0], node.inputs[1]
+    if path.divisor is not None or a is None or b is None:
+        return None
+    if node.op_type == "Div":
+        path.divisor = b
+        return a, 1.0, 1e-6
+    for s, inverse in ((a, b), (b, a)):
+        producer = inverse.producer()
+        if producer is None or not is_onnx_domain(producer.domain) or producer.inputs[-1] is None:
+            continue
+        if producer.op_type == "Reciprocal":
+            path.divisor = producer.inputs[0]
+            return s, 1.0, 1e-6
+        if producer.op_type == "Div" and producer.inputs[0] is not None:
+            numerator = constants.scalar(producer.inputs[0])
+            if numerator is not None:
+                path.divisor = producer.inputs[1]
+                return s, numerator, _REL_TOLERANCE.get(producer.inputs[0].dtype, 1e-6)  # type: ignore[arg-type]
+    return None
+
+
+#: Ops of the shape arithmetic that computes a row size from `Shape(x)` or `Size(x)`.
+_COUNT_OPS = frozenset(
+    {"Shape", "Size", "Gather", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Concat", "ReduceProd", "Mul", "Cast"}
+)
+_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19)
+
+
+def _shape_sources(value: ir.Value) -> list[ir.Value] | None:
+    """The values whose `Shape`/`Size` the integer arithmetic computing `value` reads, None when it reads anything
+    else that is not constant."""
+    sources: list[ir.Value] = []
+    stack, seen = [value], 0
+    while stack:
+        current = stack.pop()
+        seen += 1
+        if seen > 24:
+            return None
+        if constants.is_constant(current):
+            continue
+        node = current.producer()
+        if node is None or not is_onnx_domain(node.domain) or node.op_type not in _COUNT_OPS:
+            return None
+        if node.op_type in ("Shape", "Size"):
+            if node.inputs[0] is None:
+                return None
+            sources.append(node.inputs[0])
+            continue
+        stack.extend(v for v in node.inputs if v is not None)
+    return sources
+
+
+def _same_dims(a: ir.Value, b: ir.Value) -> bool:
+    """Whether `a` and `b` have the same shape at run time by their inferred shapes: equal static or named dims."""
+    if a is b:
+        return True
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return False
+    return all(
+        (isinstance(p, int) and p == q) or (not isinstance(p, int) and p.value is not None and p == q)
+        for p, q in zip(a.shape, b.shape, strict=True)
+    )
+
+
+def runtime_row_count(count: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:
+    """Whether `count` is the number of elements of one row of `reduced` over `axes`, computed at run time from its
+    shape (TorchScript's `Cast(Gather(Shape(x), -1))` when the dim is symbolic, dynamo's `Shape(x, start=-1)`): the
+    shape arithmetic is evaluated with the dims of `reduced` set to distinct primes, so the product of exactly the
+    reduced dims is the only way to the expected number."""
+    rank = rank_of(reduced)
+    sources = _shape_sources(count)
+    if rank is None or rank > len(_PRIMES) or not sources or not all(_same_dims(v, reduced) for v in sources):
+        return False
+    dims = _PRIMES[:rank]
+    try:
+        (result,) = evaluate([count], dict.fromkeys(sources, np.zeros(dims, np.float32)))
+    except (EvaluationError, ValueError, TypeError, IndexError):
+        return False
+    expected = math.prod(dims[rank + a] for a in axes)
+    return result.size == 1 and float(result.reshape(())) == expected
 
 
 def _dims_kept(path: _Path, axes: tuple[int, ...], dropped_ok: bool) -> bool | None:
@@ -223,7 +312,13 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False, unbiased_ok: bool = F
     kept = _dims_kept(path, axes, dropped_ok)
     if kept is None or (path.reshaped and not _restores(value, reduced, axes)):
         return None
-    correction = _correction(path, _reduced_count(reduced, axes), unbiased_ok)
+    if path.divisor is None:
+        count = _reduced_count(reduced, axes)
+    elif node.op_type in ("ReduceSum", "ReduceSumSquare") and runtime_row_count(path.divisor, reduced, axes):
+        count = 1  # divided by the reduced size itself: the sum's factor is the constant part alone
+    else:
+        return None
+    correction = _correction(path, count, unbiased_ok and path.divisor is None)
     if correction is None:
         return None
     nodes = [*path.nodes, node]

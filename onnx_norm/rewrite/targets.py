@@ -40,7 +40,9 @@ MS_DOMAIN = "com.microsoft"
 #: Emit Y in X's type only. The library honours output_type only where ONNX Runtime takes a custom op's output
 #: type from its shape inference, which needs X's rank known and a recent runtime (1.31 does; 1.21 may not); the
 #: kernel refuses the node elsewhere. Nodes that need another Y type are emitted as the op and a Cast where that
-#: is exact, and refused otherwise, so that a model never fails once the library is registered.
+#: is exact (the graph rounds to X's type last, or X is float32), and a float32 Y from a narrower X as the op on X
+#: cast to float32 (exact: widening is, and the kernels compute from the widened X); so that a model never fails
+#: once the library is registered.
 LIBRARY_TYPES_Y_LIKE_X = True
 
 _FLOAT = int(ir.DataType.FLOAT)
@@ -275,19 +277,27 @@ def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
         return reason
     if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
         return "the onnx_norm Skip ops have no statistics outputs"
-    if LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec):
+    signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
+    widen = LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
+    if widen and (spec.attrs.output_type != _FLOAT or spec.skip is not None):
+        # fp16/bf16 in, fp32 out is X cast to fp32 in front (below); a Skip op's Sum must keep X's rounding.
+        why = "X cast to float32 gives Y float32 only" if spec.skip is None else "a Skip op's Sum keeps X's rounding"
         return (
             f"Y must be {type_name(spec.attrs.output_type)} without rounding through the input's "
-            f"{type_name(spec.x_type)}, and the onnx_norm library types Y like X (no output_type)"
+            f"{type_name(spec.x_type)}, and the onnx_norm library types Y like X ({why})"
         )
-    signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
-    return _Plan(signature, 0, False, len(_steps(spec)), False, False)
+    return _Plan(signature, _FLOAT if widen else 0, widen, len(_steps(spec)), False, False)
 
 
 def _emit_onnx_norm(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
     signature = plan.core
     assert isinstance(signature, OpSignature)
-    given = {"X": spec.x, "Skip": spec.skip, "Scale": spec.scale, "Bias": spec.bias}
+    # Y in float32 from a narrower X: the op reads X widened (exact; the kernels widen it anyway) and Y is X's type.
+    x = spec.x
+    if plan.cast_x:
+        x = op.Cast(spec.x, to=_FLOAT)
+        x.type, x.shape = ir.TensorType(ir.DataType.FLOAT), spec.x.shape  # the model-local functions read X's type
+    given = {"X": x, "Skip": spec.skip, "Scale": spec.scale, "Bias": spec.bias}
     inputs = [given[name] for name in signature.inputs]
     while inputs and inputs[-1] is None:
         inputs.pop()
@@ -296,7 +306,7 @@ def _emit_onnx_norm(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
     n_outputs = 1 + max(requested.values(), default=0)
     attrs = spec.attrs
     out_cast = _output_cast(spec)
-    if out_cast:
+    if out_cast or plan.cast_x:
         attrs = dataclasses.replace(attrs, output_type=0)
     outputs = op.op(
         signature.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, _outputs=n_outputs, **attrs.as_dict()

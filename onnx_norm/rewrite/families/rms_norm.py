@@ -40,7 +40,11 @@ FAMILY = register(
     NormFamily(
         kind=KIND,
         summary="RMSNorm: x / sqrt(mean(x^2) + eps) * scale",
-        rules=(FusionRule("skip_rms_norm", KIND, residual=True), FusionRule("rms_norm", KIND)),
+        rules=(
+            FusionRule("skip_rms_norm", KIND, residual=True),
+            FusionRule("rms_norm_channels_first", KIND, channels_first=True),
+            FusionRule("rms_norm", KIND),
+        ),
         reference=functools.partial(layer_norm.reference, rms=True),
         lowerings=targets.standard_lowerings(),
         statistic=rms_statistic,

@@ -1,0 +1,222 @@
+"""Norms in and after a `Loop` as tf2onnx writes TensorFlow while loops: body inputs declared without shapes, and
+every tensor the body reads (gamma and beta among them) passed through as a loop-carried value the body returns
+unchanged, or read from the enclosing graph. The body's inputs take the Loop's initial shapes (checked where the
+body changes a value), gamma and beta are parameters the fused op reads at run time."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from test_rewrite_support import FLOAT, const, random_feeds, run
+
+import onnx_norm
+from onnx_norm.ops.schema import DOMAIN
+from onnx_norm.rewrite import optimize
+
+D = 16
+SHAPES = {"x": [2, 3, D], "gamma": [D], "beta": [D]}
+rng = np.random.default_rng(5)
+
+
+def _layer_norm(x: str, y: str, gamma: str, beta: str, p: str) -> list[onnx.NodeProto]:
+    """Keras' LayerNorm as tf2onnx writes it for a rank-3 input: axes as positive numbers."""
+    return [
+        helper.make_node("ReduceMean", [x], [p + "mu"], axes=[2]),
+        helper.make_node("Sub", [x, p + "mu"], [p + "d"]),
+        helper.make_node("Mul", [p + "d", p + "d"], [p + "sq"]),
+        helper.make_node("ReduceMean", [p + "sq"], [p + "var"], axes=[2]),
+        helper.make_node("Add", [p + "var", p + "eps"], [p + "ve"]),
+        helper.make_node("Sqrt", [p + "ve"], [p + "s"]),
+        helper.make_node("Div", [p + "d", p + "s"], [p + "n"]),
+        helper.make_node("Mul", [p + "n", gamma], [p + "nw"]),
+        helper.make_node("Add", [p + "nw", beta], [y]),
+    ]
+
+
+def _body(params: str, state: str) -> onnx.GraphProto:
+    """`params`: "carried" (gamma/beta loop-carried, returned through Identity), "changed" (the body returns
+    gamma * 2: not invariant) or "outer" (read from the enclosing graph); `state`: "kept" (the body returns a value of
+    the state's shape) or "grown" (the body concatenates along the sequence: the state's shape changes)."""
+    inputs = [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    ]
+    carried = params != "outer"
+    if carried:
+        inputs += [helper.make_tensor_value_info(n, FLOAT, None) for n in ("g_in", "b_in")]
+    inputs.append(helper.make_tensor_value_info("h_in", FLOAT, None))
+    gamma, beta = ("g_in", "b_in") if carried else ("gamma", "beta")
+    nodes = [
+        helper.make_node("Identity", ["c"], ["c_out"]),
+        helper.make_node("Constant", [], ["b_eps"], value=helper.make_tensor("e", FLOAT, [], [1e-3])),
+        *_layer_norm("h_in", "h_ln", gamma, beta, "b_"),
+        helper.make_node("Relu", ["h_ln"], ["h_relu"]),
+    ]
+    if params == "carried":
+        nodes += [helper.make_node("Identity", ["g_in"], ["g_out"]), helper.make_node("Identity", ["b_in"], ["b_out"])]
+    elif params == "changed":
+        nodes += [
+            helper.make_node("Add", ["g_in", "g_in"], ["g_out"]),
+            helper.make_node("Identity", ["b_in"], ["b_out"]),
+        ]
+    if state == "grown":
+        nodes.append(helper.make_node("Concat", ["h_relu", "h_in"], ["h_out"], axis=1))
+    else:
+        nodes.append(helper.make_node("Identity", ["h_relu"], ["h_out"]))
+    outputs = ["c_out", *(["g_out", "b_out"] if carried else []), "h_out"]
+    return helper.make_graph(
+        nodes,
+        "body",
+        inputs,
+        [helper.make_tensor_value_info(o, TensorProto.BOOL if o == "c_out" else FLOAT, None) for o in outputs],
+    )
+
+
+def _model(opset: int, params: str = "carried", state: str = "kept", weights: str = "initializers") -> onnx.ModelProto:
+    """x -> Loop (a LayerNorm in its body) -> a LayerNorm after it; `weights`: gamma/beta as initializers or as
+    graph inputs (taken at run time)."""
+    carried = params != "outer"
+    loop = helper.make_node(
+        "Loop",
+        ["trips", "cond", *(["gamma", "beta"] if carried else []), "x"],
+        [*(["g_final", "b_final"] if carried else []), "h"],
+        body=_body(params, state),
+    )
+    nodes = [loop, *_layer_norm("h", "y", "gamma2", "beta2", "a_")]
+    inits = [
+        const("trips", np.array(2, np.int64)),
+        const("cond", np.array(True)),
+        const("a_eps", np.array(1e-3, np.float32)),
+        const("gamma2", rng.random(D).astype(np.float32) + 0.5),
+        const("beta2", rng.standard_normal(D).astype(np.float32)),
+    ]
+    inputs = [helper.make_tensor_value_info("x", FLOAT, ["b", "s", D])]
+    gamma = rng.random(D).astype(np.float32) + 0.5
+    beta = rng.standard_normal(D).astype(np.float32)
+    if weights == "initializers":
+        inits += [const("gamma", gamma), const("beta", beta)]
+    else:
+        inputs += [helper.make_tensor_value_info(n, FLOAT, [D]) for n in ("gamma", "beta")]
+    y_shape = ["b", "s_out", D]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", FLOAT, y_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _body_ops(model: onnx.ModelProto) -> list[str]:
+    (body,) = [a.g for a in model.graph.node[0].attribute if a.name == "body"]
+    return [f"{n.domain}:{n.op_type}" if n.domain else n.op_type for n in body.node]
+
+
+def _check_parity(model: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+    feeds = random_feeds(model, SHAPES)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    # What is written loads with everything on, with our library registered.
+    options = onnx_norm.session_options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(optimized.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights", ["initializers", "inputs"])
+@pytest.mark.parametrize("params", ["carried", "outer"])
+@pytest.mark.parametrize("opset", [13, 17])
+def test_norms_in_and_after_a_tf2onnx_loop_are_fused(opset: int, params: str, weights: str) -> None:
+    model = _model(opset, params, weights=weights)
+    optimized, report = optimize(model)
+    assert f"{DOMAIN}:LayerNorm" in _body_ops(optimized), report.near_misses
+    assert "ReduceMean" not in _body_ops(optimized)
+    assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
+    (fused,) = [n for n in optimized.graph.node[0].attribute[0].g.node if n.op_type == "LayerNorm"]
+    assert list(fused.input[1:]) == (["g_in", "b_in"] if params == "carried" else ["gamma", "beta"])
+    _check_parity(model, optimized)
+
+
+def test_a_loop_carried_scale_the_body_changes_is_no_parameter() -> None:
+    """gamma doubles every iteration: no fused op may read it as a fixed weight. The norm is fused without it (the
+    scale stays a Mul of its own) or not at all, and the results are the original's."""
+    model = _model(17, "changed", weights="inputs")
+    optimized, _ = optimize(model)
+    body = optimized.graph.node[0].attribute[0].g
+    assert all("g_in" not in n.input for n in body.node if n.domain == DOMAIN)
+    assert any(n.op_type == "Mul" and "g_in" in n.input for n in body.node)
+    _check_parity(model, optimized)
+
+
+def test_a_state_the_body_grows_keeps_no_assumed_shape() -> None:
+    """The body concatenates its state along the sequence, so the Loop's initial shape holds for the first
+    iteration only: that assumption is taken back, the norm on the state stays (its rank is unknown) and what is
+    written is the original's computation, body input shapes included."""
+    model = _model(17, "carried", state="grown")
+    optimized, report = optimize(model)
+    body = optimized.graph.node[0].attribute[0].g
+    assert "ReduceMean" in [n.op_type for n in body.node]
+    assert not body.input[4].type.tensor_type.HasField("shape")
+    assert any("rank" in m.reason for m in report.near_misses), report.near_misses
+    feeds = random_feeds(model, SHAPES)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_the_norm_after_the_loop_needs_no_symbolic_inference(opset: int, monkeypatch) -> None:
+    """onnx's inference leaves the Loop's output without a shape; the body returns its state with the shape it got,
+    so the output has it, and the norm after the Loop (axes counted from the front) is fused without ONNX
+    Runtime's symbolic inference."""
+    from onnx_norm.rewrite import passes
+
+    monkeypatch.setattr(passes, "_infer_symbolic_shapes", lambda model: None)
+    model = _model(opset, "carried")
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
+    _check_parity(model, optimized)
+
+
+def test_a_norm_of_a_scan_output_is_fused(monkeypatch) -> None:
+    """A scan output stacks the body's value along a new first dim: a norm over its axis 3 has the rank it needs."""
+    from onnx_norm.rewrite import passes
+
+    monkeypatch.setattr(passes, "_infer_symbolic_shapes", lambda model: None)
+    body_nodes = [
+        helper.make_node("Identity", ["c"], ["c_out"]),
+        helper.make_node("Relu", ["h_in"], ["h_out"]),
+        helper.make_node("Identity", ["h_out"], ["scan_out"]),
+    ]
+    body_inputs = [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("h_in", FLOAT, None),
+    ]
+    body_outputs = [
+        helper.make_tensor_value_info("c_out", TensorProto.BOOL, None),
+        *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("h_out", "scan_out")),
+    ]
+    body = helper.make_graph(body_nodes, "body", body_inputs, body_outputs)
+    nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["h", "stacked"], body=body)]
+    nodes += _layer_norm("stacked", "y", "gamma", "beta", "a_")
+    for node in nodes[1:]:
+        if node.op_type == "ReduceMean":
+            node.attribute[0].ints[:] = [3]
+    inits = [
+        const("trips", np.array(2, np.int64)),
+        const("cond", np.array(True)),
+        const("a_eps", np.array(1e-3, np.float32)),
+        const("gamma", rng.random(D).astype(np.float32) + 0.5),
+        const("beta", rng.standard_normal(D).astype(np.float32)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", FLOAT, ["b", "s", D])],
+        [helper.make_tensor_value_info("y", FLOAT, ["t", "b", "s", D])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
+    _check_parity(model, optimized)
