@@ -357,7 +357,7 @@ class _Models:
 
 
 def _load_models(original: Any, optimized: Any, include_unoptimized: bool) -> _Models:
-    original_proto = model_inputs.load_model(original, load_external_data=True)
+    original_proto = model_inputs.load_model(original, resolve_external=True)
     in_memory = optimized is None
     labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
     labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
@@ -365,7 +365,7 @@ def _load_models(original: Any, optimized: Any, include_unoptimized: bool) -> _M
         from onnx_norm.rewrite import optimize
 
         optimized, _ = optimize(original_proto)
-    optimized_proto = model_inputs.load_model(optimized, load_external_data=True)
+    optimized_proto = model_inputs.load_model(optimized, resolve_external=True)
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     variants: dict[str, tuple[onnx.ModelProto, OptLevel]] = {
         ORIGINAL: (original_proto, "all"),
