@@ -16,7 +16,8 @@ Models (`--shape`):
 Layouts (`--layout`): `onnx` writes the external data as `onnx.save(..., save_as_external_data=True)` does (one file,
 tensors above 1 KiB back to back at unaligned offsets), `aligned` the same with offsets aligned to 64 KiB (as onnx-ir
 and the GenAI builder align them), `inline` keeps every weight in the .onnx file (small models only).
-`--data-dir NAME` puts the data file in a sibling folder, named through a relative location (`../NAME/...`).
+`--data-dir NAME` puts the data file in a folder below the model's, named through a relative location (`NAME/...`;
+ONNX Runtime and onnx's checker refuse a location that leaves the model's folder).
 
     python tools/memory_check.py optimize                       # 1 GiB, onnx-written
     python tools/memory_check.py verify --layers 33             # 2.06 GiB
@@ -157,9 +158,9 @@ def build(path: Path, args: argparse.Namespace) -> int:
     if args.layout != "inline":
         folder = path.parent
         if args.data_dir:
-            folder = path.parent.parent / args.data_dir
+            folder = path.parent / args.data_dir
             folder.mkdir(exist_ok=True)
-            location = f"../{args.data_dir}/{location}"
+            location = f"{args.data_dir}/{location}"
         data_path = folder / f"{path.name}.data"
     w = _Writer(data_path, location, ALIGNMENT if args.layout == "aligned" else None)
     elem = helper.np_dtype_to_tensor_dtype(dtype)
@@ -216,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--intermediate", type=int, default=11008)
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     parser.add_argument("--layout", choices=("onnx", "aligned", "inline"), default="onnx")
-    parser.add_argument("--data-dir", help="write the data file into this sibling folder (a relative location)")
+    parser.add_argument("--data-dir", help="write the data file into this subfolder (a relative location)")
     parser.add_argument("--out", type=Path, help="build: where to write the model")
     parser.add_argument("--dir", type=Path, help="where to build (default: a temporary directory, removed after)")
     return parser
