@@ -54,7 +54,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_norm import defaults
+from onnx_norm import defaults, weights
 from onnx_norm import inputs as model_inputs
 from onnx_norm.ops.schema import OPS
 from onnx_norm.paths import json_safe, write_json_atomic
@@ -85,6 +85,9 @@ VARIANT_LABELS = {
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
 NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
 _PROFILE_RUNS = 10
+GIB = 2**30
+#: At most this many bytes of weight copies, one per session, before the sessions share one copy.
+PER_SESSION_WEIGHTS_LIMIT = GIB
 #: Untimed bound runs of each CUDA graph session before the bench: the regular run ORT needs, then the capture.
 _GRAPH_SETUP_RUNS = 2
 
@@ -218,6 +221,7 @@ class BenchReport:
     environment: dict[str, str]
     cuda_graph: bool = False
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # variant -> why it was not measured
+    weights_policy: str = ""  # how the sessions got their weights (copies per session, or one shared copy)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -346,34 +350,78 @@ def _environment(provider: str, threads: int | None, cuda_graph: bool = False) -
 
 @dataclasses.dataclass
 class _Models:
-    """The models a bench times: the original, the optimized one, labels for messages, and the variants (model and
-    ORT optimization level, by variant name)."""
+    """The models a bench times: the original, the optimized one, labels for messages, the variants (what a session
+    is made from and ORT optimization level, by variant name), and the weights policy (`_weights_policy`)."""
 
     original: onnx.ModelProto
     optimized: onnx.ModelProto
     in_memory: bool
     labels: dict[str, str]
-    variants: dict[str, tuple[onnx.ModelProto, OptLevel]]
+    variants: dict[str, tuple[onnx.ModelProto | str | Path, OptLevel]]
+    shared: weights.SharedWeights | None = None
+    policy: str = ""
+    given: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the caller passed, by variant
 
 
 def _load_models(original: Any, optimized: Any, include_unoptimized: bool) -> _Models:
-    original_proto = model_inputs.load_model(original, load_external_data=True)
+    original_proto = model_inputs.load_model(original, resolve_external=True)
     in_memory = optimized is None
     labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
     labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
     if optimized is None:
         from onnx_norm.rewrite import optimize
 
-        optimized, _ = optimize(original_proto)
-    optimized_proto = model_inputs.load_model(optimized, load_external_data=True)
+        # From the path when there is one: the rewrite memory-maps the weights instead of reading them.
+        optimized, _ = optimize(original if isinstance(original, (str, Path)) else original_proto)
+    optimized_proto = model_inputs.load_model(optimized, resolve_external=True)
     model_inputs.check_same_inputs(original_proto, optimized_proto)
-    variants: dict[str, tuple[onnx.ModelProto, OptLevel]] = {
+    variants: dict[str, tuple[onnx.ModelProto | str | Path, OptLevel]] = {
         ORIGINAL: (original_proto, "all"),
         OPTIMIZED: (optimized_proto, "all"),
     }
     if include_unoptimized:
         variants[UNOPTIMIZED] = (original_proto, "disabled")
-    return _Models(original_proto, optimized_proto, in_memory, labels, variants)
+    given = {ORIGINAL: original, UNOPTIMIZED: original, OPTIMIZED: optimized}
+    return _Models(original_proto, optimized_proto, in_memory, labels, variants, given=given)
+
+
+def _weights_policy(models: _Models, count: int) -> None:
+    """Decides how the sessions get their weights, and says so in `models.policy`.
+
+    Every session loading its own copy (ONNX Runtime's default, weights pre-packed) is kept while all those copies
+    take at most PER_SESSION_WEIGHTS_LIMIT and half of the memory available. Beyond that, with external data, every
+    session of every variant reads one memory-mapped copy (`weights.SharedWeights`; the optimized model's tensors
+    that hold the same bytes as the original's are the original's), with ORT's pre-packing off in all of them alike,
+    so that the variants stay comparable. InputError (one line, nothing allocated) when even that does not fit."""
+    sizes = {name: weights.weight_bytes(proto) for name, (proto, _) in models.variants.items()}
+    copies = count * sum(sizes.values())
+    external = weights.has_external_data(models.original) or weights.has_external_data(models.optimized)
+    sessions = count * len(models.variants)
+    limit = min(PER_SESSION_WEIGHTS_LIMIT, weights.available_memory() // 2)
+    if copies <= limit or not external:
+        weights.check_memory(copies, "bench")
+        if external:  # ORT loads each model from its own file, as users run it
+            for name, (_, level) in list(models.variants.items()):
+                if isinstance(models.given[name], (str, Path)):
+                    models.variants[name] = (models.given[name], level)
+        models.policy = f"weights: {sessions} sessions, each with its own copy ({copies / GIB:.2f} GiB in all)"
+        return
+    shared = weights.SharedWeights()
+    original_refs = {t.name: weights.reference(t) for t in weights.external_tensors(models.original)}
+    unshared = 0
+    for tensor in weights.external_tensors(models.optimized):
+        ref, same = weights.reference(tensor), original_refs.get(tensor.name)
+        if same is not None and weights.same_bytes(ref, same):
+            shared.alias(ref, same)
+        else:
+            unshared += ref.length
+    resident = weights.weight_bytes(models.original) + unshared
+    weights.check_memory(resident, "bench")
+    models.shared = shared
+    models.policy = (
+        f"weights: one memory-mapped copy ({resident / GIB:.2f} GiB) shared by all {sessions} sessions, ONNX "
+        f"Runtime's weight pre-packing off in every variant (per-session copies would take {copies / GIB:.2f} GiB)"
+    )
 
 
 @dataclasses.dataclass
@@ -428,14 +476,21 @@ def _sessions(models: _Models, config: RuntimeConfig, count: int) -> dict[str, l
     """`count` sessions of every variant."""
     return {
         name: [
-            create_session(proto, config.replace(optimization=level), label=models.labels[name]) for _ in range(count)
+            create_session(proto, config.replace(optimization=level), label=models.labels[name], shared=models.shared)
+            for _ in range(count)
         ]
         for name, (proto, level) in models.variants.items()
     }
 
 
 def _graph_runners(
-    proto: onnx.ModelProto, config: RuntimeConfig, feeds: Mapping[str, np.ndarray], count: int, label: str
+    proto: Any,
+    config: RuntimeConfig,
+    feeds: Mapping[str, np.ndarray],
+    count: int,
+    label: str,
+    *,
+    shared: weights.SharedWeights | None = None,
 ) -> list[Runner]:
     """`count` CUDA graph sessions of one variant, outputs bound to preallocated device memory, each run until it
     has captured its graph. Raises SessionError with "CUDA graph not possible" when ORT refuses the graph."""
@@ -443,14 +498,14 @@ def _graph_runners(
     runners = []
     for _ in range(count):
         try:
-            session = create_session(proto, config, label=label)
+            session = create_session(proto, config, label=label, shared=shared)
         except RuntimeUnavailableError:
             raise
         except SessionError as err:
             raise SessionError(f"CUDA graph not possible: {err}") from err
         if probe is None and static_output_shapes(session) is None:
             # An ordinary session gives the output shapes; its own errors are the model's, not the graph's.
-            probe = create_session(proto, config.replace(cuda_graph=False), label=label)
+            probe = create_session(proto, config.replace(cuda_graph=False), label=label, shared=shared)
         outputs = preallocate_outputs(session, feeds, "cuda", config.device_id, probe=probe, label=label)
         runner = Runner(session, feeds, config, label=label, outputs=outputs)
         try:
@@ -478,7 +533,9 @@ def _runners(
     for name, (proto, level) in models.variants.items():
         label = models.labels[name]
         try:
-            runners[name] = _graph_runners(proto, config.replace(optimization=level), point.sample, count, label)
+            level_config = config.replace(optimization=level)
+            shared = {"shared": models.shared} if models.shared is not None else {}
+            runners[name] = _graph_runners(proto, level_config, point.sample, count, label, **shared)
         except SessionError as err:
             if isinstance(err, RuntimeUnavailableError):
                 raise
@@ -527,8 +584,9 @@ def _profiles(models: _Models, config: RuntimeConfig, feeds: Mapping[str, np.nda
     for name, (proto, level) in models.variants.items():
         norm_nodes = frozenset() if name == OPTIMIZED else removed
 
-        def factory(prefix: str, proto: onnx.ModelProto = proto, level: OptLevel = level) -> Any:
-            return create_session(proto, config.replace(optimization=level), profile_prefix=prefix)
+        def factory(prefix: str, proto: Any = proto, level: OptLevel = level) -> Any:
+            level_config = config.replace(optimization=level)
+            return create_session(proto, level_config, profile_prefix=prefix, shared=models.shared)
 
         profiles[name] = profile_split(factory, feeds, norm_nodes)
     return profiles
@@ -580,6 +638,8 @@ def bench(
     if sessions_per_variant < 1:
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
     models = _load_models(original, optimized, include_unoptimized)
+    _weights_policy(models, sessions_per_variant)
+    logger.info("%s", models.policy)
     points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
     config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)
     # Graph sessions are made per point, with their runners; ordinary ones serve every point.
@@ -617,4 +677,5 @@ def bench(
         environment=_environment(provider, threads, cuda_graph),
         cuda_graph=cuda_graph,
         skipped=skipped,
+        weights_policy=models.policy,
     )

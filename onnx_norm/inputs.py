@@ -72,32 +72,61 @@ class InputSpec:
         return f"{self.name}: {onnx.helper.tensor_dtype_to_string(self.elem_type)}[{dims}]"
 
 
-def load_model(model: object, *, load_external_data: bool = False, checked: bool = True) -> onnx.ModelProto:
+def load_model(model: object, *, resolve_external: bool = False, checked: bool = True) -> onnx.ModelProto:
     """A ModelProto from a path, a ModelProto or an onnx_ir.Model; raises InputError for a file that is missing,
-    unreadable, not ONNX, or (when `checked`) refused by ONNX's checker (`model_io.check`), and for missing
-    external data."""
-    from onnx_norm import model_io
+    unreadable, not ONNX, or (when `checked`) refused by ONNX's checker (`model_io.check`).
 
+    External tensors are never read. With `resolve_external` their locations are made absolute (relative to the
+    model's file; to the working directory for a ModelProto) and their files checked (InputError when one is
+    missing or short), so that sessions can hand them to ONNX Runtime (onnx_norm.weights); a ModelProto given
+    with external tensors is then copied, not changed."""
+    from onnx_norm import model_io, weights
+
+    base: str | Path = "."
     try:
         if isinstance(model, onnx.ModelProto):
             if checked:
                 model_io.check(model, "the ModelProto")
-            return model
-        if not isinstance(model, (str, Path)):
+            proto, where = model, "the ModelProto"
+        elif not isinstance(model, (str, Path)):
             import onnx_ir as ir
 
-            if isinstance(model, ir.Model):
-                return ir.serde.serialize_model(model)
-            raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
-        path = Path(model)
-        proto = model_io.read_proto(path, checked=checked)
+            if not isinstance(model, ir.Model):
+                raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
+            proto, where = _serialize_ir(model), "the model"
+        else:
+            path = Path(model)
+            proto, where, base = model_io.read_proto(path, checked=checked), str(path), path.parent
     except model_io.ModelLoadError as err:
         raise InputError(str(err)) from None
-    if load_external_data:
+    if resolve_external:
+        if proto is model and weights.has_external_data(proto):
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)  # the caller's proto keeps its locations (its large tensors are external)
         try:
-            onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-        except Exception as err:  # a missing or short data file: OSError, ValueError, ...
-            raise InputError(f"{path}: cannot read its external data: {' '.join(str(err).split())}") from err
+            weights.resolve(proto, base, where=where)
+        except weights.WeightsError as err:
+            raise InputError(str(err)) from None
+    return proto
+
+
+def _serialize_ir(model: object) -> onnx.ModelProto:
+    """The ModelProto of an onnx_ir.Model, its external tensors as references with absolute locations (each
+    ExternalTensor knows the folder it was read from)."""
+    import onnx_ir as ir
+
+    assert isinstance(model, ir.Model)
+    proto = ir.serde.serialize_model(model)
+    files = {
+        value.name: os.path.join(value.const_value.base_dir, value.const_value.location)
+        for value in model.graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    }
+    for tensor in proto.graph.initializer:
+        if tensor.name in files and tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = os.path.abspath(files[tensor.name])
     return proto
 
 

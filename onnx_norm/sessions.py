@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_norm import defaults
+from onnx_norm import defaults, weights
 from onnx_norm.defaults import OptLevel, Provider
 from onnx_norm.model_io import proto_nodes
 from onnx_norm.ops.reference import np_dtype
@@ -73,6 +73,9 @@ class RuntimeConfig:
     # ONNX Runtime's CUDA graphs (capture on the first bound run, replay after): only on the CUDA provider, and only
     # with every input and output bound to device memory that never moves (Runner with preallocated outputs).
     cuda_graph: bool = defaults.CUDA_GRAPH
+    # ORT's priority-based execution order: runs a node as soon as it can feed the next one, where the default order
+    # may run every input-free node first (the float64 copy's weight Casts: all the weights in float64 at once).
+    priority_order: bool = False
 
     def __post_init__(self) -> None:
         if self.cuda_graph and self.provider != "cuda":
@@ -151,6 +154,8 @@ def session_options(
         options.intra_op_num_threads = config.threads
         options.inter_op_num_threads = 1
     options.log_severity_level = ort_log_level()
+    if config.priority_order:
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if not config.spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -189,9 +194,14 @@ def create_session(
     custom_ops: bool | None = None,
     profile_prefix: str | None = None,
     label: str = "the model",
+    shared: weights.SharedWeights | None = None,
 ) -> ort.InferenceSession:
-    """An InferenceSession for `model` (a path keeps external data working); `custom_ops=None` registers the
-    library only if the model needs it. Errors are SessionError naming `label`."""
+    """An InferenceSession for `model`; `custom_ops=None` registers the library only if the model needs it. Errors
+    are SessionError naming `label`.
+
+    A path is loaded by ONNX Runtime itself (its external data too). A ModelProto whose external tensors are
+    references (absolute locations: `weights.resolve`) gets them as OrtValues over memory maps, from `shared` when
+    given (one copy for every session sharing it), without reading them into Python memory."""
     proto = model if isinstance(model, onnx.ModelProto) else None
     signature = proto if proto is not None else onnx.load(str(model), load_external_data=False)
     if custom_ops is None:
@@ -204,6 +214,8 @@ def create_session(
     try:
         if proto is None:
             session = ort.InferenceSession(str(model), options, providers=providers(config))
+        elif weights.has_external_data(proto):
+            session = _session_with_shared_weights(proto, options, config, shared or weights.SharedWeights())
         elif proto.ByteSize() < _PROTOBUF_LIMIT:
             session = ort.InferenceSession(proto.SerializeToString(), options, providers=providers(config))
         else:
@@ -222,6 +234,19 @@ def create_session(
             f"asked for {wanted} but ONNX Runtime runs the model on {active}; it falls back to the CPU when CUDA, "
             "cuDNN or the driver cannot be loaded (see the log above, or run with -v). No result is reported."
         )
+    return session
+
+
+def _session_with_shared_weights(
+    proto: onnx.ModelProto, options: ort.SessionOptions, config: RuntimeConfig, shared: weights.SharedWeights
+) -> ort.InferenceSession:
+    """A session of a proto with external tensors: a header file beside placeholders, the tensors handed over from
+    `shared` (see onnx_norm.weights). The header and placeholders are removed once ORT has built the session."""
+    values = weights.add_initializers(options, proto, shared)
+    with weights.temporary_directory() as tmp:
+        path = weights.session_file(proto, Path(tmp))
+        session = ort.InferenceSession(str(path), options, providers=providers(config))
+    session._onnx_norm_weights = (shared, values)  # type: ignore[attr-defined]  # alive as long as the session
     return session
 
 

@@ -1,14 +1,29 @@
-"""Peak memory of `onnx-norm optimize` on a large model, as a multiple of the model's size.
+"""Peak memory of `onnx-norm optimize`, `verify` and `bench` on a large model, against the model's weight bytes.
 
-Builds a model of `--layers` blocks (MatMul with a `--hidden` x `--hidden` float32 weight, then a decomposed
-RMSNorm or LayerNorm, alternately), ~1 GiB by default, saves it with external data in a temporary directory, runs
-`onnx-norm -v optimize` on it in a child process and reports the child's peak resident memory (ru_maxrss) next to
-the model's size. The norms are fused, so the run does all the work a real model needs (shape inference, matching,
-proofs, saving).
+Builds a model with external data in a temporary directory (in a child process of its own, so that no measured
+process inherits the builder's memory), runs one onnx-norm command on it in a child process and reports that
+child's peak resident memory (`os.wait4`'s ru_maxrss) next to the weight bytes W, with the budget of issue 20.
+Exits with the command's exit status when it fails, and 3 when it succeeded above the budget.
 
-    python tools/memory_check.py                      # ~1 GiB: 16 layers of 4096 x 4096
-    python tools/memory_check.py --inline             # the weights inside the .onnx file
-    python tools/memory_check.py --layers 4           # ~256 MiB, quicker
+Models (`--shape`):
+
+- `blocks` (default): `--layers` blocks of a `--hidden` x `--hidden` MatMul followed by a decomposed RMSNorm or
+  LayerNorm, alternately; 16 x 4096 fp32 is 1.00 GiB, 33 x 4096 is 2.06 GiB (past protobuf's 2 GiB).
+- `llama`: LLaMA-shaped decoder layers (decomposed RMSNorm with fp32 statistics between Casts, q/k/v/o projections,
+  single-head attention, SwiGLU MLP, residual Adds), `--hidden` 4096 and `--intermediate` 11008 by default; 10
+  fp16 layers are 3.8 GiB.
+
+Layouts (`--layout`): `onnx` writes the external data as `onnx.save(..., save_as_external_data=True)` does (one file,
+tensors above 1 KiB back to back at unaligned offsets), `aligned` the same with offsets aligned to 64 KiB (as onnx-ir
+and the GenAI builder align them), `inline` keeps every weight in the .onnx file (small models only).
+`--data-dir NAME` puts the data file in a folder below the model's, named through a relative location (`NAME/...`;
+ONNX Runtime and onnx's checker refuse a location that leaves the model's folder).
+
+    python tools/memory_check.py optimize                       # 1 GiB, onnx-written
+    python tools/memory_check.py verify --layers 33             # 2.06 GiB
+    python tools/memory_check.py bench --layers 33 -- --repeat 5
+    python tools/memory_check.py verify --shape llama --dtype float16 --layers 10
+    python tools/memory_check.py build --layers 33 --out /tmp/big.onnx     # only write the model
 """
 
 from __future__ import annotations
@@ -19,100 +34,243 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx_ir as ir
+import onnx
+from onnx import TensorProto, helper
+
+#: Tensors above this many bytes go to the data file, as onnx.save's default `size_threshold`.
+EXTERNAL_THRESHOLD = 1024
+ALIGNMENT = 65536
+GIB = 2**30
+#: The issue's budgets: peak RSS <= factor * W + 1 GiB.
+BUDGETS = {"optimize": 0.25, "verify": 1.5, "optimize-verify": 1.5, "bench": 1.5}
 
 
-def _decomposed_norm(inputs: list, x: ir.Value, hidden: int, layer: int, rng: np.random.Generator) -> ir.Value:
-    """Appends the nodes of one norm reading `x` to `inputs` (a node list); returns its output."""
+class _Writer:
+    """Collects initializers; writes the large ones to the data file as they come (one tensor in memory)."""
 
-    def const(name: str, array: np.ndarray) -> ir.Value:
-        value = ir.Value(name=f"l{layer}_{name}", const_value=ir.tensor(array, name=f"l{layer}_{name}"))
-        value.type = ir.TensorType(ir.DataType.FLOAT if array.dtype == np.float32 else ir.DataType.INT64)
-        value.shape = ir.Shape(array.shape)
-        inputs.append(("init", value))
-        return value
+    def __init__(self, data_path: Path | None, location: str, align: int | None) -> None:
+        self.data = open(data_path, "wb") if data_path is not None else None  # noqa: SIM115 - closed in finish
+        self.location = location
+        self.align = align
+        self.initializers: list[TensorProto] = []
+        self.weight_bytes = 0
 
-    def node(op: str, *args: ir.Value, **attrs) -> ir.Value:
-        made = ir.node(op, list(args), attributes=attrs or None, name=f"l{layer}_{op}_{len(inputs)}")
-        inputs.append(("node", made))
-        return made.outputs[0]
+    def add(self, name: str, array: np.ndarray) -> str:
+        self.weight_bytes += array.nbytes
+        if self.data is None or array.nbytes <= EXTERNAL_THRESHOLD:
+            self.initializers.append(onnx.numpy_helper.from_array(array, name))
+            return name
+        offset = self.data.tell()
+        if self.align:
+            offset = -(-offset // self.align) * self.align
+            self.data.seek(offset)
+        self.data.write(np.ascontiguousarray(array).tobytes())
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(array.nbytes))):
+            tensor.external_data.add(key=key, value=value)
+        self.initializers.append(tensor)
+        return name
 
-    axes = const("axes", np.asarray([-1], np.int64))
-    eps = const("eps", np.asarray(1e-5, np.float32))
-    weight = const("w", (rng.random(hidden) + 0.5).astype(np.float32))
-    data = x
-    if layer % 2:
-        data = node("Sub", x, node("ReduceMean", x, axes))
-    square = node("Mul", data, data)
-    stat = node("ReduceMean", square, axes)
-    normalised = node("Div", data, node("Sqrt", node("Add", stat, eps)))
-    return node("Mul", normalised, weight)
+    def finish(self) -> None:
+        if self.data is not None:
+            self.data.close()
 
 
-def build(path: Path, layers: int, hidden: int, inline: bool = False) -> int:
-    """Writes the model (with external data unless `inline`); returns its tensor bytes."""
-    rng = np.random.default_rng(0)
-    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", "seq", hidden]))
-    items: list = []
-    value = x
-    total = 0
-    for layer in range(layers):
-        weight = (rng.standard_normal((hidden, hidden), dtype=np.float32) * hidden**-0.5).astype(np.float32)
-        total += weight.nbytes
-        w = ir.Value(name=f"l{layer}_matmul_w", const_value=ir.tensor(weight, name=f"l{layer}_matmul_w"))
-        w.type, w.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(weight.shape)
-        items.append(("init", w))
-        matmul = ir.node("MatMul", [value, w], name=f"l{layer}_MatMul")
-        items.append(("node", matmul))
-        value = _decomposed_norm(items, matmul.outputs[0], hidden, layer, rng)
-    value.name = "y"
-    nodes = [item for kind, item in items if kind == "node"]
-    initializers = [item for kind, item in items if kind == "init"]
-    graph = ir.Graph([x], [value], nodes=nodes, initializers=initializers, opset_imports={"": 18}, name="big")
-    ir.save(ir.Model(graph, ir_version=10), path, external_data=None if inline else path.name + ".data")
-    return total
+def _norm(nodes: list, w: _Writer, x: str, hidden: int, prefix: str, dtype: np.dtype, *, centred: bool) -> str:
+    """A decomposed RMSNorm (LayerNorm when `centred`) of `x`, its statistics in fp32 between Casts for fp16."""
+    axes = w.add(f"{prefix}_axes", np.asarray([-1], np.int64))
+    eps = w.add(f"{prefix}_eps", np.asarray(1e-5, np.float32))
+    scale = w.add(f"{prefix}_scale", np.linspace(0.5, 1.5, hidden).astype(dtype))
+
+    def node(op: str, *inputs: str, **attrs: object) -> str:
+        out = f"{prefix}_{op}_{len(nodes)}"
+        nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
+        return out
+
+    data = node("Cast", x, to=TensorProto.FLOAT) if dtype != np.float32 else x
+    if centred:
+        data = node("Sub", data, node("ReduceMean", data, axes))
+    stat = node("ReduceMean", node("Mul", data, data), axes)
+    normed = node("Div", data, node("Sqrt", node("Add", stat, eps)))
+    if dtype != np.float32:
+        normed = node("Cast", normed, to=helper.np_dtype_to_tensor_dtype(dtype))
+    return node("Mul", normed, scale)
+
+
+def _weight(rng: np.random.Generator, rows: int, cols: int, dtype: np.dtype, cache: dict) -> np.ndarray:
+    """A rows x cols weight scaled to keep activations near unit size. One random draw per shape (drawing GiBs of
+    random numbers would take longer than anything measured), rolled by a different amount for every weight: ONNX
+    Runtime may keep identical initializers once, and the weights must be W bytes of distinct data."""
+    if (rows, cols) not in cache:
+        cache[(rows, cols)] = [(rng.standard_normal((rows, cols), dtype=np.float32) * rows**-0.5).astype(dtype), 0]
+    entry = cache[(rows, cols)]
+    entry[1] += 1
+    return np.roll(entry[0], entry[1], axis=1)
+
+
+def _blocks(w: _Writer, nodes: list, x: str, args: argparse.Namespace, dtype: np.dtype) -> str:
+    rng, cache = np.random.default_rng(0), {}
+    for layer in range(args.layers):
+        weight = w.add(f"l{layer}_matmul_w", _weight(rng, args.hidden, args.hidden, dtype, cache))
+        out = f"l{layer}_matmul"
+        nodes.append(helper.make_node("MatMul", [x, weight], [out], name=out))
+        x = _norm(nodes, w, out, args.hidden, f"l{layer}_norm", dtype, centred=bool(layer % 2))
+    return x
+
+
+def _llama(w: _Writer, nodes: list, x: str, args: argparse.Namespace, dtype: np.dtype) -> str:
+    rng, cache = np.random.default_rng(0), {}
+    hidden, inter = args.hidden, args.intermediate
+
+    def node(op: str, *inputs: str, **attrs: object) -> str:
+        out = f"{op}_{len(nodes)}"
+        nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def linear(value: str, name: str, rows: int, cols: int) -> str:
+        return node("MatMul", value, w.add(name, _weight(rng, rows, cols, dtype, cache)))
+
+    inv_sqrt = w.add("attn_scale", np.asarray(hidden**-0.5, dtype))
+    for layer in range(args.layers):
+        p = f"l{layer}"
+        h = _norm(nodes, w, x, hidden, f"{p}_input_norm", dtype, centred=False)
+        q, k, v = (linear(h, f"{p}_{n}_proj", hidden, hidden) for n in "qkv")
+        scores = node("Mul", node("MatMul", q, node("Transpose", k, perm=[0, 2, 1])), inv_sqrt)
+        attn = node("MatMul", node("Softmax", scores, axis=-1), v)
+        x = node("Add", x, linear(attn, f"{p}_o_proj", hidden, hidden))
+        h = _norm(nodes, w, x, hidden, f"{p}_post_norm", dtype, centred=False)
+        gate, up = linear(h, f"{p}_gate_proj", hidden, inter), linear(h, f"{p}_up_proj", hidden, inter)
+        silu = node("Mul", gate, node("Sigmoid", gate))
+        x = node("Add", x, linear(node("Mul", silu, up), f"{p}_down_proj", inter, hidden))
+    return _norm(nodes, w, x, hidden, "final_norm", dtype, centred=False)
+
+
+def build(path: Path, args: argparse.Namespace) -> int:
+    """Writes the model described by `args` to `path` (its data file as the layout says); returns W, the bytes of
+    its weights."""
+    dtype = np.dtype(args.dtype)
+    data_path, location = None, f"{path.name}.data"
+    if args.layout != "inline":
+        folder = path.parent
+        if args.data_dir:
+            folder = path.parent / args.data_dir
+            folder.mkdir(exist_ok=True)
+            location = f"{args.data_dir}/{location}"
+        data_path = folder / f"{path.name}.data"
+    w = _Writer(data_path, location, ALIGNMENT if args.layout == "aligned" else None)
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
+    nodes: list = []
+    try:
+        make = _llama if args.shape == "llama" else _blocks
+        y = make(w, nodes, "x", args, dtype)
+    finally:
+        w.finish()
+    nodes.append(helper.make_node("Identity", [y], ["y"], name="output"))
+    graph = helper.make_graph(
+        nodes,
+        args.shape,
+        [helper.make_tensor_value_info("x", elem, ["batch", "sequence", args.hidden])],
+        [helper.make_tensor_value_info("y", elem, ["batch", "sequence", args.hidden])],
+        w.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    onnx.save(model, path)
+    onnx.checker.check_model(str(path))  # by path: the checker finds the data file relative to the model
+    return w.weight_bytes
+
+
+def measure(command: Sequence[str]) -> tuple[int, float, int, str]:
+    """Runs `command` in a child; its exit status, seconds, peak RSS in bytes and its output."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the builder's
+        seconds = time.perf_counter() - start
+        log.seek(0)
+        return os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss * 1024, log.read()
+
+
+def command_for(name: str, source: Path, work: Path, extra: Sequence[str]) -> list[str]:
+    cli = [str(Path(sys.executable).parent / "onnx-norm")]
+    out = ["-o", str(work / "out.onnx")]
+    shape = ["--shape", "sequence:16"]
+    if name == "optimize":
+        return [*cli, "optimize", str(source), *out, *extra]
+    if name == "optimize-verify":
+        return [*cli, "optimize", str(source), *out, "--verify", *shape, *extra]
+    if name == "verify":
+        return [*cli, "verify", str(source), str(work / "opt.onnx"), *shape, *extra]
+    return [*cli, "bench", str(source), str(work / "opt.onnx"), *shape, *extra]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=[*BUDGETS, "build"])
+    parser.add_argument("--shape", choices=("blocks", "llama"), default="blocks")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--intermediate", type=int, default=11008)
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    parser.add_argument("--layout", choices=("onnx", "aligned", "inline"), default="onnx")
+    parser.add_argument("--data-dir", help="write the data file into this subfolder (a relative location)")
+    parser.add_argument("--out", type=Path, help="build: where to write the model")
+    parser.add_argument("--dir", type=Path, help="where to build (default: a temporary directory, removed after)")
+    return parser
+
+
+def _build_in_child(args: argparse.Namespace, path: Path) -> int:
+    """W of the model built at `path` by a child process."""
+    keys = ("shape", "layers", "hidden", "intermediate", "dtype", "layout", "data_dir")
+    flags = [f"--{key.replace('_', '-')}={getattr(args, key)}" for key in keys if getattr(args, key) is not None]
+    done = subprocess.run(
+        [sys.executable, __file__, "build", *flags, "--out", str(path)], check=True, capture_output=True, text=True
+    )
+    return int(done.stdout.split()[-1])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--inline", action="store_true", help="weights inside the .onnx file, not external data")
-    parser.add_argument("--build-only", metavar="PATH", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.build_only:
-        build(Path(args.build_only), args.layers, args.hidden, args.inline)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = _parser().parse_args(argv[:split])
+    args.extra = argv[split + 1 :]  # flags for the onnx-norm command
+    if args.command == "build":
+        if args.out is None:
+            raise SystemExit("build needs --out")
+        print(build(args.out, args))
         return 0
-    with tempfile.TemporaryDirectory(prefix="onnx-norm-memory-") as tmp:
-        source, output = Path(tmp) / "big.onnx", Path(tmp) / "big.opt.onnx"
-        # Built in a child of its own: a child forked from a process holding the weights would count them in its
-        # peak RSS before it runs anything.
-        builder = [sys.executable, __file__, "--layers", str(args.layers), "--hidden", str(args.hidden)]
-        subprocess.run([*builder, *(["--inline"] if args.inline else []), "--build-only", str(source)], check=True)
-        size = args.layers * args.hidden * args.hidden * 4
-        where = "inside the file" if args.inline else "as external data"
-        gib = size / 2**30
-        print(f"model: {args.layers} layers of {args.hidden} x {args.hidden}, {gib:.2f} GiB of weights {where}")
-        cli = Path(sys.executable).parent / "onnx-norm"
-        command = [str(cli), "-v", "optimize", str(source), "-o", str(output)]
-        start = time.perf_counter()
-        with tempfile.TemporaryFile("w+") as log:
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-            _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the builder's
-            child.returncode = os.waitstatus_to_exitcode(status)
-            seconds = time.perf_counter() - start
-            log.seek(0)
-            for line in log.read().splitlines():
-                if line.startswith(("INFO", "WARNING", "ERROR", "wrote", "Traceback")):
-                    print("  " + line)
-        peak = usage.ru_maxrss * 1024  # kilobytes on Linux
-        done = child
-        print(f"optimize: exit {done.returncode} in {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB")
-        print(f"peak RSS / model size: {peak / size:.2f}")
-        return done.returncode
+    with tempfile.TemporaryDirectory(prefix="onnx-norm-memory-", dir=args.dir) as tmp:
+        work = Path(tmp) / "model"
+        work.mkdir()
+        source = work / "big.onnx"
+        weights = _build_in_child(args, source)
+        print(
+            f"model: {args.shape} {args.layers} layers, hidden {args.hidden}, {args.dtype}, {args.layout} layout, "
+            f"W = {weights / GIB:.2f} GiB"
+        )
+        if args.command in ("verify", "bench"):
+            code, _, _, output = measure(command_for("optimize", source, work, []))
+            if code:
+                print(output)
+                return code
+            os.replace(work / "out.onnx", work / "opt.onnx")  # its data file keeps its name, which it refers to
+        command = command_for(args.command, source, work, args.extra)
+        code, seconds, peak, output = measure(command)
+        budget = BUDGETS[args.command] * weights + GIB
+        for line in output.splitlines()[-12:]:
+            print("  " + line)
+        print(f"{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(command))}")
+        print(
+            f"{args.command}: exit {code} in {seconds:.0f} s, peak RSS {peak / GIB:.2f} GiB "
+            f"= {peak / weights:.2f} W (budget {budget / GIB:.2f} GiB)"
+        )
+        if code:
+            return code
+        return 0 if peak <= budget else 3
 
 
 if __name__ == "__main__":

@@ -144,6 +144,8 @@ def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], conso
 
 
 def print_report(report: Any, console: Console, *, title: str) -> None:
+    if report.weights_policy:
+        console.print(report.weights_policy, highlight=False, markup=False)
     for point in report.points:
         console.print(_latency_table(report, point, title))
     for name, reason in report.skipped.items():

@@ -30,6 +30,7 @@ from onnx_norm.sessions import (
     model_label,
     run_model,
 )
+from onnx_norm.weights import check_memory, weight_bytes
 
 Results = list[dict[str, np.ndarray]]
 #: verify()'s options that check_options validates (all but the models and the given inputs).
@@ -41,7 +42,7 @@ def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
     rewrite, so that is a failed report. A file that is not an ONNX model at all is an InputError."""
     from onnx_norm import model_io
 
-    proto = model_inputs.load_model(optimized, load_external_data=True, checked=False)
+    proto = model_inputs.load_model(optimized, resolve_external=True, checked=False)
     try:
         model_io.check(proto, "the optimized model")
     except model_io.ModelLoadError as err:
@@ -99,7 +100,9 @@ class _Runs:
 
 @dataclasses.dataclass
 class _Models:
-    """The two models as run (with the fused norms' values exposed as outputs when comparing per node)."""
+    """The two models as run (with the fused norms' values exposed as outputs when comparing per node), and what
+    each session is made from: the model's path when it is run as it is (ONNX Runtime loads it as users do), else
+    the proto (its external tensors handed over without copying: onnx_norm.weights)."""
 
     original: onnx.ModelProto
     optimized: onnx.ModelProto
@@ -107,6 +110,13 @@ class _Models:
     original_fetch: list[str]
     optimized_fetch: list[str]
     optimized_failure: str | None
+    original_source: onnx.ModelProto | str | Path | None = None
+    optimized_source: onnx.ModelProto | str | Path | None = None
+    golden_form: str = ""
+
+
+def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onnx.ModelProto | str | Path:
+    return given if isinstance(given, (str, Path)) and exposed is proto else exposed
 
 
 def _models(
@@ -132,12 +142,30 @@ def _optimized_session(models: _Models, config: RuntimeConfig, level: OptLevel) 
     if models.optimized_failure is not None:
         return None
     try:
-        return create_session(models.optimized, config.replace(optimization=level), label="it")
+        source = models.optimized_source if models.optimized_source is not None else models.optimized
+        return create_session(source, config.replace(optimization=level), label="it")
     except RuntimeUnavailableError:
         raise
     except SessionError as err:
         models.optimized_failure = f"the optimized model does not run: {err}"
         return None
+
+
+def _golden_runs(
+    models: _Models, samples: Sequence[Mapping[str, np.ndarray]], golden: GoldenMethod, threads: int | None
+) -> tuple[Results | None, str, list[str]]:
+    """The float64 results of the original for every sample, the form that ran, and warnings."""
+    evaluator = GoldenEvaluator(models.original, golden, threads)
+    if evaluator.method == "none":
+        return None, "none", []
+    results: Results = []
+    for sample in samples:
+        result = evaluator.run(sample, models.original_fetch)
+        if result is None:
+            return None, "none", ["the float64 golden evaluation failed; compared with the original only"]
+        results.append(result)
+    models.golden_form = evaluator.form
+    return results, evaluator.method, []
 
 
 def _run(
@@ -148,30 +176,27 @@ def _run(
     golden: GoldenMethod,
     hint: str,
 ) -> _Runs:
-    original_session = create_session(models.original, config, label=models.original_label)
-    golden_eval = GoldenEvaluator(models.original, golden, config.threads)
-    optimized_session = _optimized_session(models, config, optimized_optimization)
-    runs = _Runs([], [], [] if golden_eval.method != "none" else None, golden_eval.method, None, [])
+    """Runs the original, its float64 evaluation and the optimized model on every sample, one model at a time:
+    each session is freed before the next is made, so that the weights of only one are resident."""
+    source = models.original_source if models.original_source is not None else models.original
+    session = create_session(source, config, label=models.original_label)
+    original: Results = []
     for sample in samples:
         try:
-            runs.original.append(
-                run_model(original_session, sample, models.original_fetch, label=models.original_label)
-            )
+            original.append(run_model(session, sample, models.original_fetch, label=models.original_label))
         except SessionError as err:
             raise SessionError(f"{err}{hint}") from err
-        if models.optimized_failure is None:
-            try:
-                runs.optimized.append(run_model(optimized_session, sample, models.optimized_fetch, label="it"))
-            except SessionError as err:
-                models.optimized_failure = f"the optimized model does not run: {err}"
-        if runs.golden is not None:
-            result = golden_eval.run(sample, models.original_fetch)
-            if result is None:
-                runs.golden = None
-                runs.warnings.append("the float64 golden evaluation failed; compared with the original only")
-            else:
-                runs.golden.append(result)
-    runs.golden_method = golden_eval.method if runs.golden is not None else "none"
+    del session
+    golden_results, method, warnings = _golden_runs(models, samples, golden, config.threads)
+    runs = _Runs(original, [], golden_results, method, None, warnings)
+    session = _optimized_session(models, config, optimized_optimization)
+    for sample in samples if session is not None else []:
+        try:
+            runs.optimized.append(run_model(session, sample, models.optimized_fetch, label="it"))
+        except SessionError as err:
+            models.optimized_failure = f"the optimized model does not run: {err}"
+            break
+    del session
     runs.optimized_failure = models.optimized_failure
     return runs
 
@@ -234,7 +259,7 @@ def verify(
     # Every option check_options takes, by name: verify() validates exactly what the CLI validates.
     tolerances, shapes = check_options(**{name: value for name, value in locals().items() if name in _CHECKED})
     original_label = model_label("original", original)
-    original_proto = model_inputs.load_model(original, load_external_data=True)
+    original_proto = model_inputs.load_model(original, resolve_external=True)
     optimized_proto, optimized_failure = _load_optimized(optimized)
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     output_names = [value.name for value in original_proto.graph.output]
@@ -243,6 +268,9 @@ def verify(
 
     norms = find_fused_norms(original_proto, optimized_proto) if per_node and optimized_failure is None else []
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
+    models.original_source = _source(original, original_proto, models.original)
+    models.optimized_source = _source(optimized, optimized_proto, models.optimized)
+    check_memory(max(weight_bytes(original_proto), weight_bytes(optimized_proto)), "verify")
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
     runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
     present = {value.name for value in optimized_proto.graph.output}
@@ -262,6 +290,7 @@ def verify(
         provider=provider,
         original_optimization=original_optimization,
         golden=runs.golden_method,
+        golden_form=models.golden_form if runs.golden_method != "none" else "",
         seed=seed,
         elapsed_s=time.perf_counter() - start,
         warnings=warnings,

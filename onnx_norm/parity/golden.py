@@ -20,15 +20,62 @@ from onnx_norm.sessions import RuntimeConfig, SessionError, create_session, run_
 logger = logging.getLogger(__name__)
 
 
+#: Float initializers from this size on (and every external one) stay in their type in the float64 copy, each
+#: cast to float64 by a node of its own just before its first use: ORT then holds one of them in float64 at a time
+#: instead of a float64 copy of all the weights (two to four times their size).
+CAST_AT_USE_BYTES = 1 << 20
+#: The forms of the golden evaluation, as the report names them.
+FORM_WHOLE = "whole model in float64"
+FORM_CAST_AT_USE = "whole model in float64, large weights kept in their type and cast to float64 where used"
+
+
 def upcast_to_double(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` in which every float16/bfloat16/float32 tensor, cast and constant is float64."""
+    """A copy of `model` in which every float16/bfloat16/float32 tensor, cast and constant is float64 (large and
+    external initializers through a Cast where they are used: `CAST_AT_USE_BYTES`). External tensors are not read."""
     upcast = onnx.ModelProto()
     upcast.CopyFrom(model)
+    _cast_at_use(upcast.graph)
     _upcast_graph(upcast.graph)
     for function in upcast.functions:
         for node in function.node:
             _upcast_node(node)
     return upcast
+
+
+def _is_large(tensor: onnx.TensorProto) -> bool:
+    if tensor.data_type not in FLOAT_TYPES:
+        return False
+    return tensor.data_location == TensorProto.EXTERNAL or len(tensor.raw_data) >= CAST_AT_USE_BYTES
+
+
+def _names_used(node: onnx.NodeProto) -> set[str]:
+    """The values a node reads, its subgraphs' reads of outer values included."""
+    used = set(node.input)
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in graph.node:
+                used |= _names_used(inner)
+    return used
+
+
+def _cast_at_use(graph: onnx.GraphProto) -> None:
+    """Renames each large float initializer of `graph` (not one that is also a graph input) and inserts a Cast of it
+    to float64, under its old name, right before the first node that reads it."""
+    inputs = {value.name for value in graph.input}
+    large = {tensor.name: tensor for tensor in graph.initializer if _is_large(tensor) and tensor.name not in inputs}
+    if not large:
+        return
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        for name in sorted(_names_used(node) & large.keys()):
+            stored = f"{name}__onnx_norm_stored"
+            large.pop(name).name = stored
+            nodes.append(
+                onnx.helper.make_node("Cast", [stored], [name], name=f"{stored}_to_double", to=TensorProto.DOUBLE)
+            )
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _upcast_value_infos(values: Iterable[onnx.ValueInfoProto]) -> None:
@@ -39,7 +86,7 @@ def _upcast_value_infos(values: Iterable[onnx.ValueInfoProto]) -> None:
 
 
 def _upcast_tensor(tensor: onnx.TensorProto) -> None:
-    if tensor.data_type not in FLOAT_TYPES:
+    if tensor.data_type not in FLOAT_TYPES or tensor.name.endswith("__onnx_norm_stored"):
         return
     array = numpy_helper.to_array(tensor).astype(np.float64)
     tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
@@ -92,7 +139,9 @@ def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
     model = upcast
     for _ in range(_MAX_FLOAT32_FALLBACKS):
         try:
-            return create_session(model, RuntimeConfig("cpu", threads, "disabled"), custom_ops=False)
+            return create_session(
+                model, RuntimeConfig("cpu", threads, "disabled", priority_order=True), custom_ops=False
+            )
         except SessionError as err:
             missing = _MISSING_KERNEL.search(str(err))
             if missing is None:
@@ -150,20 +199,28 @@ class GoldenEvaluator:
 
     def __init__(self, model: onnx.ModelProto, method: GoldenMethod, threads: int | None) -> None:
         self.method = "none"
+        self.form = ""  # which form ran (FORM_*), for the report
         self._session = None
         self._reference = None
         if method == "none":
             return
         upcast = upcast_to_double(model)
+        cast_at_use = any(node.name.endswith("__onnx_norm_stored_to_double") for node in upcast.graph.node)
         if method in ("auto", "ort"):
             try:
                 self._session = _golden_session(upcast, threads)
-                self.method = "ort"
+                self.method, self.form = "ort", FORM_CAST_AT_USE if cast_at_use else FORM_WHOLE
                 return
             except SessionError as err:
                 if method == "ort":
                     raise
                 logger.info("float64 copy does not run in ONNX Runtime (%s); using onnx.reference", err)
+        if any(tensor.data_location == TensorProto.EXTERNAL for tensor in upcast.graph.initializer):
+            # onnx.reference would read every weight into memory, in float64.
+            if method == "reference":
+                raise SessionError("onnx.reference cannot evaluate a model with external data in bounded memory")
+            logger.warning("no float64 golden reference: ONNX Runtime cannot run the float64 copy")
+            return
         from onnx.reference import ReferenceEvaluator
 
         unknown = runtime_only_ops(upcast)
@@ -178,7 +235,7 @@ class GoldenEvaluator:
             return
         try:
             self._reference = ReferenceEvaluator(upcast)
-            self.method = "reference"
+            self.method, self.form = "reference", f"{FORM_WHOLE} (onnx.reference)"
         except Exception as err:  # the reference evaluator raises for ops it does not implement
             if method == "reference":
                 raise SessionError(f"onnx.reference cannot evaluate the model: {err}") from err

@@ -37,6 +37,8 @@ class ParityReport:
     seed: int
     elapsed_s: float
     warnings: list[str] = dataclasses.field(default_factory=list)
+    #: Which form of the float64 evaluation ran (onnx_norm.parity.golden.FORM_*), "" without one.
+    golden_form: str = ""
 
     @property
     def first_divergent_norm(self) -> NormComparison | None:

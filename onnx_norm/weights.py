@@ -1,0 +1,235 @@
+"""External data of models handed to ONNX Runtime: never read into Python memory, never re-serialised.
+
+A ModelProto read for the parity gate or the bench keeps its external tensors as references (`resolve` makes their
+locations absolute, so that the proto no longer depends on where it was read from). A session of such a proto is
+made from a small header file in a temporary directory; each external tensor is handed to ONNX Runtime as an
+OrtValue over a read-only memory map of its data file (`SessionOptions.add_initializer`, which ORT uses without
+copying), and the header names a sparse placeholder file of the data file's size (ORT checks that the file exists
+and lies under the model's directory; it never reads it, every tensor in it being overridden). One `SharedWeights`
+serves several sessions: the weights are in memory once, whatever the number of sessions.
+
+ONNX Runtime's CPU kernels pre-pack constant MatMul weights into a copy of their own; with the weights shared that
+copy would be made per session and the memory map stay resident besides, so sessions made here turn pre-packing off
+(`session.disable_prepacking`). Sessions made from a model's own path (ORT loads it as users do) are not affected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import mmap
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from onnx_norm.ops.reference import np_dtype
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+#: Bytes read at a time when two data files are compared.
+_CHUNK = 16 << 20
+
+
+class WeightsError(ValueError):
+    """External data that cannot be used: a missing or short data file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalRef:
+    """Where an external tensor's bytes are: an absolute file path, an offset and a length."""
+
+    file: str
+    offset: int
+    length: int
+
+
+def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The external initializers of the main graph (the ones the sessions here hand over)."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor
+
+
+def reference(tensor: onnx.TensorProto) -> ExternalRef:
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    itemsize = np_dtype(tensor.data_type).itemsize
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    length = int(info["length"]) if "length" in info else count * itemsize
+    return ExternalRef(info.get("location", ""), int(info.get("offset", 0)), length)
+
+
+def _set_location(tensor: onnx.TensorProto, location: str) -> None:
+    for entry in tensor.external_data:
+        if entry.key == "location":
+            entry.value = location
+
+
+def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str = "the model") -> onnx.ModelProto:
+    """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) and checks that each
+    file holds the tensor's bytes; WeightsError naming the file otherwise. Returns `model` (changed in place)."""
+    sizes: dict[str, int] = {}
+    for tensor in external_tensors(model):
+        ref = reference(tensor)
+        file = os.path.abspath(os.path.join(base_dir, ref.file))
+        if file not in sizes:
+            try:
+                sizes[file] = os.stat(file).st_size
+            except OSError as err:
+                raise WeightsError(
+                    f"{where}: cannot read its external data: {ref.file!r} of {tensor.name!r}: {err.strerror}"
+                ) from err
+        if ref.offset + ref.length > sizes[file]:
+            raise WeightsError(
+                f"{where}: cannot read its external data: {ref.file!r} holds {sizes[file]} bytes, {tensor.name!r} "
+                f"needs bytes {ref.offset} to {ref.offset + ref.length}"
+            )
+        _set_location(tensor, file)
+    return model
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the main graph's initializers, external or not, without reading any."""
+    total = 0
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            total += reference(tensor).length
+        elif tensor.HasField("raw_data"):
+            total += len(tensor.raw_data)
+        else:
+            total += int(np.prod(tensor.dims, dtype=np.int64)) * np_dtype(tensor.data_type).itemsize
+    return total
+
+
+#: Memory a command needs beyond the weights it holds at once (activations, ONNX Runtime's arenas, Python).
+HEADROOM = GIB // 2
+
+
+def available_memory() -> int:
+    """Bytes this process can still get: MemAvailable, or less where a cgroup limit says so (a container)."""
+    available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_memory(resident: int, what: str) -> None:
+    """InputError, before anything is allocated, when `resident` bytes of weights plus HEADROOM do not fit in
+    the memory available: one line with both numbers, instead of an OOM kill halfway through."""
+    from onnx_norm.inputs import InputError
+
+    needed, available = resident + HEADROOM, available_memory()
+    if needed > available:
+        raise InputError(
+            f"{what} needs about {needed / GIB:.1f} GiB of memory ({resident / GIB:.1f} GiB of weights resident at "
+            f"once, {HEADROOM / GIB:.1f} GiB to run), but only {available / GIB:.1f} GiB is available"
+        )
+
+
+def same_bytes(a: ExternalRef, b: ExternalRef) -> bool:
+    """Whether two external tensors hold the same bytes (read a chunk at a time: nothing stays resident)."""
+    if a.length != b.length:
+        return False
+    if (a.file, a.offset) == (b.file, b.offset):
+        return True
+    with open(a.file, "rb") as fa, open(b.file, "rb") as fb:
+        done = 0
+        while done < a.length:
+            size = min(_CHUNK, a.length - done)
+            if os.pread(fa.fileno(), size, a.offset + done) != os.pread(fb.fileno(), size, b.offset + done):
+                return False
+            done += size
+    return True
+
+
+class SharedWeights:
+    """Read-only memory maps of data files and OrtValues over them, made once and shared by every session that is
+    given this object: a tensor at the same file and offset, or one registered as `alias` of another, is one
+    OrtValue. Keep it alive as long as its sessions (each session also holds a reference)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+        self._values: dict[ExternalRef, ort.OrtValue] = {}
+        self._aliases: dict[ExternalRef, ExternalRef] = {}
+
+    def alias(self, ref: ExternalRef, same_as: ExternalRef) -> None:
+        """Serve `ref` with the OrtValue of `same_as` (the caller checked they hold the same bytes)."""
+        self._aliases[ref] = same_as
+
+    def value(self, tensor: onnx.TensorProto) -> ort.OrtValue | None:
+        """The OrtValue of an external tensor; None when its bytes are not aligned for its type (ORT then loads
+        that tensor itself)."""
+        ref = reference(tensor)
+        ref = self._aliases.get(ref, ref)
+        if ref in self._values:
+            return self._values[ref]
+        dtype = np_dtype(tensor.data_type)
+        if ref.offset % dtype.itemsize or tensor.data_type in (onnx.TensorProto.STRING,):
+            return None
+        if ref.file not in self._maps:
+            with open(ref.file, "rb") as file:
+                self._maps[ref.file] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        array = np.frombuffer(self._maps[ref.file], np.uint8, ref.length, ref.offset).view(dtype)
+        value = ort.OrtValue.ortvalue_from_numpy(array.reshape(tuple(tensor.dims)))
+        self._values[ref] = value
+        return value
+
+
+def session_file(model: onnx.ModelProto, directory: Path) -> Path:
+    """Writes `model`'s header into `directory` with each external data file replaced by a sparse placeholder of
+    its size (the tensors themselves are handed over as OrtValues); returns the header's path. `model` is left
+    as it was."""
+    placeholders: dict[str, str] = {}
+    changed: list[tuple[onnx.TensorProto, str]] = []
+    try:
+        for tensor in external_tensors(model):
+            file = reference(tensor).file
+            if file not in placeholders:
+                placeholders[file] = f"weights{len(placeholders)}.data"
+                with open(directory / placeholders[file], "wb") as placeholder:
+                    placeholder.truncate(os.stat(file).st_size)
+            changed.append((tensor, file))
+            _set_location(tensor, placeholders[file])
+        path = directory / "model.onnx"
+        path.write_bytes(model.SerializeToString())
+    finally:
+        for tensor, file in changed:
+            _set_location(tensor, file)
+    return path
+
+
+def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared: SharedWeights) -> list[object]:
+    """Hands every external tensor of `model` to `options` from `shared`; returns the OrtValues (the session
+    must hold them). Pre-packing is turned off: it would copy the shared weights per session."""
+    values = []
+    for tensor in external_tensors(model):
+        value = shared.value(tensor)
+        if value is not None:
+            options.add_initializer(tensor.name, value)
+            values.append(value)
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return values
+
+
+def has_external_data(model: onnx.ModelProto) -> bool:
+    return any(True for _ in external_tensors(model))
+
+
+def temporary_directory() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="onnx_norm_session_")
