@@ -81,15 +81,17 @@ def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
-def _package_config(cwd: Path) -> Path:
-    """The documented command, as a user types it."""
+@pytest.fixture(scope="module")
+def package_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documented command, as a user types it (once: it imports Olive, ~10 s)."""
+    cwd = tmp_path_factory.mktemp("olive-package-config")
     done = _run([sys.executable, "-m", "onnx_norm.integrations.olive", "olive_package_config.json"], cwd)
     assert "olive run --config" in done.stdout
     return cwd / "olive_package_config.json"
 
 
-def test_package_config_command_names_an_importable_pass(tmp_path: Path) -> None:
-    path = _package_config(tmp_path)
+def test_package_config_command_names_an_importable_pass(package_config: Path) -> None:
+    path = package_config
     module_path = json.loads(path.read_text())["passes"]["OnnxNormFusion"]["module_path"]
     module, _, name = module_path.rpartition(".")
     assert getattr(importlib.import_module(module), name).__name__ == "OnnxNormFusion"
@@ -113,11 +115,10 @@ def _runs_with_our_library(path: Path) -> None:
     assert np.isfinite(logits).all()
 
 
-def test_documented_olive_run_fuses_and_olive_evaluates_on_our_kernels(tmp_path: Path) -> None:
+def test_documented_olive_run_fuses_and_olive_evaluates_on_our_kernels(tmp_path: Path, package_config: Path) -> None:
     # Profiling on: the profile of each evaluation session names the kernels that ran (into the working directory).
-    package_config = _package_config(tmp_path)
     (tmp_path / "workflow.json").write_text(json.dumps(_workflow(tmp_path, verify=True)))
-    _run([*_olive_command(), "run", "--config", "workflow.json", "--package-config", package_config.name], tmp_path)
+    _run([*_olive_command(), "run", "--config", "workflow.json", "--package-config", str(package_config)], tmp_path)
 
     config = json.loads((tmp_path / "out" / "model_config.json").read_text())
     assert config["type"] == "onnxnormmodel"
@@ -131,12 +132,11 @@ def test_documented_olive_run_fuses_and_olive_evaluates_on_our_kernels(tmp_path:
     assert len(profiles) == 2 and len(ours) == 1
 
 
-def test_documented_olive_run_on_an_export_with_external_data(tmp_path: Path) -> None:
+def test_documented_olive_run_on_an_export_with_external_data(tmp_path: Path, package_config: Path) -> None:
     """Every dynamo export has external data: the output must not reference the input's data file."""
     source = tmp_path / "export"
     source.mkdir()
     onnx.save(onnx.load(str(MODEL)), str(source / "model.onnx"), save_as_external_data=True, size_threshold=0)
-    package_config = _package_config(tmp_path)
     workflow = {
         "input_model": {"type": "ONNXModel", "model_path": "export/model.onnx"},
         "passes": {"fuse": {"type": "OnnxNormFusion"}},
@@ -144,7 +144,7 @@ def test_documented_olive_run_on_an_export_with_external_data(tmp_path: Path) ->
         "cache_dir": "cache",
     }
     (tmp_path / "workflow.json").write_text(json.dumps(workflow))
-    _run([*_olive_command(), "run", "--config", "workflow.json", "--package-config", package_config.name], tmp_path)
+    _run([*_olive_command(), "run", "--config", "workflow.json", "--package-config", str(package_config)], tmp_path)
 
     shutil.rmtree(source)  # nothing of the input may be needed any more
     output = Path(json.loads((tmp_path / "out" / "model_config.json").read_text())["config"]["model_path"])

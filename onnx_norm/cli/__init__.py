@@ -138,8 +138,11 @@ def _configure_output(verbose: int, quiet: int = 0) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(_LogFormatter(tracebacks=verbose >= 2))
     handler.addFilter(_ThirdPartyFilter(logging.ERROR if not verbose else logging.DEBUG))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    # A no-op where logging is already configured (an embedding program, pytest): theirs stays in charge.
+    logging.basicConfig(level=level, handlers=[handler])
+    # numpy's RuntimeWarnings (overflow in an fp16 model) are expected and handled: logged, shown with -v.
     logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
