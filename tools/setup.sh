@@ -2,7 +2,13 @@
 # Sets up onnx-norm on a fresh Debian/Ubuntu machine, from the repository root: the system packages the
 # build needs, a virtual environment (.venv, or $ONNX_NORM_VENV), torch pinned to a CPU build, and the
 # project (editable, with its test extras), whose install builds the custom-op library (CUDA kernels too
-# when nvcc is on PATH; ONNX_NORM_ENABLE_CUDA=OFF skips them). Safe to run again: it reuses the venv.
+# when nvcc is on PATH; ONNX_NORM_ENABLE_CUDA=OFF skips them). Safe to run again: it reuses the venv and the
+# build directory (build/<wheel tag>), so a second run recompiles only what changed.
+#
+# CUDA architectures (ONNX_NORM_CUDA_ARCHITECTURES overrides): the GPU of this machine (`native`) when
+# nvidia-smi sees one, otherwise sm_90 only, what CI's checks read (the library builds with CUDA and ptxas's
+# spill report covers sm_90; tests/test_cuda_build.py compiles sm_80 and sm_90 itself). The release list
+# (Ampere to Blackwell) is tools/build_wheel.sh's job.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -49,11 +55,30 @@ step "torch $TORCH_VERSION"
 # Pinned and installed before the project: a bare torch requirement would pull a multi-GB CUDA build.
 python -m pip install -q "torch==$TORCH_VERSION"
 
-step "onnx-norm (editable, with test extras)"
+if [[ -z ${ONNX_NORM_CUDA_ARCHITECTURES:-} ]]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    ONNX_NORM_CUDA_ARCHITECTURES=native
+  else
+    ONNX_NORM_CUDA_ARCHITECTURES=90-real
+  fi
+fi
+export ONNX_NORM_CUDA_ARCHITECTURES
+mkdir -p build
+# .ci/run builds its wheel in the same build directory with the same list, so that nothing recompiles.
+echo "$ONNX_NORM_CUDA_ARCHITECTURES" >build/cuda_architectures
+
+step "onnx-norm (editable, with test extras; CUDA architectures $ONNX_NORM_CUDA_ARCHITECTURES)"
+# Without build isolation: scikit-build-core clears the build directory's CMake cache and objects whenever
+# its own path changes, which pip's temporary build environments do on every install. So the venv holds
+# the build backend, and what it asks for (cmake or ninja from PyPI only when the system's are missing or
+# too old).
+python -m pip install -q 'scikit-build-core>=0.10'
+mapfile -t requires < <(python -c 'from scikit_build_core.build import get_requires_for_build_editable as r; [print(x) for x in r()]')
+((${#requires[@]} == 0)) || python -m pip install -q "${requires[@]}"
 # Verbose, into a log: the CMake decisions and ptxas's per-kernel register/spill report are in it.
 mkdir -p build
 log=build/install.log
-if ! python -m pip install -v -e '.[test]' >"$log" 2>&1; then
+if ! python -m pip install --no-build-isolation -v -e '.[test]' >"$log" 2>&1; then
   tail -n 60 "$log"
   echo "pip install failed; full log: $log" >&2
   exit 1
@@ -71,16 +96,9 @@ python -m pip install -q --no-deps "onnxruntime-genai>=0.18" || echo "onnxruntim
 python -m pip install -q -c build/constraints.txt "olive-ai>=0.13" requests || echo "olive-ai not installed; its tests skip"
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
 
-if grep -q 'ptxas info' "$log"; then
+if grep -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   step "CUDA kernels: register spills"
-  # ptxas prints "Compiling entry function 'NAME' for 'sm_XX'" before each kernel's spill line.
-  spills=$(awk "/Compiling entry function/ { fn = \$0 } /bytes spill stores/ && !/ 0 bytes spill stores, 0 bytes spill loads/ { print fn; print }" "$log")
-  if [[ -n $spills ]]; then
-    echo "$spills"
-    echo "CUDA kernels spill registers (see above)" >&2
-    exit 1
-  fi
-  echo "no spills in $(grep -c 'bytes spill stores' "$log") kernel compilations"
+  bash tools/check_spills.sh "$log"
   # tests/test_cuda_build.py reads the kernels' SASS with nvdisasm; nvcc-only toolkits lack it (5 MB wheel, ~3 s).
   if ! command -v nvdisasm >/dev/null && [[ ! -x "$(dirname "$(command -v nvcc)")/nvdisasm" ]]; then
     python -m pip install -q nvidia-cuda-nvdisasm

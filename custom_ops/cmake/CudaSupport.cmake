@@ -8,8 +8,23 @@ option(ONNX_NORM_ENABLE_CUDA "Build the CUDA kernels when a CUDA compiler is fou
 if(DEFINED ENV{ONNX_NORM_ENABLE_CUDA})
   set(ONNX_NORM_ENABLE_CUDA "$ENV{ONNX_NORM_ENABLE_CUDA}")
 endif()
-set(ONNX_NORM_CUDA_ARCHITECTURES "80-real;86-real;89-real;90-real;90-virtual"
-    CACHE STRING "CUDA architectures: SASS for sm_80/86/89/90 and compute_90 PTX for newer GPUs")
+# The release list (tools/build_wheel.sh): SASS for Ampere (sm_80 A100, sm_86 RTX 30/A10), Ada (sm_89), Hopper
+# (sm_90) and Blackwell (sm_100 B200, also run by sm_103; sm_120 RTX 50/RTX PRO, also run by sm_121), and
+# compute_120 PTX that the driver compiles for anything newer. tools/setup.sh builds a shorter development list
+# (`native` on a GPU machine, sm_90 without one).
+set(ONNX_NORM_CUDA_ARCHITECTURES_RELEASE "80-real;86-real;89-real;90-real;100-real;120-real;120-virtual")
+set(ONNX_NORM_CUDA_ARCHITECTURES "release"
+    CACHE STRING "CUDA architectures (CMake CUDA_ARCHITECTURES syntax or `release`; also read from the environment)")
+# The environment wins over the cache, as for ONNX_NORM_ENABLE_CUDA: a persistent build directory configured
+# with one list is rebuilt with the one asked for.
+if(DEFINED ENV{ONNX_NORM_CUDA_ARCHITECTURES} AND NOT "$ENV{ONNX_NORM_CUDA_ARCHITECTURES}" STREQUAL "")
+  set(ONNX_NORM_CUDA_ARCHITECTURES "$ENV{ONNX_NORM_CUDA_ARCHITECTURES}" CACHE STRING
+      "CUDA architectures (CMake CUDA_ARCHITECTURES syntax or `release`; also read from the environment)" FORCE)
+endif()
+# `release` names the list above, so that scripts need not repeat it.
+if(ONNX_NORM_CUDA_ARCHITECTURES STREQUAL "release")
+  set(ONNX_NORM_CUDA_ARCHITECTURES "${ONNX_NORM_CUDA_ARCHITECTURES_RELEASE}")
+endif()
 
 set(ONNX_NORM_WITH_CUDA OFF)
 file(GLOB ONNX_NORM_CUDA_SOURCES CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/*.cu")
