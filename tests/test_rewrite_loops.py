@@ -232,3 +232,39 @@ def test_a_norm_of_a_scan_output_is_fused(monkeypatch) -> None:
     optimized, report = optimize(model)
     assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
     _check_parity(model, optimized)
+
+
+def test_a_norm_in_a_loop_inside_a_loop() -> None:
+    """The outer body runs the tf2onnx-like Loop on its state, passing gamma and beta through both levels."""
+    inner = _body("carried", "kept")
+    outer_body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["oc"], ["oc_out"]),
+            helper.make_node("Identity", ["og_in"], ["og_out"]),
+            helper.make_node("Identity", ["ob_in"], ["ob_out"]),
+            helper.make_node("Loop", ["trips", "oc", "og_in", "ob_in", "oh_in"], ["ig", "ib", "oh_out"], body=inner),
+        ],
+        "outer_body",
+        [
+            helper.make_tensor_value_info("oi", TensorProto.INT64, []),
+            helper.make_tensor_value_info("oc", TensorProto.BOOL, []),
+            *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("og_in", "ob_in", "oh_in")),
+        ],
+        [
+            helper.make_tensor_value_info("oc_out", TensorProto.BOOL, None),
+            *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("og_out", "ob_out", "oh_out")),
+        ],
+    )
+    model = _model(17, "carried")
+    loop = _loop(model)
+    loop.ClearField("attribute")
+    loop.attribute.append(helper.make_attribute("body", outer_body))
+    onnx.checker.check_model(model)
+    optimized, report = optimize(model)
+    (outer,) = [a.g for a in _loop(optimized).attribute if a.name == "body"]
+    (inner_loop,) = [n for n in outer.node if n.op_type == "Loop"]
+    assert [n.op_type for n in inner_loop.attribute[0].g.node if n.domain == DOMAIN] == ["LayerNorm"], (
+        report.near_misses
+    )
+    assert _main_ops(optimized) == ["Loop", "LayerNorm"], report.near_misses
+    _check_parity(model, optimized)

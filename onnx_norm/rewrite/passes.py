@@ -141,9 +141,11 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
     # Loop bodies take their types from what inference found in front of the Loop, and what follows the Loop its
     # shapes from the body: a few rounds (one per nesting level in practice).
     for _ in range(_LOOP_ROUNDS):
+        # Outputs first: an inner Loop's output is what its enclosing body returns, which checks that body.
+        outputs = loops.loop_output_shapes(model)
         taken_back = loops.check(assumed)
         assumed, typed = loops.type_bodies(model)
-        if not (taken_back or typed or loops.loop_output_shapes(model)):
+        if not (outputs or taken_back or typed):
             break
         _infer_again(model)
     else:
