@@ -162,3 +162,13 @@ def test_a_scale_of_ones_over_a_named_dim_is_kept_as_the_row() -> None:
     model = make_model(layer_nodes(scale="w", bias="b"), [("x", FLOAT, ["b", "N"])], [("y", FLOAT, ["b", "N"])], inits)
     optimized, report = assert_fused(model, {"x": [3, D]}, ["LayerNorm"])
     assert [list(n.input) for n in optimized.graph.node] == [["x", "w", "b"]], report.near_misses
+
+
+def test_an_activation_multiplied_onto_the_norm_is_no_runtime_scale() -> None:
+    """A graph input [b, s, H] (a gate) times the norm is an activation, not the norm's weights: the norm is fused
+    and the Mul stays (a named dim makes a run-time weight only in a 1-D row)."""
+    nodes = [*layer_nodes(y="n"), helper.make_node("Mul", ["n", "gate"], ["y"])]
+    inputs = [("x", FLOAT, ["b", "s", D]), ("gate", FLOAT, ["b", "s", D])]
+    model = make_model(nodes, inputs, [("y", FLOAT, ["b", "s", D])], [const("eps", 1e-5, np.float32)])
+    optimized, report = assert_fused(model, {"x": [2, 3, D], "gate": [2, 3, D]}, ["LayerNorm"])
+    assert [n.op_type for n in optimized.graph.node] == ["LayerNorm", "Mul"], report.near_misses

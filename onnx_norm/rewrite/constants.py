@@ -65,7 +65,8 @@ def is_direct_constant(value: ir.Value) -> bool:
 def is_runtime_parameter(value: ir.Value | None) -> bool:
     """A weight the model takes at run time, which a fused op can read as it is: a value of a float type and a
     shape of static or named dims (a named dim is the input's dim of that name, `[N]` for an input `[B, S, N]`)
-    that is only ever the operand of a Mul or Add with something else, and that is
+    that is only ever the operand of a Mul or Add with something else (named dims only in a 1-D row: `[B, S, H]` is
+    an activation multiplied onto the norm), and that is
 
     - a graph input (an export with `export_params=False`, or an initializer kept as an overridable input),
     - a Loop body input every iteration sees unchanged (tf2onnx passes gamma and beta through its loops, loops.py),
@@ -81,8 +82,12 @@ def is_runtime_parameter(value: ir.Value | None) -> bool:
         dims.pop(0)
     if 1 in dims:
         return False  # broadcast inside: per sample ([B, 1, H], adaLN's modulation), not a row of weights
+    if len(dims) > 1 and not all(isinstance(d, int) for d in dims):
+        return False  # [B, S, H]: an activation (a gate, a mask) multiplied onto the norm, not its weights
     invariant = loops.is_invariant(value)
-    if not (value.is_graph_input() or invariant or _read_from_subgraph(value)):
+    # Inside a loop or branch, only a 1-D row: an enclosing activation multiplied onto the norm is no weight.
+    enclosing = len(dims) <= 1 and (invariant or _read_from_subgraph(value))
+    if not (value.is_graph_input() or enclosing):
         return False
     for use in value.uses():
         node = use.node
