@@ -17,7 +17,7 @@ from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import optimize
 
 D = 16
-SHAPES = {"x": [2, 3, D], "gamma": [D], "beta": [D]}
+SHAPES = {"x": [2, 3, D], "gamma": [D], "beta": [D], "gamma_raw": [D], "beta_raw": [D]}
 rng = np.random.default_rng(5)
 
 
@@ -76,8 +76,8 @@ def _body(params: str, state: str) -> onnx.GraphProto:
 
 
 def _model(opset: int, params: str = "carried", state: str = "kept", weights: str = "initializers") -> onnx.ModelProto:
-    """x -> Loop (a LayerNorm in its body) -> a LayerNorm after it; `weights`: gamma/beta as initializers or as
-    graph inputs (taken at run time)."""
+    """x -> Loop (a LayerNorm in its body) -> a LayerNorm after it; `weights`: gamma/beta as initializers, as
+    graph inputs (taken at run time) or computed from graph inputs in front of the Loop (`Abs`)."""
     carried = params != "outer"
     loop = helper.make_node(
         "Loop",
@@ -98,8 +98,11 @@ def _model(opset: int, params: str = "carried", state: str = "kept", weights: st
     beta = rng.standard_normal(D).astype(np.float32)
     if weights == "initializers":
         inits += [const("gamma", gamma), const("beta", beta)]
-    else:
+    elif weights == "inputs":
         inputs += [helper.make_tensor_value_info(n, FLOAT, [D]) for n in ("gamma", "beta")]
+    else:
+        inputs += [helper.make_tensor_value_info(n, FLOAT, [D]) for n in ("gamma_raw", "beta_raw")]
+        nodes[:0] = [helper.make_node("Abs", [f"{n}_raw"], [n]) for n in ("gamma", "beta")]
     y_shape = ["b", "s_out", D]
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", FLOAT, y_shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -108,8 +111,17 @@ def _model(opset: int, params: str = "carried", state: str = "kept", weights: st
     return model
 
 
+def _loop(model: onnx.ModelProto) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == "Loop")
+
+
+def _main_ops(model: onnx.ModelProto) -> list[str]:
+    """The main graph's ops, less the Abs nodes computing the weights."""
+    return [n.op_type for n in model.graph.node if n.op_type != "Abs"]
+
+
 def _body_ops(model: onnx.ModelProto) -> list[str]:
-    (body,) = [a.g for a in model.graph.node[0].attribute if a.name == "body"]
+    (body,) = [a.g for a in _loop(model).attribute if a.name == "body"]
     return [f"{n.domain}:{n.op_type}" if n.domain else n.op_type for n in body.node]
 
 
@@ -123,7 +135,7 @@ def _check_parity(model: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
     np.testing.assert_allclose(session.run(None, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("weights", ["initializers", "inputs"])
+@pytest.mark.parametrize("weights", ["initializers", "inputs", "computed"])
 @pytest.mark.parametrize("params", ["carried", "outer"])
 @pytest.mark.parametrize("opset", [13, 17])
 def test_norms_in_and_after_a_tf2onnx_loop_are_fused(opset: int, params: str, weights: str) -> None:
@@ -131,8 +143,8 @@ def test_norms_in_and_after_a_tf2onnx_loop_are_fused(opset: int, params: str, we
     optimized, report = optimize(model)
     assert f"{DOMAIN}:LayerNorm" in _body_ops(optimized), report.near_misses
     assert "ReduceMean" not in _body_ops(optimized)
-    assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
-    (fused,) = [n for n in optimized.graph.node[0].attribute[0].g.node if n.op_type == "LayerNorm"]
+    assert _main_ops(optimized) == ["Loop", "LayerNorm"], report.near_misses
+    (fused,) = [n for n in _loop(optimized).attribute[0].g.node if n.op_type == "LayerNorm"]
     assert list(fused.input[1:]) == (["g_in", "b_in"] if params == "carried" else ["gamma", "beta"])
     _check_parity(model, optimized)
 
@@ -219,4 +231,40 @@ def test_a_norm_of_a_scan_output_is_fused(monkeypatch) -> None:
     model.ir_version = 8
     optimized, report = optimize(model)
     assert [n.op_type for n in optimized.graph.node] == ["Loop", "LayerNorm"], report.near_misses
+    _check_parity(model, optimized)
+
+
+def test_a_norm_in_a_loop_inside_a_loop() -> None:
+    """The outer body runs the tf2onnx-like Loop on its state, passing gamma and beta through both levels."""
+    inner = _body("carried", "kept")
+    outer_body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["oc"], ["oc_out"]),
+            helper.make_node("Identity", ["og_in"], ["og_out"]),
+            helper.make_node("Identity", ["ob_in"], ["ob_out"]),
+            helper.make_node("Loop", ["trips", "oc", "og_in", "ob_in", "oh_in"], ["ig", "ib", "oh_out"], body=inner),
+        ],
+        "outer_body",
+        [
+            helper.make_tensor_value_info("oi", TensorProto.INT64, []),
+            helper.make_tensor_value_info("oc", TensorProto.BOOL, []),
+            *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("og_in", "ob_in", "oh_in")),
+        ],
+        [
+            helper.make_tensor_value_info("oc_out", TensorProto.BOOL, None),
+            *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("og_out", "ob_out", "oh_out")),
+        ],
+    )
+    model = _model(17, "carried")
+    loop = _loop(model)
+    loop.ClearField("attribute")
+    loop.attribute.append(helper.make_attribute("body", outer_body))
+    onnx.checker.check_model(model)
+    optimized, report = optimize(model)
+    (outer,) = [a.g for a in _loop(optimized).attribute if a.name == "body"]
+    (inner_loop,) = [n for n in outer.node if n.op_type == "Loop"]
+    assert [n.op_type for n in inner_loop.attribute[0].g.node if n.domain == DOMAIN] == ["LayerNorm"], (
+        report.near_misses
+    )
+    assert _main_ops(optimized) == ["Loop", "LayerNorm"], report.near_misses
     _check_parity(model, optimized)

@@ -162,3 +162,37 @@ def test_a_scale_of_ones_over_a_named_dim_is_kept_as_the_row() -> None:
     model = make_model(layer_nodes(scale="w", bias="b"), [("x", FLOAT, ["b", "N"])], [("y", FLOAT, ["b", "N"])], inits)
     optimized, report = assert_fused(model, {"x": [3, D]}, ["LayerNorm"])
     assert [list(n.input) for n in optimized.graph.node] == [["x", "w", "b"]], report.near_misses
+
+
+def test_an_activation_multiplied_onto_the_norm_is_no_runtime_scale() -> None:
+    """A graph input [b, s, H] (a gate) times the norm is an activation, not the norm's weights: the norm is fused
+    and the Mul stays (a named dim makes a run-time weight only in a 1-D row)."""
+    nodes = [*layer_nodes(y="n"), helper.make_node("Mul", ["n", "gate"], ["y"])]
+    inputs = [("x", FLOAT, ["b", "s", D]), ("gate", FLOAT, ["b", "s", D])]
+    model = make_model(nodes, inputs, [("y", FLOAT, ["b", "s", D])], [const("eps", 1e-5, np.float32)])
+    optimized, report = assert_fused(model, {"x": [2, 3, D], "gate": [2, 3, D]}, ["LayerNorm"])
+    assert [n.op_type for n in optimized.graph.node] == ["LayerNorm", "Mul"], report.near_misses
+
+
+def test_fp16_sum_over_the_row_size_cast_to_fp16() -> None:
+    """TorchScript's export of `x.sum(-1, keepdim=True) / x.shape[-1]` in an fp16 module: the size is cast to fp16.
+    Folding it with symbolic dims read as two huge sizes overflowed both to inf, which looked like a constant."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "minus1"], ["nd"], axis=0),
+        helper.make_node("Cast", ["nd"], ["nf"], to=FLOAT16),
+        *_mean("x", "mu", "div"),
+        helper.make_node("Sub", ["x", "mu"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        *_mean("sq", "var", "div"),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "w"], ["nw"]),
+        helper.make_node("Add", ["nw", "b"], ["y"]),
+    ]
+    inits = [const("eps", 1e-5, np.float16), const("axes", np.array([-1], np.int64)), const("minus1", -1, np.int64)]
+    inputs = [("x", FLOAT16, ["B", "S", "N"]), ("w", FLOAT16, ["N"]), ("b", FLOAT16, ["N"])]
+    model = make_model(nodes, inputs, [("y", FLOAT16, ["B", "S", "N"])], inits, opset=14)
+    optimized, report = assert_fused(model, SHAPES, ["LayerNorm"], rtol=4e-3, atol=4e-3)
+    assert [n.op_type for n in optimized.graph.node] == ["LayerNorm"], report.near_misses

@@ -65,7 +65,8 @@ def is_direct_constant(value: ir.Value) -> bool:
 def is_runtime_parameter(value: ir.Value | None) -> bool:
     """A weight the model takes at run time, which a fused op can read as it is: a value of a float type and a
     shape of static or named dims (a named dim is the input's dim of that name, `[N]` for an input `[B, S, N]`)
-    that is only ever the operand of a Mul or Add with something else, and that is
+    that is only ever the operand of a Mul or Add with something else (named dims only in a 1-D row: `[B, S, H]` is
+    an activation multiplied onto the norm), and that is
 
     - a graph input (an export with `export_params=False`, or an initializer kept as an overridable input),
     - a Loop body input every iteration sees unchanged (tf2onnx passes gamma and beta through its loops, loops.py),
@@ -81,8 +82,12 @@ def is_runtime_parameter(value: ir.Value | None) -> bool:
         dims.pop(0)
     if 1 in dims:
         return False  # broadcast inside: per sample ([B, 1, H], adaLN's modulation), not a row of weights
+    if len(dims) > 1 and not all(isinstance(d, int) for d in dims):
+        return False  # [B, S, H]: an activation (a gate, a mask) multiplied onto the norm, not its weights
     invariant = loops.is_invariant(value)
-    if not (value.is_graph_input() or invariant or _read_from_subgraph(value)):
+    # Inside a loop or branch, only a 1-D row: an enclosing activation multiplied onto the norm is no weight.
+    enclosing = len(dims) <= 1 and (invariant or _read_from_subgraph(value))
+    if not (value.is_graph_input() or enclosing):
         return False
     for use in value.uses():
         node = use.node
@@ -217,6 +222,8 @@ def _fold(value: ir.Value) -> np.ndarray | None:
             (other,) = evaluate([value], {}, symbolic_fill=_FILLS[1])
             if other.shape != array.shape or not np.array_equal(other, array):
                 return None
+            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                return None  # both sizes overflowed (`Cast(x.shape[-1], float16)`): equal, yet not independent
     except (EvaluationError, ValueError, TypeError, IndexError, AssertionError, MemoryError):
         return None
     return array

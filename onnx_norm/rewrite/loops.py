@@ -63,10 +63,12 @@ def returned_unchanged(body: ir.Graph, index: int) -> bool:
     return False
 
 
-def type_bodies(model: ir.Model) -> list[Assumed]:
+def type_bodies(model: ir.Model) -> tuple[list[Assumed], bool]:
     """Marks the loop-invariant body inputs and gives loop-carried body inputs without a shape the shape of the
-    Loop's initial value; returns the assumptions to check after shape inference (`check`)."""
+    Loop's initial value; returns the assumptions to check after shape inference (`check`) and whether any type
+    or shape was set."""
     assumed = []
+    typed = False
     for loop, body in _loops(model):
         for index in range(2, min(len(body.inputs), len(loop.inputs))):
             inner, outer = body.inputs[index], loop.inputs[index]
@@ -77,13 +79,15 @@ def type_bodies(model: ir.Model) -> list[Assumed]:
                 inner.meta[INVARIANT_KEY] = True
             if inner.type is None and outer.type is not None:
                 inner.type = outer.type
+                typed = True
             if inner.shape is not None or outer.shape is None:
                 continue
+            typed = True
             if not invariant:
                 before = {v: v.shape for node in ir.traversal.RecursiveGraphIterator(body) for v in node.outputs}
                 assumed.append(Assumed(body, index, before))
             inner.shape = ir.Shape(list(outer.shape))
-    return assumed
+    return assumed, typed
 
 
 def check(assumed: list[Assumed]) -> bool:

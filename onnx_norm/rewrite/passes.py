@@ -146,7 +146,7 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
     ops); what that one changed is returned (the previous shapes) so that `_restore_shapes` can take it back out
     of the written model.
     """
-    assumed = loops.type_bodies(model)
+    assumed, _ = loops.type_bodies(model)
     # Data propagation finds the shapes behind computed Reshapes, but on some exports (Cohere's attention) it
     # infers dims that contradict each other; strict mode detects that, and the run without it is kept instead.
     inference_logger = logging.getLogger(common_passes.ShapeInferencePass.__module__)
@@ -163,11 +163,20 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
             common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
-    if any([loops.check(assumed), loops.loop_output_shapes(model), _reshapes_to_own_shape(model.graph)]):
-        try:
-            common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
-        except Exception as err:  # best effort, as above
-            logger.info("shape inference after Reshape-to-own-shape failed: %s", err)
+    if _reshapes_to_own_shape(model.graph):
+        _infer_again(model)
+    # Loop bodies take their types from what inference found in front of the Loop, and what follows the Loop its
+    # shapes from the body: a few rounds (one per nesting level in practice).
+    for _ in range(_LOOP_ROUNDS):
+        # Outputs first: an inner Loop's output is what its enclosing body returns, which checks that body.
+        outputs = loops.loop_output_shapes(model)
+        taken_back = loops.check(assumed)
+        assumed, typed = loops.type_bodies(model)
+        if not (outputs or taken_back or typed):
+            break
+        _infer_again(model)
+    else:
+        loops.check(assumed)  # the last round's assumptions, which inference has now used
     stored: Shapes = {}
     if _reductions_without_shape(model.graph) or (native_norms and _native_norms_without_shape(model.graph)):
         stored = _stored_shapes(model)
@@ -178,6 +187,17 @@ def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
         except Exception as err:  # same: a function without shapes only yields near-misses
             logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
     return stored
+
+
+_LOOP_ROUNDS = 3
+
+
+def _infer_again(model: ir.Model) -> None:
+    """onnx's inference once more, after shapes were given to values it had left unknown."""
+    try:
+        common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
+    except Exception as err:  # best effort, as above
+        logger.info("shape inference after giving shapes to unknown values failed: %s", err)
 
 
 def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
