@@ -50,7 +50,8 @@ step "build (CUDA architectures: $ONNX_NORM_CUDA_ARCHITECTURES; build directory 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p build
-log=build/wheel.log
+# One log per build directory: two builds at once must not write into each other's log.
+log=build/wheel-${build_dir//[^A-Za-z0-9_.-]/_}.log
 # Verbose, into a log: the CMake decisions and ptxas's per-kernel register/spill report are in it.
 if ! "$builder" -m pip wheel . --no-deps --no-build-isolation -v -w "$stage/linux" -C build-dir="$build_dir" \
   >"$log" 2>&1; then
@@ -58,8 +59,8 @@ if ! "$builder" -m pip wheel . --no-deps --no-build-isolation -v -w "$stage/linu
   echo "building the wheel failed; full log: $log" >&2
   exit 1
 fi
-grep -E -- '-- onnx-norm:' "$log" || true
-if [[ ${ONNX_NORM_ENABLE_CUDA:-ON} != OFF ]] && ! grep -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
+grep -a -E -- '-- onnx-norm:' "$log" || true
+if [[ ${ONNX_NORM_ENABLE_CUDA:-ON} != OFF ]] && ! grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   echo "the CUDA kernels were not built (see the onnx-norm lines above); ONNX_NORM_ENABLE_CUDA=OFF for a CPU-only wheel" >&2
   exit 1
 fi

@@ -96,7 +96,7 @@ python -m pip install -q --no-deps "onnxruntime-genai>=0.18" || echo "onnxruntim
 python -m pip install -q -c build/constraints.txt "olive-ai>=0.13" requests || echo "olive-ai not installed; its tests skip"
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
 
-if grep -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
+if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   step "CUDA kernels: register spills"
   bash tools/check_spills.sh "$log"
   # tests/test_cuda_build.py reads the kernels' SASS with nvdisasm; nvcc-only toolkits lack it (5 MB wheel, ~3 s).
