@@ -385,27 +385,53 @@ def _load_models(original: Any, optimized: Any, include_unoptimized: bool) -> _M
     return _Models(original_proto, optimized_proto, in_memory, labels, variants, given=given)
 
 
-def _weights_policy(models: _Models, count: int) -> None:
-    """Decides how the sessions get their weights, and says so in `models.policy`.
+def _weights_policy(models: _Models, count: int, provider: str) -> int:
+    """Decides how the sessions get their weights and how many sessions per variant fit (at most `count`), says so
+    in `models.policy`, and returns that number.
 
     Every session loading its own copy (ONNX Runtime's default, weights pre-packed) is kept while all those copies
     take at most PER_SESSION_WEIGHTS_LIMIT and half of the memory available. Beyond that, with external data, every
     session of every variant reads one memory-mapped copy (`weights.SharedWeights`; the optimized model's tensors
     that hold the same bytes as the original's are the original's), with ORT's pre-packing off in all of them alike,
-    so that the variants stay comparable. InputError (one line, nothing allocated) when even that does not fit."""
+    so that the variants stay comparable. What each session still holds of its own (`weights.session_copies`)
+    decides how many sessions per variant fit; InputError (one line, nothing allocated) when not even one does."""
     sizes = {name: weights.weight_bytes(proto) for name, (proto, _) in models.variants.items()}
-    copies = count * sum(sizes.values())
+    own = {name: weights.session_copies(proto, provider) for name, (proto, _) in models.variants.items()}
+    copies = count * (sum(sizes.values()) + sum(own.values()))
     external = weights.has_external_data(models.original) or weights.has_external_data(models.optimized)
-    sessions = count * len(models.variants)
-    limit = min(PER_SESSION_WEIGHTS_LIMIT, weights.available_memory() // 2)
-    if copies <= limit or not external:
+    available = weights.available_memory()
+    if copies <= min(PER_SESSION_WEIGHTS_LIMIT, available // 2) or not external:
         weights.check_memory(copies, "bench")
         if external:  # ORT loads each model from its own file, as users run it
             for name, (_, level) in list(models.variants.items()):
                 if isinstance(models.given[name], (str, Path)):
                     models.variants[name] = (models.given[name], level)
+        sessions = count * len(models.variants)
         models.policy = f"weights: {sessions} sessions, each with its own copy ({copies / GIB:.2f} GiB in all)"
-        return
+        return count
+    shared_bytes = _share(models)
+    per_round = sum(own.values())  # one session of every variant
+    fit = count if per_round == 0 else (available - weights.HEADROOM - shared_bytes) // per_round
+    if fit < 1:
+        weights.check_memory(shared_bytes + per_round, "bench")
+    fit = max(1, min(count, int(fit)))
+    models.policy = (
+        f"weights: one memory-mapped copy ({shared_bytes / GIB:.2f} GiB) shared by all {fit * len(models.variants)} "
+        f"sessions, ONNX Runtime's weight pre-packing off in every variant (per-session copies would take "
+        f"{copies / GIB:.2f} GiB)"
+    )
+    if fit < count:
+        models.policy += (
+            f"; {fit} session(s) per variant, not {count}: each also holds {max(own.values()) / GIB:.2f} GiB of fp32 "
+            f"copies of its half-precision weights (ONNX Runtime's CPU provider), and "
+            f"{available / GIB:.1f} GiB is available"
+        )
+    return fit
+
+
+def _share(models: _Models) -> int:
+    """Sets up `models.shared` (the optimized model's tensors with the original's bytes served by the original's);
+    returns the bytes the shared copy takes."""
     shared = weights.SharedWeights()
     original_refs = {t.name: weights.reference(t) for t in weights.external_tensors(models.original)}
     unshared = 0
@@ -415,13 +441,8 @@ def _weights_policy(models: _Models, count: int) -> None:
             shared.alias(ref, same)
         else:
             unshared += ref.length
-    resident = weights.weight_bytes(models.original) + unshared
-    weights.check_memory(resident, "bench")
     models.shared = shared
-    models.policy = (
-        f"weights: one memory-mapped copy ({resident / GIB:.2f} GiB) shared by all {sessions} sessions, ONNX "
-        f"Runtime's weight pre-packing off in every variant (per-session copies would take {copies / GIB:.2f} GiB)"
-    )
+    return weights.weight_bytes(models.original) + unshared
 
 
 @dataclasses.dataclass
@@ -638,7 +659,7 @@ def bench(
     if sessions_per_variant < 1:
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
     models = _load_models(original, optimized, include_unoptimized)
-    _weights_policy(models, sessions_per_variant)
+    sessions_per_variant = _weights_policy(models, sessions_per_variant, provider)
     logger.info("%s", models.policy)
     points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
     config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)

@@ -115,13 +115,14 @@ def check(model: onnx.ModelProto, name: str) -> None:
     A model too large for one protobuf is not checked (the checker cannot serialize it)."""
     if not model.ir_version or not model.HasField("graph"):
         raise ModelLoadError(f"{name}: not an ONNX model (no ir_version or no graph)")
-    if model.ByteSize() > PROTOBUF_LIMIT:
+    target = _without_large_initializers(model) or model
+    if target.ByteSize() > PROTOBUF_LIMIT:  # (upb computes it by serialising: asked of the light copy)
         logger.debug("%s: too large for onnx.checker in memory; not checked", name)
         return
-    target = model
-    if paths.external_tensors(model):
-        target = onnx.ModelProto()
-        target.CopyFrom(model)
+    if paths.external_tensors(target):
+        if target is model:
+            target = onnx.ModelProto()
+            target.CopyFrom(model)
         for tensor in paths.external_tensors(target):
             _stand_in(tensor)
     target = _as_ort_reads(target, copied=target is not model)
@@ -311,6 +312,40 @@ def _sorted_ir(model: ir.Model) -> ir.Model:
                 break
             seen.add(node)
     return model
+
+
+#: Main-graph initializers from this size on are checked as stand-ins (the checker gets a serialised copy of the
+#: model: a 1 GiB model would be held three times).
+STAND_IN_BYTES = 1 << 20
+
+
+def _copy_fields(source: Any, target: Any, skip: str) -> None:
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _without_large_initializers(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of `model` for the checker with the main graph's large inline initializers as stand-ins (their data
+    is not copied), or None when it has none."""
+    if not any(len(tensor.raw_data) >= STAND_IN_BYTES for tensor in model.graph.initializer):
+        return None
+    target = onnx.ModelProto()
+    _copy_fields(model, target, "graph")
+    _copy_fields(model.graph, target.graph, "initializer")
+    for tensor in model.graph.initializer:
+        if len(tensor.raw_data) < STAND_IN_BYTES:
+            target.graph.initializer.append(tensor)
+            continue
+        stand_in = target.graph.initializer.add(name=tensor.name, data_type=tensor.data_type)
+        stand_in.raw_data = bytes(max(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize, 1))
+    return target
 
 
 def _stand_in(tensor: onnx.TensorProto) -> None:

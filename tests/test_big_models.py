@@ -243,3 +243,28 @@ def test_shared_weights_are_one_copy(tmp_path: Path) -> None:
     other = list(weights.external_tensors(b))[1]
     assert not weights.same_bytes(weights.reference(ta), weights.reference(other))
     assert shared.value(other) is not shared.value(ta)
+
+
+def test_bench_fits_fewer_sessions_of_a_half_precision_model(tmp_path: Path, monkeypatch, capsys) -> None:
+    """ONNX Runtime's CPU provider holds fp32 copies of fp16 weights in every session: where three sessions per
+    variant do not fit the memory available, the bench makes fewer and says why; where one does not, exit 2."""
+    from onnx_norm import bench
+
+    source = tmp_path / "m.onnx"
+    size = memory_check.build(source, _args(dtype="float16"))
+    proto = inputs.load_model(source, resolve_external=True)
+    per_session = weights.session_copies(proto, "cpu")
+    assert per_session >= 2 * 2 * 64 * 64 * 2  # two fp16 weights, twice their size
+    monkeypatch.setattr(bench, "PER_SESSION_WEIGHTS_LIMIT", 0)
+    # Room for the shared copy and the fp32 copies of one session of each of the three variants, not two.
+    room = weights.HEADROOM + size + int(3.5 * per_session)
+    monkeypatch.setattr(weights, "available_memory", lambda: room)
+    argv = ["bench", str(source), "--shape", "sequence:4", "--repeat", "2", "--warmup", "0", "--report"]
+    assert main([*argv, str(tmp_path / "b.json")]) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["sessions_per_variant"] == 1
+    assert "1 session(s) per variant, not 3" in report["weights_policy"]
+    assert "1 session(s) per variant, not 3" in capsys.readouterr().out
+    monkeypatch.setattr(weights, "available_memory", lambda: weights.HEADROOM + size)
+    assert main(argv[:-1]) == 2
+    assert "needs about" in capsys.readouterr().err

@@ -220,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", help="write the data file into this subfolder (a relative location)")
     parser.add_argument("--out", type=Path, help="build: where to write the model")
     parser.add_argument("--dir", type=Path, help="where to build (default: a temporary directory, removed after)")
+    parser.add_argument("--model", type=Path, help="measure this model (made by `build`) instead of building one")
     return parser
 
 
@@ -247,7 +248,16 @@ def main() -> int:
         work = Path(tmp) / "model"
         work.mkdir()
         source = work / "big.onnx"
-        weights = _build_in_child(args, source)
+        if args.model is not None:
+            source = args.model.resolve()
+            weights = sum(
+                int(entry.value)
+                for tensor in onnx.load(str(source), load_external_data=False).graph.initializer
+                for entry in tensor.external_data
+                if entry.key == "length"
+            )
+        else:
+            weights = _build_in_child(args, source)
         print(
             f"model: {args.shape} {args.layers} layers, hidden {args.hidden}, {args.dtype}, {args.layout} layout, "
             f"W = {weights / GIB:.2f} GiB"

@@ -30,7 +30,7 @@ from onnx_norm.sessions import (
     model_label,
     run_model,
 )
-from onnx_norm.weights import check_memory, weight_bytes
+from onnx_norm.weights import check_memory, session_copies, weight_bytes
 
 Results = list[dict[str, np.ndarray]]
 #: verify()'s options that check_options validates (all but the models and the given inputs).
@@ -270,7 +270,9 @@ def verify(
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
     models.original_source = _source(original, original_proto, models.original)
     models.optimized_source = _source(optimized, optimized_proto, models.optimized)
-    check_memory(max(weight_bytes(original_proto), weight_bytes(optimized_proto)), "verify")
+    # One model at a time: its weights, and the fp32 copies ORT's CPU provider makes of half-precision ones.
+    resident = [weight_bytes(p) + session_copies(p, provider) for p in (original_proto, optimized_proto)]
+    check_memory(max(resident), "verify")
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
     runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
     present = {value.name for value in optimized_proto.graph.output}
