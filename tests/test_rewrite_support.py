@@ -129,3 +129,21 @@ def layer_nodes(
     if bias:
         nodes.append(helper.make_node("Add", ["nw" if scale else normalised, bias], [y]))
     return nodes
+
+
+def assert_not_less_accurate(model: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    """Every output of `optimized` (our kernels) is no farther from the float64 result than `model`'s (ONNX
+    Runtime on the CPU, the same feeds), by max and mean absolute error, within one ulp of the output type."""
+    import onnx_norm
+    from onnx_norm.parity.golden import GoldenEvaluator
+    from onnx_norm.rewrite.prove import accuracy_loss
+
+    names = [value.name for value in model.graph.output]
+    exact = GoldenEvaluator(model, "auto", None).run(feeds, names)
+    assert exact is not None
+    session = ort.InferenceSession(
+        optimized.SerializeToString(), onnx_norm.session_options(), providers=["CPUExecutionProvider"]
+    )
+    for name, original, fused in zip(names, run(model, feeds), session.run(names, feeds), strict=True):
+        loss = accuracy_loss(fused, original, exact[name])
+        assert loss is None, f"{name}: {loss}"

@@ -224,6 +224,7 @@ def print_report(report: ParityReport, console: Console) -> None:
                 f"[{color}]{norm.status}[/]",
             )
         console.print(norms)
+        _print_numerics(console, report)
         first = report.first_divergent_norm
         if first is not None:
             where = "its inputs still match" if first.status == "diverges" else "its inputs already differ"
@@ -232,6 +233,24 @@ def print_report(report: ParityReport, console: Console) -> None:
                 f"rule {first.rule or '?'}, replaces {first.original_value!r}): {where}",
                 highlight=False,
             )
+
+
+def _print_numerics(console: Any, report: Any) -> None:
+    """The original norms that overflow, underflow or lose their epsilon in their own types on these inputs, with
+    the fused op's error beside the original's (both against float64): what the optimisation fixed."""
+    flagged = [norm for norm in report.norms if norm.numerics is not None and norm.numerics.problems]
+    if not flagged:
+        return
+    console.print("[bold]Original norms in their own types[/] (as a float16/bfloat16 kernel computes each op):")
+    for norm in flagged:
+        n = norm.numerics
+        console.print(
+            f"  {norm.node} (replaces {norm.original_value!r}): max error from float64: original "
+            f"{_fmt(n.original_max_error)}, fused {_fmt(n.fused_max_error)}",
+            highlight=False,
+        )
+        for problem in n.problems:
+            console.print(f"    {problem}", highlight=False)
 
 
 def _row(output: Comparison) -> list[str]:

@@ -277,7 +277,10 @@ def verify(
     runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
     present = {value.name for value in optimized_proto.graph.output}
     outputs = _compare_outputs(output_names, present, runs, tolerances)
+    numerics = {} if runs.optimized_failure or not norms else _narrow_numerics(original_proto, norms, runs)
     norm_results = [] if runs.optimized_failure else [_compare_norm(norm, runs, tolerances) for norm in norms]
+    for result in norm_results:
+        result.numerics = numerics.get(result.node)
     warnings = _nonfinite_inputs(sample_list) + runs.warnings
     unmapped = [norm.node for norm in norm_results if norm.status == "unmapped"]
     if unmapped:
@@ -297,6 +300,19 @@ def verify(
         elapsed_s=time.perf_counter() - start,
         warnings=warnings,
     )
+
+
+def _narrow_numerics(original: onnx.ModelProto, norms: Sequence[FusedNorm], runs: _Runs) -> dict[str, Any]:
+    """Each mapped norm of the original evaluated in its own types on the first sample (parity/numerics.py)."""
+    from onnx_norm.parity.numerics import narrow_numerics
+
+    values = {
+        norm.node: (norm.original_y, [o for _, o in norm.inputs if o is not None])
+        for norm in norms
+        if norm.original_y is not None and all(o is not None for _, o in norm.inputs)
+    }
+    fused = {norm.node: runs.optimized[0][norm.y] for norm in norms if norm.y in runs.optimized[0]}
+    return narrow_numerics(original, values, runs.original[0], fused)
 
 
 def _compare_norm(norm: FusedNorm, runs: _Runs, tolerances: ToleranceSpec) -> NormComparison:

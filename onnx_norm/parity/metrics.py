@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from onnx_norm.accuracy import ulp
 from onnx_norm.parity.tolerances import Tolerance
 
 _MAX_FIRST_MISMATCHES = 5
@@ -40,10 +41,27 @@ class GoldenComparison:
     optimized_max_abs: float
     optimized_mean_abs: float
     within_envelope: bool  # optimized no farther from exact than the original (plus tolerance)
+    #: One unit in the last place of the output's type at the largest exact value: how much farther from exact
+    #: than the original the optimized model may be, by max and by mean (onnx_norm/accuracy.py).
+    margin: float = 0.0
 
     @property
     def closer(self) -> bool:
         return self.optimized_mean_abs <= self.original_mean_abs
+
+    @property
+    def less_accurate(self) -> str | None:
+        """Why the optimized values are less accurate than the original's (beyond the margin), or None."""
+        for stat, opt, orig in (
+            ("max", self.optimized_max_abs, self.original_max_abs),
+            ("mean", self.optimized_mean_abs, self.original_mean_abs),
+        ):
+            if opt > orig + self.margin:
+                return (
+                    f"less accurate than the original: {stat} error {opt:.3g} from the float64 result against the "
+                    f"original's {orig:.3g} (margin {self.margin:.3g})"
+                )
+        return None
 
 
 @dataclasses.dataclass
@@ -71,7 +89,10 @@ class Comparison:
         )
         if self.golden is not None and not self.passed:
             g = self.golden
-            text += f"; vs exact: optimized max {g.optimized_max_abs:.3g}, original max {g.original_max_abs:.3g}"
+            text += (
+                f"; vs exact: optimized max {g.optimized_max_abs:.3g} mean {g.optimized_mean_abs:.3g}, "
+                f"original max {g.original_max_abs:.3g} mean {g.original_mean_abs:.3g}"
+            )
         return text
 
 
@@ -113,8 +134,11 @@ def compare(
 
 
 def _verdict(passed: bool, metrics: Metrics, golden: GoldenComparison | None) -> tuple[bool, str]:
-    """Whether the output passes, and why: within tolerance of the original, else within the original's own
-    distance from the exact result."""
+    """Whether the output passes, and why: never less accurate than the original against the exact result (by max
+    and mean, one ulp of margin), and within tolerance of the original or within the original's own distance from
+    the exact result."""
+    if golden is not None and golden.less_accurate:
+        return False, golden.less_accurate
     if passed:
         return True, "matches the original"
     if golden is not None and golden.within_envelope:
@@ -256,4 +280,7 @@ def _golden(
 
     opt_max, opt_mean = stats(ea_all)
     orig_max, orig_mean = stats(eb_all)
-    return GoldenComparison(orig_max, orig_mean, opt_max, opt_mean, envelope_ok)
+    finite_golden = [np.abs(_as_float64(g))[np.isfinite(_as_float64(g))] for g in golden]
+    largest = max((float(g.max()) for g in finite_golden if g.size), default=0.0)
+    margin = ulp(np.asarray(expected[0]).dtype, largest)
+    return GoldenComparison(orig_max, orig_mean, opt_max, opt_mean, envelope_ok, margin)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_norm.parity.metrics import Comparison
 from onnx_norm.paths import json_safe, write_json_atomic
+
+if TYPE_CHECKING:
+    from onnx_norm.parity.numerics import NarrowNumerics
 
 
 @dataclasses.dataclass
@@ -22,6 +25,9 @@ class NormComparison:
     output: Comparison | None
     inputs_match: bool | None
     status: str  # "ok", "diverges", "input differs", "unmapped"
+    #: The original subgraph in its own (narrow) types on the first sample: overflows, underflows, a zero epsilon,
+    #: and its error beside the fused op's (parity/numerics.py); None when it could not be evaluated.
+    numerics: NarrowNumerics | None = None
 
 
 @dataclasses.dataclass

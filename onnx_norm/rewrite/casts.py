@@ -80,6 +80,24 @@ def infer_rounding(
     return Rounding(normalized_type, multiply_type, output_type)
 
 
+def op_rounding(graph: Rounding, x_type: int, *, affine: bool) -> Rounding:
+    """The fused op's rounding for a graph that rounds as `graph` says: once, to Y's type, at the end.
+
+    The graph's intermediate roundings (LLaMA's `.to(fp16)` before `w * h`, every step of an fp16 graph) are not
+    reproduced: the float64 result has none of them, and neither has ONNX Runtime's CPU run of an fp16 graph (its
+    ops without fp16 kernels run in fp32, and the casts between them are removed), so reproducing them made the
+    fused op up to an ulp farther from the exact result than the subgraph it replaced (docs/ops.md). One is
+    kept: a graph whose last rounding is to X's narrow type before a wider output (fp16 rounding, then a Cast
+    to fp32) rounds there, because the library types Y like X and a Cast follows the op.
+    """
+    last = graph.multiply_type if affine else graph.normalized_type
+    if graph.output_type and x_type != int(ir.DataType.FLOAT) and last == x_type:
+        if affine:
+            return Rounding(0, last, graph.output_type)
+        return Rounding(last, 0, graph.output_type)
+    return Rounding(0, 0, graph.output_type)
+
+
 def describe(x_type: ir.DataType, compute_type: ir.DataType | None, rounding: Rounding) -> str:
     """A short human description of the cast placement, e.g. "fp16 in, fp32 compute, fp16 before scale"."""
     parts = [f"{type_name(x_type)} in"]

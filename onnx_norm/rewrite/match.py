@@ -588,15 +588,29 @@ def _build(
     )
     params = (affine or default_affine)(inputs)
     rounding = _rounding(x, y, junction, tail, factors)
-    attrs = NormAttributes(
+    graph_attrs = NormAttributes(
         axis=-len(layout.axes),
         epsilon=epsilon,
         normalized_type=rounding.normalized_type,
         multiply_type=rounding.multiply_type,
         output_type=rounding.output_type,
     )
+    affine = params.scale is not None or params.bias is not None
+    op = casts.op_rounding(rounding, int(x.dtype or 0), affine=affine)
+    attrs = dataclasses.replace(
+        graph_attrs, normalized_type=op.normalized_type, multiply_type=op.multiply_type, output_type=op.output_type
+    )
     spec = NormSpec(
-        statistic.kind, x, None, params.scale, params.bias, attrs, y, mean=replaced.mean, inv_std=replaced.inv_std
+        statistic.kind,
+        x,
+        None,
+        params.scale,
+        params.bias,
+        attrs,
+        y,
+        mean=replaced.mean,
+        inv_std=replaced.inv_std,
+        graph_attrs=graph_attrs,
     )
     return Candidate(
         spec=spec,

@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from onnx_norm.accuracy import accuracy_loss
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import constants, family
@@ -307,3 +308,7 @@ def prove(candidate: Candidate, *, seed: int = 0) -> None:
     ratio, ok = _max_error(y_graph, y_ref, tolerance)
     if not ok:
         raise NearMiss(f"proof failed: the rounding differs from the graph's ({ratio:.3g} x the tolerance)")
+    y_exact, _, _ = _reference(candidate, feeds, exact, wide=True)
+    less_accurate = accuracy_loss(y_ref, y_graph, y_exact)
+    if less_accurate:
+        raise NearMiss(f"proof failed: the fused op would be less accurate than the subgraph ({less_accurate})")

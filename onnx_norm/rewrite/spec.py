@@ -39,6 +39,9 @@ class NormSpec:
     #: Inputs a family adds to x/skip/scale/bias (adaLN's per-sample modulation), by name; the proof feeds each
     #: random data of its shape and passes it to the family's reference under this name.
     extra_inputs: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
+    #: Where the graph itself rounds (the attributes that would reproduce it exactly), when `attrs` round less
+    #: (casts.op_rounding); None when they are the same.
+    graph_attrs: NormAttributes | None = None
 
     @property
     def x_type(self) -> int:

@@ -138,7 +138,9 @@ def _attributes(inner: match.Candidate, t: int) -> NormAttributes | str:
     """The op's attributes: the inner norm's, with the modulation's steps rounded to its type `t` (an fp16 graph
     computes `1 + s`, the Mul and the Add in fp16), and the normalised value rounded to `t` first when the norm has
     no affine (its output is `t`). The reason when no attribute set reproduces the graph."""
-    a = inner.spec.attrs
+    # The modulation's steps are rounded where the graph rounds them, so the norm's own rounding is read as the
+    # graph has it.
+    a = inner.spec.graph_attrs or inner.spec.attrs
     if t not in NARROW_TYPES:
         if a.multiply_type in (0, _FLOAT):
             return a
