@@ -123,10 +123,6 @@ def _fp16_skip_to_fp32() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-_NEEDS_OUTPUT_TYPE = pytest.mark.xfail(
-    strict=True, reason="fp16 in, fp32 out: needs an output type on the fused ops (wt-mixed adds it, issue 21)"
-)
-
 _SUM_ROUNDED = (
     "our Skip ops round the fp16 residual sum before normalising (docs/ops.md); ONNX Runtime's CPU run of the "
     "original does not, and verify fails the fused model as less accurate (max error 10x; issue 21)"
@@ -195,7 +191,7 @@ def test_onnx_runtime_positive_case_is_fused_with_parity(case: str):
     assert parity.passed, [o.message for o in parity.outputs]
 
 
-@pytest.mark.parametrize("build", [pytest.param(_fp16_skip_to_fp32, marks=_NEEDS_OUTPUT_TYPE)])
+@pytest.mark.parametrize("build", [_fp16_skip_to_fp32])
 def test_onnx_runtime_mixed_precision_skip_case(build):
     model = build()
     optimized, report = onnx_norm.optimize(model)
