@@ -3,7 +3,7 @@
 Converted, each with the semantics of its definition:
 - ONNX `LayerNormalization` (opset >= 17) and `RMSNormalization` (opset >= 23): their function bodies compute the
   statistics in float32 (stash_type 1), round the normalised value to X's type T and multiply (and add the bias)
-  in T: `normalized_type = multiply_type = T` for float16/bfloat16 inputs.
+  in T; ONNX Runtime's kernel rounds once, and so does the converted op (never less accurate, docs/accuracy.md).
 - ONNX Runtime's `LayerNormalization` below opset 17 and `SimplifiedLayerNormalization` (default domain, or
   com.microsoft as some tools write them): Y takes the scale's type and is rounded once, `output_type = type(Scale)`.
 - com.microsoft `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`: the residual sum in X's type, then the
@@ -153,17 +153,22 @@ def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
         if scale is not None and elem_type(scale) != x_type:
             raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
         rounding = 0 if x_type == _FLOAT else x_type
-        attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
+        # The function body rounds after each step; ONNX Runtime's kernel (what ran before) and our op round once,
+        # which is never less accurate (casts.op_rounding). The modulated family reads the body's rounding.
+        graph_attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
+        attrs = NormAttributes(axis=axis, epsilon=epsilon)
     else:
         # ORT's contrib ops: Y has the scale's type, rounded once.
         y_type = elem_type(scale) if scale is not None else x_type
         if y_type == 0:
             raise _Skip("the element type of its scale is unknown")
-        attrs = NormAttributes(axis=axis, epsilon=epsilon, output_type=0 if y_type == x_type else y_type)
+        attrs = graph_attrs = NormAttributes(axis=axis, epsilon=epsilon, output_type=0 if y_type == x_type else y_type)
     mean = _output(node, 1) if layer else None
     inv_std = _output(node, 2 if layer else 1)
     bias = _input(node, 2) if layer else None
-    return NormSpec(kind, x, None, scale, bias, attrs, node.outputs[0], None, mean, inv_std, RULE)
+    spec = NormSpec(kind, x, None, scale, bias, attrs, node.outputs[0], None, mean, inv_std, RULE)
+    spec.graph_attrs = graph_attrs if graph_attrs != attrs else None
+    return spec
 
 
 def native_kind(node: ir.Node) -> tuple[str, bool] | None:
