@@ -270,7 +270,9 @@ def main() -> int:
             os.replace(work / "out.onnx", work / "opt.onnx")  # its data file keeps its name, which it refers to
         command = command_for(args.command, source, work, args.extra)
         code, seconds, peak, output = measure(command)
-        budget = BUDGETS[args.command] * weights + GIB
+        # The budget for inline models (up to 2 GiB): optimize <= 2 W.
+        inline = args.layout == "inline" and args.command == "optimize"
+        budget = 2 * weights if inline else BUDGETS[args.command] * weights + GIB
         for line in output.splitlines()[-12:]:
             print("  " + line)
         print(f"{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(command))}")

@@ -30,7 +30,7 @@ from onnx_norm.sessions import (
     model_label,
     run_model,
 )
-from onnx_norm.weights import check_memory, session_copies, weight_bytes
+from onnx_norm.weights import check_memory, release_freed_memory, session_copies, weight_bytes
 
 Results = list[dict[str, np.ndarray]]
 #: verify()'s options that check_options validates (all but the models and the given inputs).
@@ -187,7 +187,9 @@ def _run(
         except SessionError as err:
             raise SessionError(f"{err}{hint}") from err
     del session
+    release_freed_memory()
     golden_results, method, warnings = _golden_runs(models, samples, golden, config.threads)
+    release_freed_memory()
     runs = _Runs(original, [], golden_results, method, None, warnings)
     session = _optimized_session(models, config, optimized_optimization)
     for sample in samples if session is not None else []:
@@ -197,6 +199,7 @@ def _run(
             models.optimized_failure = f"the optimized model does not run: {err}"
             break
     del session
+    release_freed_memory()
     runs.optimized_failure = models.optimized_failure
     return runs
 
