@@ -258,10 +258,12 @@ def main() -> int:
             )
         else:
             weights = _build_in_child(args, source)
-        print(
-            f"model: {args.shape} {args.layers} layers, hidden {args.hidden}, {args.dtype}, {args.layout} layout, "
-            f"W = {weights / GIB:.2f} GiB"
+        described = (
+            str(source)
+            if args.model is not None
+            else f"{args.shape} {args.layers} layers, hidden {args.hidden}, {args.dtype}, {args.layout} layout"
         )
+        print(f"model: {described}, W = {weights / GIB:.2f} GiB")
         if args.command in ("verify", "bench"):
             code, _, _, output = measure(command_for("optimize", source, work, []))
             if code:
