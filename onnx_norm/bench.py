@@ -85,7 +85,7 @@ VARIANT_LABELS = {
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
 NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
 _PROFILE_RUNS = 10
-GIB = 2**30
+GIB = weights.GIB
 #: At most this many bytes of weight copies, one per session, before the sessions share one copy.
 PER_SESSION_WEIGHTS_LIMIT = GIB
 #: Untimed bound runs of each CUDA graph session before the bench: the regular run ORT needs, then the capture.
@@ -411,6 +411,7 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
                 models.variants[name] = (models.given[name], level)
         sessions = count * len(models.variants)
         models.policy = f"weights: {sessions} sessions, each with its own copy ({copies / GIB:.2f} GiB in all)"
+        logger.info("%s", models.policy)
         return count
     shared_bytes = _share(models)
     per_round = sum(own.values())  # one session of every variant
@@ -429,6 +430,7 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
             f"copies of its half-precision weights (ONNX Runtime's CPU provider), and "
             f"{available / GIB:.1f} GiB is available"
         )
+    logger.info("%s", models.policy)
     return fit
 
 
@@ -663,7 +665,6 @@ def bench(
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
     models = _load_models(original, optimized, include_unoptimized)
     sessions_per_variant = _weights_policy(models, sessions_per_variant, provider)
-    logger.info("%s", models.policy)
     points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
     config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)
     # Graph sessions are made per point, with their runners; ordinary ones serve every point.

@@ -15,10 +15,7 @@ copy would be made per session and the memory map stay resident besides, so sess
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
-import gc
 import logging
 import mmap
 import os
@@ -148,17 +145,6 @@ def available_memory() -> int:
     except (OSError, ValueError):
         pass
     return available
-
-
-def release_freed_memory() -> None:
-    """Gives the heap's free pages back to the system (glibc's malloc_trim) after a session is freed: ORT frees a
-    session's weights in many pieces, which glibc may otherwise keep for the next allocations of this process."""
-    try:
-        gc.collect()
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def check_memory(resident: int, what: str) -> None:
