@@ -271,3 +271,36 @@ def test_bench_fits_fewer_sessions_of_a_half_precision_model(tmp_path: Path, mon
     monkeypatch.setattr(weights, "available_memory", lambda: weights.HEADROOM + size)
     assert main(argv[:-1]) == 2
     assert "needs about" in capsys.readouterr().err
+
+
+def test_misaligned_external_tensor_is_handed_over_right(tmp_path: Path) -> None:
+    """onnx's writer puts tensors back to back: an fp32 weight after an odd-sized fp16 tensor sits at an offset that
+    is not a multiple of 4. The session of the proto (weights handed over, a placeholder data file) gets an aligned
+    copy of it and computes what ORT computes from the file."""
+    from onnx import TensorProto, helper
+
+    from onnx_norm import sessions
+
+    w = memory_check._Writer(tmp_path / "m.onnx.data", "m.onnx.data", None)
+    w.add("pad", np.arange(513, dtype=np.float16))  # 1026 bytes: external, and the next offset is 2 mod 4
+    w.add("w", np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32))
+    w.finish()
+    assert int(w.initializers[1].external_data[1].value) % 4 == 2
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Identity", ["pad"], ["p"])],
+        "misaligned",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64]),
+            helper.make_tensor_value_info("p", TensorProto.FLOAT16, [513]),
+        ],
+        w.initializers,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), tmp_path / "m.onnx")
+    feeds = {"x": np.ones((2, 64), np.float32)}
+    config = sessions.RuntimeConfig()
+    expected = sessions.run_model(sessions.create_session(tmp_path / "m.onnx", config), feeds)
+    proto = inputs.load_model(tmp_path / "m.onnx", resolve_external=True)
+    got = sessions.run_model(sessions.create_session(proto, config), feeds)
+    np.testing.assert_array_equal(got["y"], expected["y"])
+    np.testing.assert_array_equal(got["p"], np.arange(513, dtype=np.float16))
