@@ -304,3 +304,23 @@ def test_misaligned_external_tensor_is_handed_over_right(tmp_path: Path) -> None
     got = sessions.run_model(sessions.create_session(proto, config), feeds)
     np.testing.assert_array_equal(got["y"], expected["y"])
     np.testing.assert_array_equal(got["p"], np.arange(513, dtype=np.float16))
+
+
+def test_session_header_beside_the_data_where_links_fail(tmp_path: Path, monkeypatch) -> None:
+    """Where the data cannot be hard-linked into a temporary directory (another file system), the session's header
+    is written into the data's folder under a hidden name, and removed once the session is made."""
+    from onnx_norm import sessions
+
+    source = tmp_path / "m.onnx"
+    memory_check.build(source, _args())
+    proto = inputs.load_model(source, resolve_external=True)
+
+    def no_link(*_: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    session = sessions.create_session(proto, sessions.RuntimeConfig())
+    feeds = {"x": np.ones((1, 4, 64), np.float32)}
+    expected = sessions.run_model(sessions.create_session(source, sessions.RuntimeConfig()), feeds)
+    np.testing.assert_allclose(sessions.run_model(session, feeds)["y"], expected["y"], rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
