@@ -85,7 +85,7 @@ VARIANT_LABELS = {
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
 NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
 _PROFILE_RUNS = 10
-GIB = 2**30
+GIB = weights.GIB
 #: At most this many bytes of weight copies, one per session, before the sessions share one copy.
 PER_SESSION_WEIGHTS_LIMIT = GIB
 #: Untimed bound runs of each CUDA graph session before the bench: the regular run ORT needs, then the capture.
@@ -390,7 +390,8 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
     in `models.policy`, and returns that number.
 
     Every session loading its own copy (ONNX Runtime's default, weights pre-packed) is kept while all those copies
-    take at most PER_SESSION_WEIGHTS_LIMIT and half of the memory available. Beyond that, with external data, every
+    take at most PER_SESSION_WEIGHTS_LIMIT and half of the memory available (with external data: and every variant
+    has a file ORT can load). Beyond that, with external data, every
     session of every variant reads one memory-mapped copy (`weights.SharedWeights`; the optimized model's tensors
     that hold the same bytes as the original's are the original's), with ORT's pre-packing off in all of them alike,
     so that the variants stay comparable. What each session still holds of its own (`weights.session_copies`)
@@ -400,14 +401,17 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
     copies = count * (sum(sizes.values()) + sum(own.values()))
     external = weights.has_external_data(models.original) or weights.has_external_data(models.optimized)
     available = weights.available_memory()
-    if copies <= min(PER_SESSION_WEIGHTS_LIMIT, available // 2) or not external:
+    # With external data ORT loads each model from its own file, as users run it: every variant needs a path (a
+    # model optimized in memory has none), else one would be pre-packed and the other not.
+    paths = all(isinstance(models.given[name], (str, Path)) for name in models.variants)
+    if not external or (paths and copies <= min(PER_SESSION_WEIGHTS_LIMIT, available // 2)):
         weights.check_memory(copies, "bench")
-        if external:  # ORT loads each model from its own file, as users run it
+        if external:
             for name, (_, level) in list(models.variants.items()):
-                if isinstance(models.given[name], (str, Path)):
-                    models.variants[name] = (models.given[name], level)
+                models.variants[name] = (models.given[name], level)
         sessions = count * len(models.variants)
         models.policy = f"weights: {sessions} sessions, each with its own copy ({copies / GIB:.2f} GiB in all)"
+        logger.info("%s", models.policy)
         return count
     shared_bytes = _share(models)
     per_round = sum(own.values())  # one session of every variant
@@ -426,6 +430,7 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
             f"copies of its half-precision weights (ONNX Runtime's CPU provider), and "
             f"{available / GIB:.1f} GiB is available"
         )
+    logger.info("%s", models.policy)
     return fit
 
 
@@ -660,7 +665,6 @@ def bench(
         raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
     models = _load_models(original, optimized, include_unoptimized)
     sessions_per_variant = _weights_policy(models, sessions_per_variant, provider)
-    logger.info("%s", models.policy)
     points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
     config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)
     # Graph sessions are made per point, with their runners; ordinary ones serve every point.

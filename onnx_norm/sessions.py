@@ -240,11 +240,10 @@ def create_session(
 def _session_with_shared_weights(
     proto: onnx.ModelProto, options: ort.SessionOptions, config: RuntimeConfig, shared: weights.SharedWeights
 ) -> ort.InferenceSession:
-    """A session of a proto with external tensors: a header file beside placeholders, the tensors handed over from
-    `shared` (see onnx_norm.weights). The header and placeholders are removed once ORT has built the session."""
+    """A session of a proto with external tensors: a header file beside (links to) its data files, the tensors
+    handed over from `shared` (see onnx_norm.weights). The header is removed once ORT has built the session."""
     values = weights.add_initializers(options, proto, shared)
-    with weights.temporary_directory() as tmp:
-        path = weights.session_file(proto, Path(tmp))
+    with weights.session_file(proto) as path:
         session = ort.InferenceSession(str(path), options, providers=providers(config))
     session._onnx_norm_weights = (shared, values)  # type: ignore[attr-defined]  # alive as long as the session
     return session

@@ -4,8 +4,8 @@ A ModelProto read for the parity gate or the bench keeps its external tensors as
 locations absolute, so that the proto no longer depends on where it was read from). A session of such a proto is
 made from a small header file in a temporary directory; each external tensor is handed to ONNX Runtime as an
 OrtValue over a read-only memory map of its data file (`SessionOptions.add_initializer`, which ORT uses without
-copying), and the header names a sparse placeholder file of the data file's size (ORT checks that the file exists
-and lies under the model's directory; it never reads it, every tensor in it being overridden). One `SharedWeights`
+copying); the header names hard links to the data files beside it (ORT refuses absolute locations and links that
+leave the model's folder, and still reads an overridden tensor where it folds constants). One `SharedWeights`
 serves several sessions: the weights are in memory once, whatever the number of sessions.
 
 ONNX Runtime's CPU kernels pre-pack constant MatMul weights into a copy of their own; with the weights shared that
@@ -15,6 +15,7 @@ copy would be made per session and the memory map stay resident besides, so sess
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import mmap
@@ -190,46 +191,66 @@ class SharedWeights:
         """Serve `ref` with the OrtValue of `same_as` (the caller checked they hold the same bytes)."""
         self._aliases[ref] = same_as
 
-    def value(self, tensor: onnx.TensorProto) -> ort.OrtValue | None:
-        """The OrtValue of an external tensor; None when its bytes are not aligned for its type (ORT then loads
-        that tensor itself)."""
+    def value(self, tensor: onnx.TensorProto) -> ort.OrtValue:
+        """The OrtValue of an external tensor: a view of the mapped file, or an aligned copy of its bytes when its
+        offset is not a multiple of its element size (back-to-back tensors after an odd-sized one). WeightsError
+        for a type whose bytes are not one numpy element per value (strings, 4-bit types)."""
         ref = reference(tensor)
         ref = self._aliases.get(ref, ref)
         if ref in self._values:
             return self._values[ref]
-        dtype = np_dtype(tensor.data_type)
-        if ref.offset % dtype.itemsize or tensor.data_type in (onnx.TensorProto.STRING,):
-            return None
+        count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+        dtype = np_dtype(tensor.data_type) if tensor.data_type != onnx.TensorProto.STRING else None
+        if dtype is None or count * dtype.itemsize != ref.length:
+            raise WeightsError(f"external tensor {tensor.name!r}: its type cannot be handed to ONNX Runtime")
         if ref.file not in self._maps:
             with open(ref.file, "rb") as file:
                 self._maps[ref.file] = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        array = np.frombuffer(self._maps[ref.file], np.uint8, ref.length, ref.offset).view(dtype)
-        value = ort.OrtValue.ortvalue_from_numpy(array.reshape(tuple(tensor.dims)))
+        data = np.frombuffer(self._maps[ref.file], np.uint8, ref.length, ref.offset)
+        if ref.offset % dtype.itemsize:
+            aligned = np.empty(count, dtype)
+            aligned.view(np.uint8)[:] = data
+            data = aligned.view(np.uint8)
+        value = ort.OrtValue.ortvalue_from_numpy(data.view(dtype).reshape(tuple(tensor.dims)))
         self._values[ref] = value
         return value
 
 
-def session_file(model: onnx.ModelProto, directory: Path) -> Path:
-    """Writes `model`'s header into `directory` with each external data file replaced by a sparse placeholder of
-    its size (the tensors themselves are handed over as OrtValues); returns the header's path. `model` is left
-    as it was."""
-    placeholders: dict[str, str] = {}
-    changed: list[tuple[onnx.TensorProto, str]] = []
-    try:
-        for tensor in external_tensors(model):
-            file = reference(tensor).file
-            if file not in placeholders:
-                placeholders[file] = f"weights{len(placeholders)}.data"
-                with open(directory / placeholders[file], "wb") as placeholder:
-                    placeholder.truncate(os.stat(file).st_size)
-            changed.append((tensor, file))
-            _set_location(tensor, placeholders[file])
-        path = directory / "model.onnx"
-        path.write_bytes(model.SerializeToString())
-    finally:
-        for tensor, file in changed:
-            _set_location(tensor, file)
-    return path
+@contextlib.contextmanager
+def session_file(model: onnx.ModelProto) -> Iterator[Path]:
+    """A file of `model`'s header whose external locations name its data files relative to it, for the duration
+    of the block (ORT refuses absolute locations, locations outside the model's folder and links that lead there).
+    The header goes into a temporary directory with hard links to the data files; where the data lies on another
+    file system it goes, under a hidden temporary name, into the folder of the data files. The data must be real:
+    ORT still reads an overridden initializer where it folds constants. `model` is left as it was."""
+    files = sorted({reference(tensor).file for tensor in external_tensors(model)})
+    with tempfile.TemporaryDirectory(prefix="onnx_norm_session_") as tmp:
+        names: dict[str, str] = {}
+        try:
+            for index, file in enumerate(files):
+                names[file] = f"weights{index}.data"
+                os.link(file, Path(tmp) / names[file])
+            header = Path(tmp) / "model.onnx"
+        except OSError:
+            folders = {str(Path(file).parent) for file in files}
+            if len(folders) != 1:
+                raise WeightsError("the external data files are in several folders on another file system") from None
+            names = {file: Path(file).name for file in files}
+            header = Path(folders.pop()) / f".onnx_norm_{os.getpid()}_{id(model)}.onnx"
+        changed = []
+        try:
+            for tensor in external_tensors(model):
+                file = reference(tensor).file
+                changed.append((tensor, file))
+                _set_location(tensor, names[file])
+            header.write_bytes(model.SerializeToString())
+        finally:
+            for tensor, file in changed:
+                _set_location(tensor, file)
+        try:
+            yield header
+        finally:
+            header.unlink(missing_ok=True)
 
 
 def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared: SharedWeights) -> list[object]:
@@ -237,17 +258,11 @@ def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared
     must hold them). Pre-packing is turned off: it would copy the shared weights per session."""
     values = []
     for tensor in external_tensors(model):
-        value = shared.value(tensor)
-        if value is not None:
-            options.add_initializer(tensor.name, value)
-            values.append(value)
+        values.append(shared.value(tensor))
+        options.add_initializer(tensor.name, values[-1])
     options.add_session_config_entry("session.disable_prepacking", "1")
     return values
 
 
 def has_external_data(model: onnx.ModelProto) -> bool:
     return any(True for _ in external_tensors(model))
-
-
-def temporary_directory() -> tempfile.TemporaryDirectory:
-    return tempfile.TemporaryDirectory(prefix="onnx_norm_session_")

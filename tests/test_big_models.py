@@ -150,6 +150,9 @@ def test_layouts_verify_and_bench(tmp_path: Path, layout: str, data_dir: str | N
     assert main(["verify", str(source), str(out), "--per-node", "--shape", "sequence:4"]) == 0
     assert main(["bench", str(source), str(out), "--shape", "sequence:4", "--repeat", "2", "--warmup", "0"]) == 0
     assert "each with its own copy" in capsys.readouterr().out
+    # Optimized in memory, the optimized model has no file of its own: every variant shares the mapped weights.
+    assert main(["bench", str(source), "--shape", "sequence:4", "--repeat", "2", "--warmup", "0"]) == 0
+    assert "one memory-mapped copy" in capsys.readouterr().out
 
 
 def test_onnx_ir_written_model_through_the_api(tmp_path: Path) -> None:
@@ -268,3 +271,56 @@ def test_bench_fits_fewer_sessions_of_a_half_precision_model(tmp_path: Path, mon
     monkeypatch.setattr(weights, "available_memory", lambda: weights.HEADROOM + size)
     assert main(argv[:-1]) == 2
     assert "needs about" in capsys.readouterr().err
+
+
+def test_misaligned_external_tensor_is_handed_over_right(tmp_path: Path) -> None:
+    """onnx's writer puts tensors back to back: an fp32 weight after an odd-sized fp16 tensor sits at an offset that
+    is not a multiple of 4. The session of the proto (weights handed over, a placeholder data file) gets an aligned
+    copy of it and computes what ORT computes from the file."""
+    from onnx import TensorProto, helper
+
+    from onnx_norm import sessions
+
+    w = memory_check._Writer(tmp_path / "m.onnx.data", "m.onnx.data", None)
+    w.add("pad", np.arange(513, dtype=np.float16))  # 1026 bytes: external, and the next offset is 2 mod 4
+    w.add("w", np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32))
+    w.finish()
+    assert int(w.initializers[1].external_data[1].value) % 4 == 2
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Identity", ["pad"], ["p"])],
+        "misaligned",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64]),
+            helper.make_tensor_value_info("p", TensorProto.FLOAT16, [513]),
+        ],
+        w.initializers,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), tmp_path / "m.onnx")
+    feeds = {"x": np.ones((2, 64), np.float32)}
+    config = sessions.RuntimeConfig()
+    expected = sessions.run_model(sessions.create_session(tmp_path / "m.onnx", config), feeds)
+    proto = inputs.load_model(tmp_path / "m.onnx", resolve_external=True)
+    got = sessions.run_model(sessions.create_session(proto, config), feeds)
+    np.testing.assert_array_equal(got["y"], expected["y"])
+    np.testing.assert_array_equal(got["p"], np.arange(513, dtype=np.float16))
+
+
+def test_session_header_beside_the_data_where_links_fail(tmp_path: Path, monkeypatch) -> None:
+    """Where the data cannot be hard-linked into a temporary directory (another file system), the session's header
+    is written into the data's folder under a hidden name, and removed once the session is made."""
+    from onnx_norm import sessions
+
+    source = tmp_path / "m.onnx"
+    memory_check.build(source, _args())
+    proto = inputs.load_model(source, resolve_external=True)
+
+    def no_link(*_: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    session = sessions.create_session(proto, sessions.RuntimeConfig())
+    feeds = {"x": np.ones((1, 4, 64), np.float32)}
+    expected = sessions.run_model(sessions.create_session(source, sessions.RuntimeConfig()), feeds)
+    np.testing.assert_allclose(sessions.run_model(session, feeds)["y"], expected["y"], rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]

@@ -258,10 +258,12 @@ def main() -> int:
             )
         else:
             weights = _build_in_child(args, source)
-        print(
-            f"model: {args.shape} {args.layers} layers, hidden {args.hidden}, {args.dtype}, {args.layout} layout, "
-            f"W = {weights / GIB:.2f} GiB"
+        described = (
+            str(source)
+            if args.model is not None
+            else f"{args.shape} {args.layers} layers, hidden {args.hidden}, {args.dtype}, {args.layout} layout"
         )
+        print(f"model: {described}, W = {weights / GIB:.2f} GiB")
         if args.command in ("verify", "bench"):
             code, _, _, output = measure(command_for("optimize", source, work, []))
             if code:
@@ -270,7 +272,9 @@ def main() -> int:
             os.replace(work / "out.onnx", work / "opt.onnx")  # its data file keeps its name, which it refers to
         command = command_for(args.command, source, work, args.extra)
         code, seconds, peak, output = measure(command)
-        budget = BUDGETS[args.command] * weights + GIB
+        # The budget for inline models (up to 2 GiB): optimize <= 2 W.
+        inline = args.layout == "inline" and args.command == "optimize"
+        budget = 2 * weights if inline else BUDGETS[args.command] * weights + GIB
         for line in output.splitlines()[-12:]:
             print("  " + line)
         print(f"{' '.join(Path(c).name if i == 0 else c for i, c in enumerate(command))}")

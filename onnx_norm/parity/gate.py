@@ -119,6 +119,22 @@ def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onn
     return given if isinstance(given, (str, Path)) and exposed is proto else exposed
 
 
+def _set_sources(
+    models: _Models,
+    original: Any,
+    optimized: Any,
+    original_proto: onnx.ModelProto,
+    optimized_proto: onnx.ModelProto,
+    provider: Provider,
+) -> None:
+    """What each session is made from (a path when the model runs as it is), once the memory is known to suffice:
+    one model at a time, its weights and the fp32 copies ORT's CPU provider makes of half-precision ones."""
+    models.original_source = _source(original, original_proto, models.original)
+    models.optimized_source = _source(optimized, optimized_proto, models.optimized)
+    resident = [weight_bytes(p) + session_copies(p, provider) for p in (original_proto, optimized_proto)]
+    check_memory(max(resident), "verify")
+
+
 def _models(
     original: onnx.ModelProto, optimized: onnx.ModelProto, norms: Sequence[FusedNorm], label: str, failure: str | None
 ) -> _Models:
@@ -268,11 +284,7 @@ def verify(
 
     norms = find_fused_norms(original_proto, optimized_proto) if per_node and optimized_failure is None else []
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
-    models.original_source = _source(original, original_proto, models.original)
-    models.optimized_source = _source(optimized, optimized_proto, models.optimized)
-    # One model at a time: its weights, and the fp32 copies ORT's CPU provider makes of half-precision ones.
-    resident = [weight_bytes(p) + session_copies(p, provider) for p in (original_proto, optimized_proto)]
-    check_memory(max(resident), "verify")
+    _set_sources(models, original, optimized, original_proto, optimized_proto, provider)
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
     runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
     present = {value.name for value in optimized_proto.graph.output}
