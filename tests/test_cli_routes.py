@@ -244,22 +244,30 @@ def test_progress_on_a_terminal_only(argv: list[str | Path], shown: str) -> None
     assert shown not in piped.stdout and shown not in piped.stderr
 
 
-def _half_model(path: Path, scale: float) -> None:
-    """y = float32(x * w) in float16, w = scale: a float16 model with a float32 output."""
+def _half_model(path: Path, *, nudged: bool = False) -> None:
+    """y = float32(x * w) in float16 with w = 1: a float16 model with a float32 output; `nudged` scales y by
+    1 + 2^-12 in float32: farther from the exact result than float32's tolerances allow, but by less than one
+    float16 ulp (the margin for a model that computes in float16)."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["p"]), helper.make_node("Cast", ["p"], ["y"], to=TensorProto.FLOAT)]
+    initializers = [helper.make_tensor("w", TensorProto.FLOAT16, [64], [1.0] * 64)]
+    if nudged:
+        nodes[-1].output[0] = "c"
+        nodes.append(helper.make_node("Mul", ["c", "k"], ["y"]))
+        initializers.append(helper.make_tensor("k", TensorProto.FLOAT, [], [1.0 + 2.0**-12]))
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "w"], ["p"]), helper.make_node("Cast", ["p"], ["y"], to=TensorProto.FLOAT)],
+        nodes,
         "half",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
-        [helper.make_tensor("w", TensorProto.FLOAT16, [64], [scale] * 64)],
+        initializers,
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
 
 
 def test_float16_model_with_float32_outputs_names_the_tolerance_and_the_flag(tmp_path: Path) -> None:
     original, changed = tmp_path / "half.onnx", tmp_path / "half.changed.onnx"
-    _half_model(original, 1.0)
-    _half_model(changed, 1.00390625)  # one float16 step above 1: ~0.4% off, within float16's 1e-2, not float32's
+    _half_model(original)
+    _half_model(changed, nudged=True)
     done = cli("verify", original, changed)
     assert done.returncode == 1
     out = " ".join(done.stdout.split())

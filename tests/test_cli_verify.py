@@ -235,27 +235,7 @@ def test_demo_runs_the_whole_flow_on_a_bundled_model(tmp_path: Path, capsys):
     assert (tmp_path / "llama-rmsnorm-fp32.optimized.onnx").is_file()
 
 
-#: Bundled examples less accurate than the original on the CPU provider (verify's accuracy check fails them).
-LESS_ACCURATE_ON_CPU = dict.fromkeys(
-    ("llama-rmsnorm-fp16.onnx", "llama-rmsnorm-dynamo-fp16.onnx"),
-    "ONNX Runtime's CPU provider runs the original's float16 residual Add in float32 (no float16 kernel, the casts "
-    "between it and the norm's float32 Cast removed), so its norms read the unrounded sum; our Skip ops round the "
-    "sum to float16 as docs/ops.md defines them (issue 21: narrow norms need float32 execution on the CPU)",
-)
-
-
-@pytest.mark.parametrize(
-    "example",
-    [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=LESS_ACCURATE_ON_CPU[name])]
-            if name in LESS_ACCURATE_ON_CPU
-            else [],
-        )
-        for name in sorted(p.name for p in EXAMPLES.glob("*.onnx"))
-    ],
-)
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.onnx")))
 def test_every_bundled_example_passes_the_gate_after_optimize(tmp_path: Path, capsys, example):
     out = tmp_path / "opt.onnx"
     assert _cli(["optimize", str(EXAMPLES / example), "-o", str(out)]) == 0

@@ -30,15 +30,7 @@ FIXTURES = Path(__file__).resolve().parent / "data" / "exporters"
 # file -> what the rewrite still misses there (each reason says what `onnx-norm inspect --explain` reports). The
 # misses first filed here (tf2onnx's GlobalAveragePool mean, CastLike epsilons, RMSNormalization-23's expansion,
 # onnxconverter-common's per-consumer input Casts) are fused now and run as ordinary cases.
-_CPU_RUNS_FP16_IN_FP32 = (
-    "less accurate than the original on the CPU provider: ONNX Runtime runs this float16-converted model's ops in "
-    "float32 (no float16 CPU kernels; it removes the casts between them), the fused op's float16 kernel rounds its "
-    "input and output (issue 21: narrow norms need float32 execution on the CPU)"
-)
-KNOWN_MISSES: dict[str, str] = {
-    "toolchains-block-float16-keep-io.onnx": _CPU_RUNS_FP16_IN_FP32,
-    "toolchains-block-ort-float16-keep-io.onnx": _CPU_RUNS_FP16_IN_FP32,
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 
 def load_manifest(folder: Path = FIXTURES) -> list[dict[str, Any]]:

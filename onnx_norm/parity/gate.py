@@ -217,10 +217,29 @@ def _run(
     return runs
 
 
+def _narrowest_float(model: onnx.ModelProto) -> np.dtype | None:
+    """float16 or bfloat16 when the model holds weights or values of that type (it computes in 16 bits, whatever its
+    outputs are), else None. Read from the proto's declarations, never from external data."""
+    import ml_dtypes
+
+    graph = model.graph
+    types = {tensor.data_type for tensor in graph.initializer}
+    types |= {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
+    for code, dtype in ((onnx.TensorProto.FLOAT16, np.dtype(np.float16)), (onnx.TensorProto.BFLOAT16, None)):
+        if code in types:
+            return dtype if dtype is not None else np.dtype(ml_dtypes.bfloat16)
+    return None
+
+
 def _compare_outputs(
-    output_names: Sequence[str], present: set[str], runs: _Runs, tolerances: ToleranceSpec
+    output_names: Sequence[str],
+    present: set[str],
+    runs: _Runs,
+    tolerances: ToleranceSpec,
+    compute_dtype: np.dtype | None = None,
 ) -> list[Comparison]:
-    """Every output of the original against the optimized model's (`present`: the optimized model's outputs)."""
+    """Every output of the original against the optimized model's (`present`: the optimized model's outputs;
+    `compute_dtype`: the narrowest type the original computes in, whose ulp is the accuracy margin)."""
     outputs: list[Comparison] = []
     for name in output_names:
         dtype = runs.original[0][name].dtype
@@ -232,7 +251,14 @@ def _compare_outputs(
             continue
         golden = None if runs.golden is None else [g[name] for g in runs.golden]
         outputs.append(
-            compare(name, [r[name] for r in runs.optimized], [r[name] for r in runs.original], tolerance, golden)
+            compare(
+                name,
+                [r[name] for r in runs.optimized],
+                [r[name] for r in runs.original],
+                tolerance,
+                golden,
+                compute_dtype=compute_dtype,
+            )
         )
     return outputs
 
@@ -288,7 +314,7 @@ def verify(
     config = RuntimeConfig(provider, threads, original_optimization, device_id)
     runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
     present = {value.name for value in optimized_proto.graph.output}
-    outputs = _compare_outputs(output_names, present, runs, tolerances)
+    outputs = _compare_outputs(output_names, present, runs, tolerances, _narrowest_float(original_proto))
     numerics = {} if runs.optimized_failure or not norms else _narrow_numerics(original_proto, norms, runs)
     norm_results = [] if runs.optimized_failure else [_compare_norm(norm, runs, tolerances) for norm in norms]
     for result in norm_results:

@@ -51,12 +51,18 @@ class GoldenComparison:
 
     @property
     def less_accurate(self) -> str | None:
-        """Why the optimized values are less accurate than the original's (beyond the margin), or None."""
-        for stat, opt, orig in (
-            ("max", self.optimized_max_abs, self.original_max_abs),
+        """Why the optimized values are less accurate than the original's (beyond the margin), or None.
+
+        The mean error must not grow by more than the margin. The max error of a whole model's output is one
+        extreme draw of the rounding noise every layer after a norm propagates: a rewrite that sums in another
+        order draws it again, so the max may grow up to the original's own max error (twice it) plus the margin;
+        a loss of accuracy beyond that (a norm rounding where it should not) is still caught."""
+        for stat, opt, allowed in (
+            ("max", self.optimized_max_abs, 2 * self.original_max_abs),
             ("mean", self.optimized_mean_abs, self.original_mean_abs),
         ):
-            if opt > orig + self.margin:
+            orig = self.original_max_abs if stat == "max" else self.original_mean_abs
+            if opt > allowed + self.margin:
                 return (
                     f"less accurate than the original: {stat} error {opt:.3g} from the float64 result against the "
                     f"original's {orig:.3g} (margin {self.margin:.3g})"
@@ -106,8 +112,12 @@ def compare(
     expected: Sequence[np.ndarray],
     tolerance: Tolerance,
     golden: Sequence[np.ndarray] | None = None,
+    *,
+    compute_dtype: np.dtype | None = None,
 ) -> Comparison:
-    """Compares the optimized (`actual`) and original (`expected`) values of one tensor over all samples."""
+    """Compares the optimized (`actual`) and original (`expected`) values of one tensor over all samples;
+    `compute_dtype`, a type narrower than the tensor's that the model computes in (a float16 model with float32
+    outputs), sets the accuracy margin: one ulp of it."""
     dtype = np.asarray(expected[0]).dtype
     shape = list(np.shape(expected[0]))
     for a, b in zip(actual, expected, strict=True):
@@ -128,7 +138,7 @@ def compare(
     passed = metrics.nonfinite_mismatched == 0 and _stat_passes(absdiff, rel, metrics, tolerance)
     golden_cmp = None
     if golden is not None and np.issubdtype(np.asarray(golden[0]).dtype, np.floating):
-        golden_cmp = _golden(actual, expected, golden, tolerance)
+        golden_cmp = _golden(actual, expected, golden, tolerance, compute_dtype)
     passed, verdict = _verdict(passed, metrics, golden_cmp)
     return Comparison(name, dtype.name, shape, tolerance, passed, verdict, metrics, golden_cmp)
 
@@ -249,7 +259,11 @@ def _stat_passes(absdiff: np.ndarray, rel: np.ndarray, metrics: Metrics, toleran
 
 
 def _golden(
-    actual: Sequence[np.ndarray], expected: Sequence[np.ndarray], golden: Sequence[np.ndarray], tolerance: Tolerance
+    actual: Sequence[np.ndarray],
+    expected: Sequence[np.ndarray],
+    golden: Sequence[np.ndarray],
+    tolerance: Tolerance,
+    compute_dtype: np.dtype | None = None,
 ) -> GoldenComparison:
     opt_err, orig_err = [], []
     envelope_ok = True
@@ -282,5 +296,7 @@ def _golden(
     orig_max, orig_mean = stats(eb_all)
     finite_golden = [np.abs(_as_float64(g))[np.isfinite(_as_float64(g))] for g in golden]
     largest = max((float(g.max()) for g in finite_golden if g.size), default=0.0)
-    margin = ulp(np.asarray(expected[0]).dtype, largest)
+    # A model is only as exact as the narrowest type it computes in: a float16 graph cast to float32 at the end may
+    # differ by float16's ulp, as the proof of each rewrite allows (onnx_norm/rewrite/prove.py).
+    margin = max(ulp(dtype, largest) for dtype in (np.asarray(expected[0]).dtype, compute_dtype) if dtype is not None)
     return GoldenComparison(orig_max, orig_mean, opt_max, opt_mean, envelope_ok, margin)
