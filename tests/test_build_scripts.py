@@ -45,10 +45,21 @@ def test_no_spills_pass_and_name_the_architectures(tmp_path: Path) -> None:
     assert "in 2 kernel compilations (sm_80 sm_90)" in done.stdout
 
 
-def test_an_unlisted_spill_fails(tmp_path: Path) -> None:
-    done = _check(_log(tmp_path, [("sm_90", KERNEL, 0, 0), ("sm_90", KERNEL, 8, 8)]))
+def test_an_unlisted_spill_fails_and_its_objects_are_rebuilt_next_time(tmp_path: Path) -> None:
+    """The build directory is incremental, so the failing check removes the CUDA objects the log's build made:
+    otherwise a second build would compile nothing, report nothing and pass."""
+    build = tmp_path / "build"
+    cuda_object = build / "CMakeFiles" / "onnx_norm_ops.dir" / "src" / "cuda" / "norm_float32.cu.o"
+    cxx_object = build / "CMakeFiles" / "onnx_norm_ops.dir" / "src" / "register.cc.o"
+    for path in (cuda_object, cxx_object):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    log = _log(tmp_path, [("sm_90", KERNEL, 0, 0), ("sm_90", KERNEL, 8, 8)])
+    log.write_text(f"  -- Build files have been written to: {build}\n" + log.read_text())
+    done = _check(log)
     assert done.returncode == 1
     assert f"SPILL: sm_90 {KERNEL}: 8 bytes stored, 8 loaded" in done.stderr
+    assert not cuda_object.exists() and cxx_object.exists()
 
 
 def test_a_known_spill_passes_only_with_its_exact_counts(tmp_path: Path) -> None:

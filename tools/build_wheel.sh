@@ -5,11 +5,12 @@
 # custom_ops/cmake/CudaSupport.cmake) with the CUDA runtime linked statically, checked for register spills,
 # retagged manylinux by auditwheel (which refuses a library that needs newer symbols than the policy allows)
 # and listed (cubins and PTX, with cuobjdump). Needs what tools/setup.sh installs (g++, cmake, ninja, nvcc).
+# The build directory is incremental: a second run recompiles (and spill-checks) only what changed.
 #
 # Environment: ONNX_NORM_CUDA_ARCHITECTURES (CI builds `90-real`), ONNX_NORM_WHEEL_BUILD_DIR (default
 # build/release) and ONNX_NORM_WHEEL_PYTHON (the Python whose scikit-build-core builds; default a tools venv,
 # build/wheel-tools): CI passes build/{wheel_tag} and .venv/bin/python, the editable install's directory and
-# builder, so nothing recompiles. ONNX_NORM_MANYLINUX (default manylinux_2_34_x86_64, see docs/build.md).
+# builder, so nothing recompiles. ONNX_NORM_MANYLINUX (default manylinux_2_34_x86_64, see docs/install.md).
 # ONNX_NORM_ENABLE_CUDA=OFF for a CPU-only wheel (otherwise a build without CUDA is an error).
 set -euo pipefail
 
