@@ -65,7 +65,7 @@ def load(model: ModelLike) -> ir.Model:
         # As ir.load does: external tensors are memory-mapped from files relative to the model.
         ir.external_data.set_base_dir(loaded.graph, path.parent)
         _check_external_data(loaded, path)
-        return _sorted_ir(_import_ort_domains_ir(loaded))
+        return _import_ort_domains_ir(loaded)  # read_proto sorted its nodes already
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
@@ -173,20 +173,17 @@ def sort_proto(model: onnx.ModelProto) -> bool:
 
 
 def _node_lists(model: onnx.ModelProto) -> Iterator[Any]:
-    """The node list of the main graph, of every subgraph and of every model-local function."""
+    """The node list of the main graph, of every subgraph and of every model-local function. Lazily: sorting a list
+    copies its nodes, so a subgraph is reached through its graph's nodes only after that graph was sorted."""
+    yield from (graph.node for graph in _graphs(model))
+    yield from (function.node for function in model.functions)
 
-    def graph_lists(graph: onnx.GraphProto) -> Iterator[Any]:
-        yield graph.node
-        for node in graph.node:
-            for sub in _subgraphs(node):
-                yield from graph_lists(sub)
 
-    yield from graph_lists(model.graph)
-    for function in model.functions:
-        yield function.node
-        for node in function.node:
-            for sub in _subgraphs(node):
-                yield from graph_lists(sub)
+def _graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
+    """The main graph and every subgraph (of If/Loop/Scan nodes, in the main graph or in functions)."""
+    yield model.graph
+    for node in proto_nodes(model):
+        yield from _subgraphs(node)
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
@@ -236,8 +233,7 @@ def _typeless(value: onnx.ValueInfoProto) -> bool:
 
 
 def _untyped_values(model: onnx.ModelProto) -> bool:
-    graphs = [model.graph, *(sub for node in proto_nodes(model) for sub in _subgraphs(node))]
-    return any(_typeless(v) for graph in graphs for v in [*graph.output, *graph.value_info]) or any(
+    return any(_typeless(v) for graph in _graphs(model) for v in [*graph.output, *graph.value_info]) or any(
         _typeless(v) for function in model.functions for v in function.value_info
     )
 
@@ -252,7 +248,7 @@ def _as_ort_reads(model: onnx.ModelProto, *, copied: bool) -> onnx.ModelProto:
     if not copied:
         model = _copy(model)
     sort_proto(model)
-    graphs = [model.graph, *(sub for node in proto_nodes(model) for sub in _subgraphs(node))]
+    graphs = list(_graphs(model))
     for owner in [*graphs, *model.functions]:
         for value in [v for v in owner.value_info if _typeless(v)]:
             owner.value_info.remove(value)
@@ -300,8 +296,8 @@ def _ort_refusal(model: onnx.ModelProto) -> str | None:
 
 
 def _sorted_ir(model: ir.Model) -> ir.Model:
-    """`model` with its graphs and functions in topological order (`sort_proto`, on the loaded model); one already
-    in order is left as it is."""
+    """`model` with its graphs and functions in topological order (`sort_proto`, on a model given as a ModelProto,
+    which the checker saw sorted in a copy); one already in order is left as it is."""
     for owner in [model.graph, *model.functions.values()]:
         seen: set[ir.Node] = set()
         for node in ir.traversal.RecursiveGraphIterator(owner):
@@ -628,9 +624,5 @@ def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """All nodes of `graph` and of the subgraphs in its If/Loop/Scan nodes."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from graph_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from graph_nodes(sub)
+        for sub in _subgraphs(node):
+            yield from graph_nodes(sub)
