@@ -94,17 +94,18 @@ def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str =
     return model
 
 
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes of one tensor's data, external or not, without reading it."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return reference(tensor).length
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    return int(np.prod(tensor.dims, dtype=np.int64)) * np_dtype(tensor.data_type).itemsize
+
+
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the main graph's initializers, external or not, without reading any."""
-    total = 0
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            total += reference(tensor).length
-        elif tensor.HasField("raw_data"):
-            total += len(tensor.raw_data)
-        else:
-            total += int(np.prod(tensor.dims, dtype=np.int64)) * np_dtype(tensor.data_type).itemsize
-    return total
+    return sum(_tensor_bytes(tensor) for tensor in model.graph.initializer)
 
 
 #: Memory a command needs beyond the weights it holds at once (activations, ONNX Runtime's arenas, Python).
@@ -120,13 +121,7 @@ def session_copies(model: onnx.ModelProto, provider: str) -> int:
     GiB fp16 model takes 7.8 GiB in one session). An upper bound: every half-precision initializer counts."""
     if provider != "cpu":
         return 0
-    half = 0
-    for tensor in model.graph.initializer:
-        if tensor.data_type in _HALF_TYPES:
-            half += (
-                reference(tensor).length if tensor.data_location == onnx.TensorProto.EXTERNAL else len(tensor.raw_data)
-            )
-    return 2 * half
+    return 2 * sum(_tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
 
 
 def available_memory() -> int:
