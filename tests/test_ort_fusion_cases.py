@@ -123,11 +123,6 @@ def _fp16_skip_to_fp32() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-_SUM_ROUNDED = (
-    "our Skip ops round the fp16 residual sum before normalising (docs/ops.md); ONNX Runtime's CPU run of the "
-    "original does not, and verify fails the fused model as less accurate (max error 10x; issue 21)"
-)
-
 POSITIVE = {
     "layer_norm": (
         lambda: _model(_layer_norm_nodes("x", two_subs=False, gamma_first=False), ["x"], _ln_constants()),
@@ -169,16 +164,7 @@ def _norm_ops(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=_SUM_ROUNDED)] if "skip" in name and "fp16" in name else [],
-        )
-        for name in POSITIVE
-    ],
-)
+@pytest.mark.parametrize("case", list(POSITIVE))
 def test_onnx_runtime_positive_case_is_fused_with_parity(case: str):
     build, expected = POSITIVE[case]
     model = build()
