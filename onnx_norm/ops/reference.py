@@ -61,9 +61,10 @@ def _normalized(
         mean = xf.mean(axis=axes, keepdims=True)
         centred = xf - mean
     var = np.mean(centred * centred, axis=axes, keepdims=True)
+    # A constant row with epsilon 0 gives 0 * inf = NaN, as the graphs with epsilon 0 do (ONNX Runtime's fusion cases).
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = 1.0 / np.sqrt(var + np.float64(np.float32(attrs.epsilon)))
-    y = _round_to(centred * inv, attrs.normalized_type)
+        y = _round_to(centred * inv, attrs.normalized_type)
     if scale is not None:
         y = _round_to(y * scale.astype(np.float64), attrs.multiply_type)
     if bias is not None:
