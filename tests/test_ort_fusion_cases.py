@@ -409,6 +409,31 @@ def _skip_with_cast(fmt: int, variant: str) -> onnx.ModelProto:
     return model
 
 
+def _skip_fp16_sum_cast(fmt: int, variant: str) -> onnx.ModelProto:
+    """The *_with_cast SkipLayerNorm models with the Cast after the residual sum: fp16 A, B (and bias) added in fp16,
+    the sum cast to fp32 and normalised in fp32, fp32 out (ORT also keeps 3 Casts for formats 1/2, 2 for format 3,
+    moving them in front of its fused op). Format 3 is fused as the Skip op on the fp16 addends with output_type
+    float32; with a bias Add in front, or the sum read elsewhere, the Adds stay and the fp32 norm is fused (the
+    Skip op would round what ONNX Runtime's CPU run of the original does not). `variant` as for _skip_with_cast
+    (the other sums stay fp16)."""
+    model = _skip(fmt, variant == "partial")
+    graph = model.graph
+    for node in graph.node:
+        if node.op_type != "Add" or node.output[0] != "ln_in":
+            for i, name in enumerate(node.input):
+                if name == "ln_in":
+                    node.input[i] = "ln_in32"
+    graph.node.append(_node("Cast", ["ln_in"], ["ln_in32"], to=F32))
+    if fmt != 3:
+        bias = next(t for t in graph.initializer if t.name == "bias")
+        bias.CopyFrom(_t("bias", numpy_helper.to_array(bias), np.float16))
+    for value in graph.input:
+        value.type.tensor_type.elem_type = F16
+    if variant == "graph_output":
+        graph.output.append(helper.make_tensor_value_info("ln_in" if fmt == 3 else "a3", F16, SHAPE))
+    return model
+
+
 def _add_then_native_layer_norm(*, beta: bool, with_cast: bool, gamma_shape=(H,)) -> onnx.ModelProto:
     """SkipLayerNormFusion_NoBeta / CurrentOpset / 3DGamma: a residual Add in front of a native LayerNormalization
     (opset 17), with or without beta, fp16 inputs cast to fp32 first, gamma of another rank."""
@@ -489,6 +514,16 @@ POSITIVE = {
     "skip_format1_graph_output_with_cast": (lambda: _skip_with_cast(1, "graph_output"), None),
     "skip_format2_graph_output_with_cast": (lambda: _skip_with_cast(2, "graph_output"), None),
     "skip_format3_graph_output_with_cast": (lambda: _skip_with_cast(3, "graph_output"), None),
+    # A bias Add in front: the residual Add stays too (docs/ops.md, output_type), the fp32 norm is fused.
+    "skip_format1_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, ""), {"LayerNorm": 1}),
+    "skip_format2_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, ""), {"LayerNorm": 1}),
+    "skip_format3_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(3, ""), {"SkipLayerNorm": 1}),
+    "skip_format1_partial_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, "partial"), None),
+    "skip_format2_partial_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, "partial"), None),
+    "skip_format3_sum_also_used_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(3, "partial"), None),
+    "skip_format1_graph_output_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, "graph_output"), None),
+    "skip_format2_graph_output_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, "graph_output"), None),
+    "skip_format3_graph_output_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(3, "graph_output"), None),
     "skip_native_no_beta": (lambda: _add_then_native_layer_norm(beta=False, with_cast=False), {"SkipLayerNorm": 1}),
     "skip_native_no_beta_with_cast": (
         lambda: _add_then_native_layer_norm(beta=False, with_cast=True),

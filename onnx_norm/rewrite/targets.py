@@ -37,12 +37,14 @@ from onnx_norm.rewrite.spec import NormSpec, elem_type
 RULE_METADATA_KEY = "onnx_norm.rule"
 MS_DOMAIN = "com.microsoft"
 
-#: Emit Y in X's type only. The library honours output_type only where ONNX Runtime takes a custom op's output
-#: type from its shape inference, which needs X's rank known and a recent runtime (1.31 does; 1.21 may not); the
-#: kernel refuses the node elsewhere. Nodes that need another Y type are emitted as the op and a Cast where that
-#: is exact (the graph rounds to X's type last, or X is float32), and a float32 Y from a narrower X as the op on X
-#: cast to float32 (exact: widening is, and the kernels compute from the widened X); so that a model never fails
-#: once the library is registered.
+#: Emit Y in X's type where an exact Cast gives the graph's Y type. The library honours output_type only where
+#: ONNX Runtime takes a custom op's output type from its shape inference, which needs X's rank known and a recent
+#: runtime (1.31 does; 1.21 may not); the kernel refuses the node elsewhere. Nodes that need another Y type are
+#: emitted as the op and a Cast where that is exact (the graph rounds to X's type last, or X is float32), and a
+#: float32 Y from a narrower X as the op on X cast to float32 (exact: widening is, and the kernels compute from the
+#: widened X). Only where neither form exists (a Skip op with a float32 Y from float16 X and Skip, whose Sum keeps
+#: X's type; a Y of another narrow type) does the op carry output_type, and only when X's rank is known
+#: (`_honours_output_type`).
 LIBRARY_TYPES_Y_LIKE_X = True
 
 _FLOAT = int(ir.DataType.FLOAT)
@@ -278,7 +280,10 @@ def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
     if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
         return "the onnx_norm Skip ops have no statistics outputs"
     signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
-    widen = LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
+    other_y = spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
+    if other_y and _honours_output_type(spec):
+        return _Plan(signature, 0, False, len(_steps(spec)), False, False)
+    widen = LIBRARY_TYPES_Y_LIKE_X and other_y
     if widen and (spec.attrs.output_type != _FLOAT or spec.skip is not None):
         # fp16/bf16 in, fp32 out is X cast to fp32 in front (below); a Skip op's Sum must keep X's rounding.
         why = "X cast to float32 gives Y float32 only" if spec.skip is None else "a Skip op's Sum keeps X's rounding"
@@ -314,6 +319,25 @@ def _emit_onnx_norm(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
     outputs = [outputs] if isinstance(outputs, ir.Value) else list(outputs)
     y = op.Cast(outputs[0], to=out_cast) if out_cast else outputs[0]
     return [y] + [outputs[requested[key]] for key in ("sum", "mean", "inv_std") if key in requested]
+
+
+def _honours_output_type(spec: NormSpec) -> bool:
+    """Y of another type than X's through the op's own `output_type`, where the Cast(X) + op form cannot give it
+    (a Skip op, whose Sum keeps X's type, or a Y type other than float32): ONNX Runtime applies the type the op's
+    shape inference gives Y, which it can only where X's rank is in the model (docs/ops.md). The Cast(X) + op form
+    stays where it is exact: it runs on every runtime.
+
+    A Skip op only where X and Skip are float16/bfloat16 before the model runs (graph or body inputs,
+    initializers) and the sum has no other reader: a value an op computes is float32 on ONNX Runtime's CPU
+    provider, which runs float16 ops in float32, until an op with a float16 kernel (ours) reads it, so the Skip op
+    would round its inputs, and its Sum output, where the original graph, an Add computed in float32 and a Cast,
+    does not (ONNX Runtime's format-1 SkipLayerNorm case with a bias Add in front: 0.0047 from the float64 result
+    against the original's 7.2e-7; with the sum also read by a Neg, 0.0039 there against 0)."""
+    if _rank_of(spec.x) is None:
+        return False
+    if spec.skip is None:
+        return spec.attrs.output_type != _FLOAT
+    return spec.sum is None and spec.x.producer() is None and spec.skip.producer() is None
 
 
 def _output_cast(spec: NormSpec) -> int:
