@@ -690,3 +690,21 @@ def test_more_onnx_runtime_negative_cases_are_left_exactly_as_they_were(kind: st
 
     for before, after in zip(run(model), run(optimized), strict=True):
         np.testing.assert_array_equal(after, before)
+
+
+_ORT_NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization"}
+_ORT_NORM_OPS |= {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+
+
+@pytest.mark.parametrize("case", [name for name in POSITIVE if "fp16" in name or "cast" in name])
+def test_mixed_precision_cases_with_the_ort_target(case: str):
+    """ONNX Runtime's own ops as the target: each norm fused, and never less accurate than the original on its
+    CPU provider (a narrow residual sum is widened in front of an op computing in float32, as the graph did)."""
+    build, expected = POSITIVE[case]
+    model = build()
+    optimized, report = onnx_norm.optimize(model, target="ort")
+    fused = [n.op_type for n in optimized.graph.node if n.op_type in _ORT_NORM_OPS]
+    assert len(fused) == (sum(expected.values()) if expected else 1), [m.reason for m in report.near_misses]
+    runnable = PARITY_WITH[case]() if case in PARITY_WITH else model
+    parity = onnx_norm.verify(runnable, optimized, inputs=[_feeds(model)])
+    assert parity.passed, [o.message for o in parity.outputs]

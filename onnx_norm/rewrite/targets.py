@@ -7,7 +7,8 @@
 - `ort`: ONNX Runtime's `LayerNormalization` (its contrib version below opset 17), `SimplifiedLayerNormalization`,
   and the com.microsoft `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`. Their kernels compute in
   float32 and round once, to the output type; the Skip ops normalise the unrounded sum, so they only take float32
-  residuals (a float16/bfloat16 residual becomes an `Add` in front of the norm, as in the graph).
+  residuals (a float16/bfloat16 residual becomes an `Add` in front of the norm, as in the graph, and is widened
+  to float32 in front of an op computing in float32: `_widen_sum`).
 
 A fused op must reproduce the graph it replaces, including where the graph rounds to float16/bfloat16
 (`normalized_type`, `multiply_type`, `output_type`). For `onnx` and `ort` the planner folds into the op as many
@@ -412,7 +413,10 @@ def _standard_planner(
         if fused is not None:
             # A residual Skip op could not fold what it needs; retry with the residual Add in front.
             retry = plan(dataclasses.replace(spec, skip=None, sum=None), opset)
-            return retry if isinstance(retry, str) else dataclasses.replace(retry, separate_add=True)
+            if isinstance(retry, str):
+                return retry
+            widen = retry.cast_x or _widen_sum(spec.x_type, retry.core_type)
+            return dataclasses.replace(retry, separate_add=True, cast_x=widen)
         # Unreachable while the op can run in float32 with nothing folded; kept so that a new op's constraints
         # produce a reason rather than a wrong plan.
         return (
@@ -432,9 +436,18 @@ def _fold(spec: NormSpec, core: CoreOp, rounds, fused_skip: bool) -> _Plan | Non
     for folded in range(len(_steps(spec)), -1, -1):
         for core_type in dict.fromkeys([x_type, roundings[folded], final_type, _FLOAT]):
             if _exact(spec, core, rounds, folded=folded, core_type=core_type):
-                cast_x = core.single_type and x_type != core_type
-                return _Plan(core, core_type, cast_x, folded, spec.skip is not None and not fused_skip, fused_skip)
+                separate_add = spec.skip is not None and not fused_skip
+                cast_x = (core.single_type and x_type != core_type) or (separate_add and _widen_sum(x_type, core_type))
+                return _Plan(core, core_type, cast_x, folded, separate_add, fused_skip)
     return None
+
+
+def _widen_sum(x_type: int, core_type: int) -> bool:
+    """A narrow residual sum read by an op computing in float32 is widened in front of it, as the graph widened it:
+    ONNX Runtime's CPU provider runs the narrow Add in float32 and drops its own Cast back together with ours,
+    where an op with a float16 kernel would read the sum rounded (0.0194 from the float64 result against the
+    original's 9e-7 on ONNX Runtime's fp16 SkipLayerNorm-with-Cast case). Widening is exact."""
+    return core_type == _FLOAT and x_type != _FLOAT
 
 
 def _cast(op: Any, value: ir.Value, to: int, have: int) -> ir.Value:
