@@ -46,3 +46,53 @@ def test_verify_fails_an_output_farther_from_exact_even_within_tolerance(farther
     if farther:
         assert result.verdict.startswith("less accurate than the original")
         assert "vs exact: optimized max" in result.message and "mean" in result.message
+
+
+def _fp16_two_layer_model(hidden: int = 64):
+    """fp16 throughout: a LayerNorm, a MatMul, a residual Add and a second LayerNorm, each norm as the ops an
+    fp16 export writes (ReduceMean, Sub, Pow, Sqrt, Div, Mul, Add)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def norm(x: str, y: str, p: str) -> list:
+        steps = [
+            ("ReduceMean", [x], "m", {"axes": [-1]}),
+            ("Sub", [x, p + "m"], "d", {}),
+            ("Pow", [p + "d", "two"], "sq", {}),
+            ("ReduceMean", [p + "sq"], "v", {"axes": [-1]}),
+            ("Add", [p + "v", "eps"], "ve", {}),
+            ("Sqrt", [p + "ve"], "s", {}),
+            ("Div", [p + "d", p + "s"], "n", {}),
+            ("Mul", [p + "n", p + "g"], "gm", {}),
+        ]
+        nodes = [helper.make_node(op, ins, [p + out], **attrs) for op, ins, out, attrs in steps]
+        return [*nodes, helper.make_node("Add", [p + "gm", p + "b"], [y])]
+
+    rng = np.random.default_rng(0)
+    residual = [helper.make_node("MatMul", ["h", "w"], ["mm"]), helper.make_node("Add", ["mm", "x"], ["r"])]
+    nodes = [*norm("x", "h", "a_"), *residual, *norm("r", "y", "b_")]
+    weights = {"two": np.array(2.0), "eps": np.array(1e-5), "w": rng.standard_normal((hidden, hidden)) / 8}
+    for p in ("a_", "b_"):
+        weights[p + "g"], weights[p + "b"] = rng.random(hidden) + 0.5, rng.standard_normal(hidden)
+    inits = [numpy_helper.from_array(v.astype(np.float16), k) for k, v in weights.items()]
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [4, 16, hidden]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "fp16_two_layers", value[:1], value[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return model, {"x": rng.standard_normal((4, 16, hidden)).astype(np.float16)}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/accuracy.md, 2.): on ONNX Runtime's CPU provider the original's fp16 ops run in float32 with "
+    "the Casts between them removed, while our ops' float16 CPU kernels make it round their inputs and outputs; the "
+    "prototype of float32-only CPU registration measured there makes this pass (mean 2.14e-4 against 2.97e-4 now)",
+)
+def test_an_fp16_model_is_no_farther_from_exact_in_mean_than_the_original_on_the_cpu():
+    import onnx_norm
+
+    model, feeds = _fp16_two_layer_model()
+    optimized, _ = onnx_norm.optimize(model)
+    report = onnx_norm.verify(model, optimized, inputs=[feeds])
+    assert report.passed  # within verify's rule: one fp16 ulp of margin
+    golden = report.outputs[0].golden
+    assert golden is not None
+    assert golden.optimized_mean_abs <= golden.original_mean_abs, (golden.optimized_mean_abs, golden.original_mean_abs)

@@ -211,7 +211,7 @@ def check_op(op: str, arrays: Sequence[np.ndarray | None], shaped: bool = False,
         if name == "Y":
             assert_close(got, want, tolerance_type, f"{op} {name}")
         elif name == "Sum":
-            # X + Skip rounded to X's type: exactly the reference.
+            # The float32 X + Skip rounded to X's type: exactly the reference.
             assert got.dtype == want.dtype
             np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32), err_msg=f"{op} Sum")
         else:
@@ -727,3 +727,39 @@ def test_skip_ops_over_buffers_ort_may_reuse(op: str, x_type: int, hidden: int) 
     y2_ref, sum2_ref = reference_outputs(op, [sum1_ref, y1_ref, *params], epsilon=1e-5)
     assert_close(sum2, sum2_ref, x_type, f"{op} Sum of the second op")
     assert_close(y2, y2_ref, x_type, f"{op} Y of the second op")
+
+
+def _ort_skip_layer_norm(x: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's own CPU SkipLayerNormalization (contrib) on fp16 X and Skip, unit gamma, zero beta."""
+    node = helper.make_node("SkipLayerNormalization", ["x", "s", "g", "b"], ["y"], domain="com.microsoft", epsilon=1e-5)
+    shape = list(x.shape)
+    inputs = [helper.make_tensor_value_info(n, F16, shape) for n in ("x", "s")]
+    inputs += [helper.make_tensor_value_info(n, F16, shape[-1:]) for n in ("g", "b")]
+    graph = helper.make_graph([node], "ort_skip", inputs, [helper.make_tensor_value_info("y", F16, shape)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    params = {"g": np.ones(shape[-1:], np.float16), "b": np.zeros(shape[-1:], np.float16)}
+    return session.run(None, {"x": x, "s": skip, **params})[0]
+
+
+@pytest.mark.parametrize("x_type", [F16, BF16])
+@pytest.mark.parametrize("hidden", [4, 40])  # the scalar tail only, and the 8-wide loop with a tail
+@pytest.mark.parametrize("op", ["SkipLayerNorm", "SkipRMSNorm"])
+def test_skip_ops_normalise_the_float32_sum_and_round_only_sum(op: str, x_type: int, hidden: int) -> None:
+    """X = 1024 with Skip 0.5 in one column: X + Skip rounds back to 1024 in fp16 (and bf16), so a kernel that
+    normalised the rounded Sum would give a LayerNorm of zeros. Sum is rounded; Y is the norm of the float32 sum,
+    as ONNX Runtime's CPU provider computes the original's fp16 residual Add and its own SkipLayerNormalization."""
+    dtype = reference.np_dtype(x_type)
+    x = np.full((3, hidden), 1024.0, np.float32).astype(dtype)
+    skip = np.zeros((3, hidden), np.float32)
+    skip[:, 1] = 0.5
+    skip = skip.astype(dtype)
+    y, total = run_op(op, [x, skip])
+    np.testing.assert_array_equal(total.astype(np.float32), x.astype(np.float32))
+    want = reference_outputs(op, [x, skip])[0]
+    assert_close(y, want, x_type, f"{op} Y")
+    if op == "SkipLayerNorm":
+        assert np.abs(y.astype(np.float32)).max() > 1.0  # not the zeros of the rounded sum
+        if x_type == F16:
+            assert_close(y, _ort_skip_layer_norm(x, skip), x_type, "ONNX Runtime's SkipLayerNormalization")

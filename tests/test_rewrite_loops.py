@@ -268,3 +268,69 @@ def test_a_norm_in_a_loop_inside_a_loop() -> None:
     )
     assert _main_ops(optimized) == ["Loop", "LayerNorm"], report.near_misses
     _check_parity(model, optimized)
+
+
+def _scan_model(gamma: str) -> onnx.ModelProto:
+    """A Scan (opset 17) over the first dim of x [5, 3, D] whose body LayerNorms each slice and accumulates the
+    result in a state; body inputs declared without shapes. `gamma`: "state" (a state the body returns through
+    Identity), "changed" (a state the body doubles every iteration), "outer" (read from the enclosing graph)."""
+    body_nodes = _layer_norm("x_i", "y_i", "g_in" if gamma != "outer" else "gamma", "beta", "b_")
+    for node in body_nodes:
+        if node.op_type == "ReduceMean":
+            node.attribute[0].ints[:] = [-1]  # a slice is [3, D]
+    body_nodes.append(helper.make_node("Add", ["acc", "y_i"], ["acc_out"]))
+    states = ["acc"]
+    if gamma != "outer":
+        states.append("g_in")
+        doubled = helper.make_node("Add", ["g_in", "g_in"], ["g_out"])
+        body_nodes.append(doubled if gamma == "changed" else helper.make_node("Identity", ["g_in"], ["g_out"]))
+    state_outputs = ["acc_out"] + (["g_out"] if gamma != "outer" else [])
+    body = helper.make_graph(
+        body_nodes,
+        "scan_body",
+        [helper.make_tensor_value_info(n, FLOAT, None) for n in [*states, "x_i"]],
+        [helper.make_tensor_value_info(n, FLOAT, None) for n in [*state_outputs, "y_i"]],
+        [const("b_eps", np.array(1e-3, np.float32))],
+    )
+    initial = ["acc0"] + (["gamma"] if gamma != "outer" else [])
+    finals = ["acc_final"] + (["g_final"] if gamma != "outer" else [])
+    scan = helper.make_node("Scan", [*initial, "xs"], [*finals, "ys"], num_scan_inputs=1, body=body)
+    graph = helper.make_graph(
+        [scan],
+        "g",
+        [helper.make_tensor_value_info("xs", FLOAT, [5, 3, D]), helper.make_tensor_value_info("acc0", FLOAT, [3, D])],
+        [
+            helper.make_tensor_value_info("ys", FLOAT, [5, 3, D]),
+            helper.make_tensor_value_info("acc_final", FLOAT, None),
+        ],
+        [
+            const("gamma", rng.random(D).astype(np.float32) + 0.5),
+            const("beta", rng.standard_normal(D).astype(np.float32)),
+        ],
+    )
+    graph.output.sort(key=lambda v: v.name != "ys")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("gamma", ["state", "changed", "outer"])
+def test_a_norm_in_a_scan_body_is_fused(gamma: str) -> None:
+    """The norm in a Scan body is one op; gamma is its scale when every iteration sees the same value (a state the
+    body returns unchanged, or the enclosing graph's), and stays a Mul of its own when the body changes it."""
+    model = _scan_model(gamma)
+    optimized, report = optimize(model)
+    body = optimized.graph.node[0].attribute[0].g
+    fused = [n for n in body.node if n.domain == DOMAIN]
+    assert len(fused) == 1 and "ReduceMean" not in [n.op_type for n in body.node], report.near_misses
+    scale = {"state": "g_in", "outer": "gamma"}.get(gamma)
+    if scale is None:
+        assert "g_in" not in fused[0].input
+        assert any(n.op_type == "Mul" and "g_in" in n.input for n in body.node)
+    else:
+        assert fused[0].input[1] == scale
+    feeds = {"xs": rng.standard_normal((5, 3, D)).astype(np.float32), "acc0": np.zeros((3, D), np.float32)}
+    for name in ("ys", "acc_final"):
+        index = [o.name for o in model.graph.output].index(name)
+        np.testing.assert_allclose(run(optimized, feeds)[index], run(model, feeds)[index], rtol=1e-5, atol=1e-5)
+    assert onnx_norm.verify(model, optimized, inputs=[feeds]).passed

@@ -1,7 +1,8 @@
 """Mixed-precision norms, fp16/bf16 in and fp32 out: the input cast to fp32, the norm computed in fp32 and its fp32
 result read as it is (an fp32 island of an fp16 model). Every target fuses it without rounding through the input's
 type: onnx-norm as the op on X cast to fp32 (exact: widening is, and the kernels compute from the widened X;
-ONNX Runtime types a custom op's Y like X unless the op's shape inference runs, docs/ops.md), onnx as
+ONNX Runtime types a custom op's Y like X unless the op's shape inference runs, docs/ops.md), or, for a residual
+sum, as the Skip op with output_type float32 where X's rank is known, onnx as
 LayerNormalization on the cast input, ort as its contrib ops where their CPU kernels take X and Y of two types."""
 
 from __future__ import annotations
@@ -84,10 +85,31 @@ def test_ort_rms_reads_fp16_and_writes_fp32() -> None:
     np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_an_fp16_residual_sum_stays_an_fp16_add() -> None:
-    """The graph rounds a + b to fp16 before widening it: the Skip op would normalise the fp32 sum, so the Add stays
-    and the norm of its widened result is fused."""
+def test_an_fp16_residual_sum_is_one_skip_op_with_a_float32_output(tmp_path) -> None:
+    """a + b in fp16, widened, normalised in fp32: one SkipLayerNorm on the fp16 addends with output_type float32
+    (its Sum keeps X's type, so X cast to fp32 in front cannot give it). It normalises the float32 sum, as ONNX
+    Runtime's CPU provider computes the original (its fp16 Add runs in fp32), and its Y is float32."""
     model = _island("layer", residual=True)
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["SkipLayerNorm"], report.near_misses
+    (node,) = optimized.graph.node
+    assert list(node.input[:2]) == ["a", "b"]
+    assert {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}["output_type"] == FLOAT
+    feeds = random_feeds(model, SHAPES)
+    actual = _with_library(optimized, feeds)
+    assert actual.dtype == np.float32
+    np.testing.assert_allclose(actual, run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert onnx_norm.verify(model, optimized, inputs=[feeds]).passed
+    # Written, it loads in ONNX Runtime with and without the library (tests/conftest.py checks every save).
+    onnx_norm.save(optimized, tmp_path / "skip_fp32_out.onnx")
+
+
+def test_an_fp16_residual_sum_of_unknown_rank_stays_an_fp16_add() -> None:
+    """Without X's rank in the model ONNX Runtime cannot apply the op's output type: the Add stays and the norm of
+    its widened result is fused (the op on a float32 X)."""
+    model = _island("layer", residual=True)
+    for value in model.graph.input:
+        value.type.tensor_type.ClearField("shape")
     optimized, report = optimize(model)
     assert [n.op_type for n in optimized.graph.node] == ["Add", "Cast", "LayerNorm"], report.near_misses
     feeds = random_feeds(model, SHAPES)

@@ -380,7 +380,8 @@ def test_onnx_norm_nodes_set_every_attribute() -> None:
 def test_output_type_becomes_a_cast_where_exact() -> None:
     """Our library types Y like X, so a float32 Y after a float16 multiply is a Cast after the op; a float32 Y from
     a bfloat16 X whose result is not rounded to bfloat16 is the op on X cast to float32 (a Cast after it would
-    round); a float16 Y from a bfloat16 X rounded elsewhere is refused."""
+    round); a float16 Y from a bfloat16 X rounded elsewhere is the op with output_type, or refused where X's rank
+    is unknown."""
     split = _spec(
         "rms", (2, 16), F16, p_type=F16, attrs=NormAttributes(normalized_type=F16, multiply_type=F16, output_type=F32)
     )
@@ -393,7 +394,14 @@ def test_output_type_becomes_a_cast_where_exact() -> None:
     assert model.graph.node(0).attributes["to"].value == F32
     assert model.graph.node(1).attributes["output_type"].value == 0
     assert model.graph.node(1).attributes["normalized_type"].value == BF16
+    # A float16 Y from a bfloat16 X, rounded nowhere else: neither form exists, so the op carries output_type
+    # where X's rank is known (ONNX Runtime then applies the type its shape inference gives Y), else is refused.
+    other = _spec("rms", (2, 16), BF16, p_type=F32, attrs=NormAttributes(normalized_type=F32, output_type=F16))
+    model = _check(other, "onnx-norm", 18)
+    assert [n.op_type for n in model.graph] == ["RMSNorm"]
+    assert model.graph.node(0).attributes["output_type"].value == F16
     refused = _spec("rms", (2, 16), BF16, p_type=F32, attrs=NormAttributes(normalized_type=F32, output_type=F16))
+    refused.x.shape = None
     assert "types Y like X" in targets.unsupported_reason(refused, "onnx-norm", {"": 18})
     targets.LIBRARY_TYPES_Y_LIKE_X = False
     try:

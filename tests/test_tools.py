@@ -59,3 +59,11 @@ def test_bench_models_rejects_bad_sizes_with_a_message() -> None:
     done = _run("tools/bench_models.py", "--cuda-graph")
     assert done.returncode == 2
     assert "--cuda-graph needs --provider cuda" in done.stderr
+
+
+def test_ort_fusion_cases_counts_every_positive_case() -> None:
+    done = _run("tools/ort_fusion_cases.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1].startswith(f"{len(lines) - 1} positive cases; onnx-norm fuses all"), lines[-1]
+    assert all("extended=" in line and "all=" in line for line in lines[:-1])

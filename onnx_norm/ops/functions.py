@@ -229,7 +229,8 @@ def _input(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value
     total = body.op("Add", [body.to_float(x, sig.x_type), body.to_float(formal["Skip"], sig.x_type)])
     s = total if sig.x_type == _FLOAT else body.cast(total, sig.x_type)
     results["Sum"] = s
-    return body.to_float(s, sig.x_type), s
+    # The float32 sum is normalised, not the rounded Sum (docs/ops.md).
+    return total, s
 
 
 def _normalise_trailing(body: _Body, xf: ir.Value, axis: int, n_out: int) -> _Normalised:

@@ -61,9 +61,10 @@ def _normalized(
         mean = xf.mean(axis=axes, keepdims=True)
         centred = xf - mean
     var = np.mean(centred * centred, axis=axes, keepdims=True)
+    # A constant row with epsilon 0 gives 0 * inf = NaN, as the graphs with epsilon 0 do (ONNX Runtime's fusion cases).
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = 1.0 / np.sqrt(var + np.float64(np.float32(attrs.epsilon)))
-    y = _round_to(centred * inv, attrs.normalized_type)
+        y = _round_to(centred * inv, attrs.normalized_type)
     if scale is not None:
         y = _round_to(y * scale.astype(np.float64), attrs.multiply_type)
     if bias is not None:
@@ -153,28 +154,45 @@ def rms_norm(x: np.ndarray, scale: np.ndarray | None = None, **attrs: float) -> 
     return y, inv
 
 
-def _skip_sum(x: np.ndarray, skip: np.ndarray) -> np.ndarray:
+def _skip_norm(
+    x: np.ndarray,
+    skip: np.ndarray,
+    params: tuple[np.ndarray | None, np.ndarray | None],
+    attrs: NormAttributes,
+    *,
+    rms: bool,
+    rounded_sum: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Y, Sum): the row normalised is the float32 sum x + skip, Sum is that sum rounded to X's type.
+
+    `rounded_sum` normalises the rounded Sum instead, as the CUDA kernels do (docs/ops.md): ONNX Runtime's CUDA
+    provider rounds an fp16/bf16 Add, its CPU provider runs one in float32 and keeps the unrounded sum."""
     if skip.shape != x.shape or skip.dtype != x.dtype:
         raise ValueError(f"Skip must match X: {skip.dtype}{skip.shape} vs {x.dtype}{x.shape}")
-    return (x.astype(np.float32) + skip.astype(np.float32)).astype(x.dtype)
+    total = x.astype(np.float32) + skip.astype(np.float32)
+    s = total.astype(x.dtype)
+    y, _, _ = _normalized(s if rounded_sum else total, params[0], params[1], attrs, rms=rms)
+    return _output(y, x, attrs), s
 
 
 def skip_layer_norm(
-    x: np.ndarray, skip: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None, **attrs: float
+    x: np.ndarray,
+    skip: np.ndarray,
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    *,
+    rounded_sum: bool = False,
+    **attrs: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """SkipLayerNorm -> (Y, Sum)."""
-    s = _skip_sum(x, skip)
-    y, _, _ = normalize(s, scale, bias, NormAttributes(**attrs), rms=False)
-    return y, s
+    return _skip_norm(x, skip, (scale, bias), NormAttributes(**attrs), rms=False, rounded_sum=rounded_sum)
 
 
 def skip_rms_norm(
-    x: np.ndarray, skip: np.ndarray, scale: np.ndarray | None = None, **attrs: float
+    x: np.ndarray, skip: np.ndarray, scale: np.ndarray | None = None, *, rounded_sum: bool = False, **attrs: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """SkipRMSNorm -> (Y, Sum)."""
-    s = _skip_sum(x, skip)
-    y, _, _ = normalize(s, scale, None, NormAttributes(**attrs), rms=True)
-    return y, s
+    return _skip_norm(x, skip, (scale, None), NormAttributes(**attrs), rms=True, rounded_sum=rounded_sum)
 
 
 def modulated_layer_norm(

@@ -11,6 +11,9 @@ has an input of unknown rank) nor after the Loop. Here:
   it), taken back when it does not hold;
 - an input the body returns unchanged is marked loop-invariant: a scale or bias read from it is a parameter the
   fused op reads at run time, like a graph input (constants.is_runtime_parameter).
+
+`Scan` bodies (opset >= 9) get the same marking for their state variables: state `i` is body input `i` and comes
+back as body output `i`. onnx's inference types a Scan body's inputs from the Scan's own, so they need no more.
 """
 
 from __future__ import annotations
@@ -48,11 +51,34 @@ def _loops(model: ir.Model) -> Iterator[tuple[ir.Node, ir.Graph]]:
                 yield node, body.value  # type: ignore[union-attr]
 
 
+def _scans(model: ir.Model) -> Iterator[tuple[ir.Node, ir.Graph, int]]:
+    """(Scan node, body, number of state variables) for every opset >= 9 Scan: its inputs are the states then the
+    scan inputs, as the body's are (opset 8's has a sequence_lens input first and a batch dim)."""
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            body = node.attributes.get("body")
+            scan_inputs = node.attributes.get("num_scan_inputs")
+            if (
+                node.op_type == "Scan"
+                and is_onnx_domain(node.domain)
+                and isinstance(getattr(body, "value", None), ir.Graph)
+                and scan_inputs is not None
+                and len(body.value.inputs) == len(node.inputs)  # type: ignore[union-attr]
+            ):
+                yield node, body.value, len(node.inputs) - int(scan_inputs.value)  # type: ignore[union-attr]
+
+
 def returned_unchanged(body: ir.Graph, index: int) -> bool:
     """Whether the Loop body returns its loop-carried input `index` as it is (directly or through Identity)."""
-    if index < 2 or index - 1 >= len(body.outputs):
+    return index >= 2 and _returns_input(body, index, index - 1)
+
+
+def _returns_input(body: ir.Graph, index: int, output: int) -> bool:
+    """Whether body output `output` is body input `index` itself, directly or through Identity nodes."""
+    if output >= len(body.outputs) or index >= len(body.inputs):
         return False
-    value: ir.Value | None = body.outputs[index - 1]
+    value: ir.Value | None = body.outputs[output]
     for _ in range(8):
         if value is body.inputs[index]:
             return True
@@ -87,6 +113,10 @@ def type_bodies(model: ir.Model) -> tuple[list[Assumed], bool]:
                 before = {v: v.shape for node in ir.traversal.RecursiveGraphIterator(body) for v in node.outputs}
                 assumed.append(Assumed(body, index, before))
             inner.shape = ir.Shape(list(outer.shape))
+    for _, body, states in _scans(model):
+        for index in range(states):
+            if _returns_input(body, index, index):
+                body.inputs[index].meta[INVARIANT_KEY] = True
     return assumed, typed
 
 

@@ -6,10 +6,9 @@ Converted, each with the semantics of its definition:
   in T; ONNX Runtime's kernel rounds once, and so does the converted op (never less accurate, docs/accuracy.md).
 - ONNX Runtime's `LayerNormalization` below opset 17 and `SimplifiedLayerNormalization` (default domain, or
   com.microsoft as some tools write them): Y takes the scale's type and is rounded once, `output_type = type(Scale)`.
-- com.microsoft `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`: the residual sum in X's type, then the
-  norm rounded once. For float16/bfloat16, ONNX Runtime's CPU kernel normalises the unrounded float32 sum while its
-  CUDA kernel, the Add + LayerNormalization it was fused from, and our ops normalise the rounded sum (at most one
-  rounding of the sum apart); we keep the latter.
+- com.microsoft `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`: the residual sum rounded to X's type
+  as Sum, the norm rounded once. For float16/bfloat16 both ONNX Runtime's CPU kernel and ours normalise the unrounded
+  float32 sum, both CUDA kernels the rounded one (docs/ops.md).
 
 Skipped, with the reason in the record: statistics stashed in another type than float32, double inputs, the
 extra `bias` input of the Skip ops, their mean/inv_std_var outputs when used (our Skip ops have none), a residual

@@ -7,7 +7,8 @@
 - `ort`: ONNX Runtime's `LayerNormalization` (its contrib version below opset 17), `SimplifiedLayerNormalization`,
   and the com.microsoft `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`. Their kernels compute in
   float32 and round once, to the output type; the Skip ops normalise the unrounded sum, so they only take float32
-  residuals (a float16/bfloat16 residual becomes an `Add` in front of the norm, as in the graph).
+  residuals (a float16/bfloat16 residual becomes an `Add` in front of the norm, as in the graph, and is widened
+  to float32 in front of an op computing in float32: `_widen_sum`).
 
 A fused op must reproduce the graph it replaces, including where the graph rounds to float16/bfloat16
 (`normalized_type`, `multiply_type`, `output_type`). For `onnx` and `ort` the planner folds into the op as many
@@ -37,12 +38,14 @@ from onnx_norm.rewrite.spec import NormSpec, elem_type
 RULE_METADATA_KEY = "onnx_norm.rule"
 MS_DOMAIN = "com.microsoft"
 
-#: Emit Y in X's type only. The library honours output_type only where ONNX Runtime takes a custom op's output
-#: type from its shape inference, which needs X's rank known and a recent runtime (1.31 does; 1.21 may not); the
-#: kernel refuses the node elsewhere. Nodes that need another Y type are emitted as the op and a Cast where that
-#: is exact (the graph rounds to X's type last, or X is float32), and a float32 Y from a narrower X as the op on X
-#: cast to float32 (exact: widening is, and the kernels compute from the widened X); so that a model never fails
-#: once the library is registered.
+#: Emit Y in X's type where an exact Cast gives the graph's Y type. The library honours output_type only where
+#: ONNX Runtime takes a custom op's output type from its shape inference, which needs X's rank known and a recent
+#: runtime (1.31 does; 1.21 may not); the kernel refuses the node elsewhere. Nodes that need another Y type are
+#: emitted as the op and a Cast where that is exact (the graph rounds to X's type last, or X is float32), and a
+#: float32 Y from a narrower X as the op on X cast to float32 (exact: widening is, and the kernels compute from the
+#: widened X). Only where neither form exists (a Skip op with a float32 Y from float16 X and Skip, whose Sum keeps
+#: X's type; a Y of another narrow type) does the op carry output_type, and only when X's rank is known
+#: (`_honours_output_type`).
 LIBRARY_TYPES_Y_LIKE_X = True
 
 _FLOAT = int(ir.DataType.FLOAT)
@@ -278,7 +281,10 @@ def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
     if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
         return "the onnx_norm Skip ops have no statistics outputs"
     signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
-    widen = LIBRARY_TYPES_Y_LIKE_X and spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
+    other_y = spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
+    if other_y and _honours_output_type(spec):
+        return _Plan(signature, 0, False, len(_steps(spec)), False, False)
+    widen = LIBRARY_TYPES_Y_LIKE_X and other_y
     if widen and (spec.attrs.output_type != _FLOAT or spec.skip is not None):
         # fp16/bf16 in, fp32 out is X cast to fp32 in front (below); a Skip op's Sum must keep X's rounding.
         why = "X cast to float32 gives Y float32 only" if spec.skip is None else "a Skip op's Sum keeps X's rounding"
@@ -314,6 +320,25 @@ def _emit_onnx_norm(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
     outputs = [outputs] if isinstance(outputs, ir.Value) else list(outputs)
     y = op.Cast(outputs[0], to=out_cast) if out_cast else outputs[0]
     return [y] + [outputs[requested[key]] for key in ("sum", "mean", "inv_std") if key in requested]
+
+
+def _honours_output_type(spec: NormSpec) -> bool:
+    """Y of another type than X's through the op's own `output_type`, where the Cast(X) + op form cannot give it
+    (a Skip op, whose Sum keeps X's type, or a Y type other than float32): ONNX Runtime applies the type the op's
+    shape inference gives Y, which it can only where X's rank is in the model (docs/ops.md). The Cast(X) + op form
+    stays where it is exact: it runs on every runtime.
+
+    A Skip op only where X and Skip are float16/bfloat16 before the model runs (graph or body inputs,
+    initializers) and the sum has no other reader: a value an op computes is float32 on ONNX Runtime's CPU
+    provider, which runs float16 ops in float32, until an op with a float16 kernel (ours) reads it, so the Skip op
+    would round its inputs, and its Sum output, where the original graph, an Add computed in float32 and a Cast,
+    does not (ONNX Runtime's format-1 SkipLayerNorm case with a bias Add in front: 0.0047 from the float64 result
+    against the original's 7.2e-7; with the sum also read by a Neg, 0.0039 there against 0)."""
+    if _rank_of(spec.x) is None:
+        return False
+    if spec.skip is None:
+        return spec.attrs.output_type != _FLOAT
+    return spec.sum is None and spec.x.producer() is None and spec.skip.producer() is None
 
 
 def _output_cast(spec: NormSpec) -> int:
@@ -388,7 +413,10 @@ def _standard_planner(
         if fused is not None:
             # A residual Skip op could not fold what it needs; retry with the residual Add in front.
             retry = plan(dataclasses.replace(spec, skip=None, sum=None), opset)
-            return retry if isinstance(retry, str) else dataclasses.replace(retry, separate_add=True)
+            if isinstance(retry, str):
+                return retry
+            widen = retry.cast_x or _widen_sum(spec.x_type, retry.core_type)
+            return dataclasses.replace(retry, separate_add=True, cast_x=widen)
         # Unreachable while the op can run in float32 with nothing folded; kept so that a new op's constraints
         # produce a reason rather than a wrong plan.
         return (
@@ -408,9 +436,18 @@ def _fold(spec: NormSpec, core: CoreOp, rounds, fused_skip: bool) -> _Plan | Non
     for folded in range(len(_steps(spec)), -1, -1):
         for core_type in dict.fromkeys([x_type, roundings[folded], final_type, _FLOAT]):
             if _exact(spec, core, rounds, folded=folded, core_type=core_type):
-                cast_x = core.single_type and x_type != core_type
-                return _Plan(core, core_type, cast_x, folded, spec.skip is not None and not fused_skip, fused_skip)
+                separate_add = spec.skip is not None and not fused_skip
+                cast_x = (core.single_type and x_type != core_type) or (separate_add and _widen_sum(x_type, core_type))
+                return _Plan(core, core_type, cast_x, folded, separate_add, fused_skip)
     return None
+
+
+def _widen_sum(x_type: int, core_type: int) -> bool:
+    """A narrow residual sum read by an op computing in float32 is widened in front of it, as the graph widened it:
+    ONNX Runtime's CPU provider runs the narrow Add in float32 and drops its own Cast back together with ours,
+    where an op with a float16 kernel would read the sum rounded (0.0194 from the float64 result against the
+    original's 9e-7 on ONNX Runtime's fp16 SkipLayerNorm-with-Cast case). Widening is exact."""
+    return core_type == _FLOAT and x_type != _FLOAT
 
 
 def _cast(op: Any, value: ir.Value, to: int, have: int) -> ir.Value:

@@ -289,16 +289,15 @@ __attribute__((target("avx2,f16c"))) void AddSkipWith(const uint16_t* x, const u
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_add_ps(IO::Load(x + i), IO::Load(skip + i));
-    // Round to T through a store to Sum (or to a scratch vector) and reload: exact both ways.
-    alignas(16) uint16_t bits[8];
-    uint16_t* out = sum ? sum + i : bits;
-    IO::Store(out, v);
-    _mm256_storeu_ps(dst + i, IO::Load(out));
+    // Sum is rounded to T; the row normalised is the float32 sum (docs/ops.md). Both loads come first: Sum may
+    // be X or Skip itself.
+    if (sum) IO::Store(sum + i, v);
+    _mm256_storeu_ps(dst + i, v);
   }
   for (; i < n; ++i) {
-    const uint16_t t = IO::StoreOne(IO::LoadOne(x[i]) + IO::LoadOne(skip[i]));
-    if (sum) sum[i] = t;
-    dst[i] = IO::LoadOne(t);
+    const float v = IO::LoadOne(x[i]) + IO::LoadOne(skip[i]);
+    if (sum) sum[i] = IO::StoreOne(v);
+    dst[i] = v;
   }
 }
 

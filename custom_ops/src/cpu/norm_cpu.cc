@@ -89,8 +89,8 @@ ONNX_NORM_HOT void AddFloatRowsInPlace(float* __restrict acc, const float* __res
   for (int64_t i = 0; i < n; ++i) acc[i] += b[i];
 }
 
-// s = round_TX(x + skip), written to Sum (if requested) and, as float, to the row returned for normalising: a
-// float32 Sum itself (the add goes straight into it and the row is read back from cache), else `dst`.
+// s = x + skip in float32, the row returned for normalising; Sum (if requested) is s rounded to X's type. A
+// float32 Sum is that row itself (the add goes straight into it and the row is read back from cache), else `dst`.
 const float* AddSkip(const void* x, const void* skip, int type, void* sum, float* dst, int64_t n) {
   if (type == kFloat) {
     const float* a = static_cast<const float*>(x);
@@ -121,8 +121,7 @@ const float* AddSkip(const void* x, const void* skip, int type, void* sum, float
     (half ? HalfToFloat : BFloatToFloat)(b + start, tmp, len);
     for (int64_t i = 0; i < len; ++i) dst[start + i] += tmp[i];
   }
-  (half ? RoundToHalf : RoundToBFloat)(dst, n);
-  // Exact: dst holds values of X's type.
+  // Sum is the float32 sum rounded to X's type; the row normalised stays float32 (docs/ops.md).
   if (sum) (half ? FloatToHalf : FloatToBFloat)(dst, static_cast<uint16_t*>(sum), n);
   return dst;
 }
