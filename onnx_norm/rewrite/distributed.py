@@ -20,8 +20,8 @@ import onnx_ir as ir
 
 from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite import constants
-from onnx_norm.rewrite.family import Statistic
 from onnx_norm.rewrite.reductions import row_mean
+from onnx_norm.rewrite.spec import Statistic
 from onnx_norm.rewrite.structure import Factors, NearMiss, flatten, same_data
 
 #: A distributed LayerNorm has three terms; residual streams chain many Adds, which are not looked into further.

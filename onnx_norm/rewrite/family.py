@@ -11,16 +11,16 @@ A family is everything the rewrite needs to know about one kind of norm (docs/ad
 - for each target, how it is emitted (`Lowering`) or a sentence saying why that target cannot express it;
 - its rules: the names users can disable, each configured by constructor arguments (residual, channels first).
 
-Families live in `onnx_norm/rewrite/families/`, one module each; every module there is imported (and so
-registered) the first time the registry is read. A new family's kind is named only in its module; the built-in
-"layer" and "rms" also key the built-in targets' op tables (targets.py) and the native take-over (native.py).
+Families live in `onnx_norm/rewrite/families/`, one module each, and are registered explicitly: that package's
+`__init__` registers them in the order the shared matcher asks them, and rules.py, the first reader of the registry
+at import time, imports that package. This module imports no family, so the registry, the families and the targets
+form no import circle. A new family's kind is named only in its module; the built-in "layer" and "rms" also key the
+built-in targets' op tables (targets.py) and the native take-over (native.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.rewrite.spec import Statistic
 
 if TYPE_CHECKING:
     from onnx_norm.rewrite.match import Candidate
@@ -38,18 +39,6 @@ Emitter = Callable[[Any, "NormSpec"], list[ir.Value]]
 #: The float64 reference of a family: (x, params, attrs) -> (y, inv_std, mean or None). `params` holds "scale" and
 #: "bias" (None when absent) and each of the spec's `extra_inputs` by name, as arrays broadcastable against x.
 Reference = Callable[[np.ndarray, Mapping[str, np.ndarray | None], NormAttributes], tuple[np.ndarray, ...]]
-
-
-@dataclasses.dataclass
-class Statistic:
-    """A recognised statistic under the square root: whose it is, the tensor and the axes it is taken over."""
-
-    kind: str  # the family's kind
-    x: ir.Value
-    axes: tuple[int, ...]  # counted from the end
-    variant: str  # how it was spelled, for the report ("centred variance", "mean square", ...)
-    correction: float = 1.0  # the statistic is the family's statistic times this (N/(N-1): an unbiased variance)
-    centred: bool = False  # the normalised data is `x - mean(x)` rather than `x`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +105,6 @@ class NormFamily:
 
 
 _REGISTRY: dict[str, NormFamily] = {}
-_LOADED: list[bool] = []  # set once every module of families/ is imported
 
 
 def register(family: NormFamily) -> NormFamily:
@@ -133,24 +121,12 @@ def register(family: NormFamily) -> NormFamily:
     return family
 
 
-def _load() -> None:
-    if _LOADED:
-        return
-    _LOADED.append(True)
-    from onnx_norm.rewrite import families
-
-    for module in pkgutil.iter_modules(families.__path__):
-        importlib.import_module(f"{families.__name__}.{module.name}")
-
-
 def families() -> list[NormFamily]:
     """Every registered family, in registration order (the built-in LayerNorm and RMSNorm first)."""
-    _load()
     return list(_REGISTRY.values())
 
 
 def get(kind: str) -> NormFamily:
-    _load()
     if kind not in _REGISTRY:
         raise ValueError(f"no norm family of kind {kind!r}; registered: {', '.join(_REGISTRY)}")
     return _REGISTRY[kind]

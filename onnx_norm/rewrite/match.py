@@ -29,9 +29,8 @@ from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, type_name
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import casts, constants, distributed, family
-from onnx_norm.rewrite.family import Statistic
 from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, row_mean
-from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.spec import NormSpec, Statistic
 from onnx_norm.rewrite.structure import (
     LAYOUT_OPS,
     Factors,

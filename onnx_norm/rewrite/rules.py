@@ -20,6 +20,8 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+# The families package registers the built-in families; RULE_NAMES below is the first read of the registry.
+from onnx_norm.rewrite import families as _families  # noqa: F401
 from onnx_norm.rewrite import family, targets
 from onnx_norm.rewrite.family import Emitter, FusionRule
 from onnx_norm.rewrite.match import Candidate

@@ -22,6 +22,18 @@ def elem_type(value: ir.Value | None) -> int:
 
 
 @dataclasses.dataclass
+class Statistic:
+    """A recognised statistic under the square root: whose it is, the tensor and the axes it is taken over."""
+
+    kind: str  # the family's kind
+    x: ir.Value
+    axes: tuple[int, ...]  # counted from the end
+    variant: str  # how it was spelled, for the report ("centred variance", "mean square", ...)
+    correction: float = 1.0  # the statistic is the family's statistic times this (N/(N-1): an unbiased variance)
+    centred: bool = False  # the normalised data is `x - mean(x)` rather than `x`
+
+
+@dataclasses.dataclass
 class NormSpec:
     """One norm to fuse, with the values it reads and the values it replaces."""
 
@@ -50,12 +62,3 @@ class NormSpec:
     def replaced(self) -> list[ir.Value]:
         """The values the fused op's outputs replace, in the order an emitter returns them."""
         return [v for v in (self.y, self.sum, self.mean, self.inv_std) if v is not None]
-
-
-def __getattr__(name: str) -> object:
-    """`TARGETS`, kept here for callers that import it from this module; the registry is targets.py's."""
-    if name == "TARGETS":
-        from onnx_norm.rewrite.targets import TARGETS
-
-        return TARGETS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,8 +19,9 @@ import onnx_ir as ir
 from onnx_norm.ops.reference import normalize
 from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import targets
-from onnx_norm.rewrite.family import FusionRule, NormFamily, Statistic, register
+from onnx_norm.rewrite.family import FusionRule, NormFamily
 from onnx_norm.rewrite.reductions import row_mean
+from onnx_norm.rewrite.spec import Statistic
 from onnx_norm.rewrite.structure import centred, difference, same_data, squared
 
 KIND = "layer"
@@ -68,18 +69,16 @@ def reference(
     return normalize(x, params.get("scale"), params.get("bias"), attrs, rms=rms)
 
 
-FAMILY = register(
-    NormFamily(
-        kind=KIND,
-        summary="LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * scale + bias",
-        rules=(
-            FusionRule("skip_layer_norm", KIND, residual=True),
-            FusionRule("layer_norm_channels_first", KIND, channels_first=True),
-            FusionRule("layer_norm", KIND),
-        ),
-        reference=reference,
-        lowerings=targets.standard_lowerings(),
-        statistic=layer_statistic,
-        outputs=("mean", "inv_std"),
-    )
+FAMILY = NormFamily(
+    kind=KIND,
+    summary="LayerNorm: (x - mean(x)) / sqrt(var(x) + eps) * scale + bias",
+    rules=(
+        FusionRule("skip_layer_norm", KIND, residual=True),
+        FusionRule("layer_norm_channels_first", KIND, channels_first=True),
+        FusionRule("layer_norm", KIND),
+    ),
+    reference=reference,
+    lowerings=targets.standard_lowerings(),
+    statistic=layer_statistic,
+    outputs=("mean", "inv_std"),
 )

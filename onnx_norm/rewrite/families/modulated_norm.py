@@ -37,7 +37,7 @@ from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops.reference import modulated_norm, normalize
 from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION, NormAttributes
 from onnx_norm.rewrite import casts, constants, match, native
-from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily, register
+from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
@@ -253,26 +253,24 @@ def _unsupported(spec: NormSpec, opset: int) -> str | None:
     return None
 
 
-def _register(inner_kind: str) -> NormFamily:
+def _family(inner_kind: str) -> NormFamily:
     kind, op_name = _KINDS[inner_kind]
     what = "LayerNorm" if inner_kind == "layer" else "RMSNorm"
-    return register(
-        NormFamily(
-            kind=kind,
-            summary=f"modulated {what}: {what}(x) * (1 + scale) + shift, scale and shift per sample (adaLN)",
-            rules=(FusionRule(f"{kind}_norm", kind),),
-            reference=_reference(inner_kind),
-            lowerings={
-                "onnx-norm": Lowering(emit=_emitter(op_name), unsupported=_unsupported),
-                "onnx": f"ONNX has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
-                "ort": f"ONNX Runtime has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
-            },
-            find=lambda anchor: _find(anchor, inner_kind),
-            anchor_ops=frozenset({"Add"}),
-            sweep=-1,  # before the built-in families fuse the norm inside
-        )
+    return NormFamily(
+        kind=kind,
+        summary=f"modulated {what}: {what}(x) * (1 + scale) + shift, scale and shift per sample (adaLN)",
+        rules=(FusionRule(f"{kind}_norm", kind),),
+        reference=_reference(inner_kind),
+        lowerings={
+            "onnx-norm": Lowering(emit=_emitter(op_name), unsupported=_unsupported),
+            "onnx": f"ONNX has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
+            "ort": f"ONNX Runtime has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
+        },
+        find=lambda anchor: _find(anchor, inner_kind),
+        anchor_ops=frozenset({"Add"}),
+        sweep=-1,  # before the built-in families fuse the norm inside
     )
 
 
-LAYER_FAMILY = _register("layer")
-RMS_FAMILY = _register("rms")
+#: AdaLayerNorm and AdaRMSNorm: one family per inner norm.
+FAMILIES = (_family("layer"), _family("rms"))

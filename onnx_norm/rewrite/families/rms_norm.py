@@ -15,8 +15,9 @@ import onnx_ir as ir
 
 from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.families import layer_norm
-from onnx_norm.rewrite.family import FusionRule, NormFamily, Statistic, register
+from onnx_norm.rewrite.family import FusionRule, NormFamily
 from onnx_norm.rewrite.reductions import row_mean
+from onnx_norm.rewrite.spec import Statistic
 from onnx_norm.rewrite.structure import centred, squared
 
 KIND = "rms"
@@ -36,18 +37,16 @@ def rms_statistic(stat: ir.Value) -> Statistic | None:
     return Statistic(KIND, base, mean.axes, "mean square")
 
 
-FAMILY = register(
-    NormFamily(
-        kind=KIND,
-        summary="RMSNorm: x / sqrt(mean(x^2) + eps) * scale",
-        rules=(
-            FusionRule("skip_rms_norm", KIND, residual=True),
-            FusionRule("rms_norm_channels_first", KIND, channels_first=True),
-            FusionRule("rms_norm", KIND),
-        ),
-        reference=functools.partial(layer_norm.reference, rms=True),
-        lowerings=targets.standard_lowerings(),
-        statistic=rms_statistic,
-        outputs=("inv_std",),
-    )
+FAMILY = NormFamily(
+    kind=KIND,
+    summary="RMSNorm: x / sqrt(mean(x^2) + eps) * scale",
+    rules=(
+        FusionRule("skip_rms_norm", KIND, residual=True),
+        FusionRule("rms_norm_channels_first", KIND, channels_first=True),
+        FusionRule("rms_norm", KIND),
+    ),
+    reference=functools.partial(layer_norm.reference, rms=True),
+    lowerings=targets.standard_lowerings(),
+    statistic=rms_statistic,
+    outputs=("inv_std",),
 )
