@@ -21,7 +21,7 @@ import logging
 import mmap
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -115,13 +115,33 @@ HEADROOM = GIB // 2
 _HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
-def session_copies(model: onnx.ModelProto, provider: str) -> int:
+#: With half-precision weights cast where used, how many of the largest ones count as in fp32 at once: a node's
+#: Cast runs right before it, and ORT may run the Casts of a few independent nodes (q/k/v, gate/up) back to back.
+_CAST_AT_ONCE = 4
+
+
+def session_copies(model: onnx.ModelProto, provider: str, *, at_run: bool = False) -> int:
     """Bytes a CPU session of `model` holds of its own whatever is shared: ONNX Runtime's CPU provider runs fp16 and
     bf16 MatMuls in fp32 and converts their weights once, at load, into fp32 initializers of twice the size (a 3.8
-    GiB fp16 model takes 7.8 GiB in one session). An upper bound: every half-precision initializer counts."""
+    GiB fp16 model takes 7.8 GiB in one session). An upper bound: every half-precision initializer counts.
+    `at_run` (sessions with `RuntimeConfig.half_weights_at_run`): the weights are cast where used, so only the fp32
+    copies of the few largest exist at once, while a run lasts."""
     if provider != "cpu":
         return 0
-    return 2 * sum(_tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
+    sizes = sorted(_tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
+    return 2 * sum(sizes[-_CAST_AT_ONCE:] if at_run else sizes)
+
+
+#: fp32 copies of half-precision weights (summed over a session) above which the parity gate and the bench keep
+#: the weights in their type and cast them where used (`RuntimeConfig.half_weights_at_run`): past it the copies
+#: alone are more than the 1 GiB of headroom the memory budget of issue 20 (1.5 W + 1 GiB) leaves.
+HALF_COPIES_LIMIT = GIB
+
+
+def half_weights_at_run(models: Sequence[onnx.ModelProto], provider: str) -> bool:
+    """Whether sessions of `models` should cast their half-precision weights where used instead of holding fp32
+    copies: on the CPU provider, when one model's copies pass HALF_COPIES_LIMIT."""
+    return max((session_copies(model, provider) for model in models), default=0) > HALF_COPIES_LIMIT
 
 
 def available_memory() -> int:
