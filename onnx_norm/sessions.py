@@ -83,6 +83,9 @@ class RuntimeConfig:
     # every fp16/bf16 weight of a node it has no half-precision kernel for into an fp32 initializer at load (twice
     # the weights' size, per session, not shareable).
     half_weights_at_run: bool = False
+    # ORT's CPU memory arena keeps the memory of every freed tensor for the session (and grows in powers of two):
+    # without it, a large temporary (a weight cast where used) goes back to the system once freed.
+    cpu_arena: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graph and self.provider != "cuda":
@@ -163,10 +166,10 @@ def session_options(
     options.log_severity_level = ort_log_level()
     if config.priority_order or config.half_weights_at_run:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    if config.half_weights_at_run:
-        # The fp32 copy of a weight is then made by its Cast right before the node that reads it (priority order:
-        # the default order may run every input-free Cast first) and freed after it; without the arena that memory
-        # goes back to the system after each run instead of staying reserved per session.
+    if config.half_weights_at_run or not config.cpu_arena:
+        # With half_weights_at_run, the fp32 copy of a weight is made by its Cast right before the node that reads
+        # it (priority order: the default order may run every input-free Cast first) and freed after it; without the
+        # arena that memory goes back to the system after each run instead of staying reserved per session.
         options.enable_cpu_mem_arena = False
     if not config.spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

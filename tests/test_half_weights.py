@@ -1,7 +1,8 @@
 """Half-precision weights on ONNX Runtime's CPU provider (issue 20): ORT folds an fp32 copy of every fp16 weight of a
 node without an fp16 kernel into each session at load. `RuntimeConfig.half_weights_at_run` keeps the weights in
-their type (a Cast at run time, right before the node): the values must be the same bit for bit, and verify and the
-bench use it, alike for every model, when the copies would not fit the memory budget.
+their type (a Cast at run time, right before the node): the values must be those of the folded copies (bit for bit,
+pre-packing aside), and verify and the bench use it, alike for every model, when the copies would not fit the memory
+budget.
 """
 
 from __future__ import annotations
@@ -60,19 +61,21 @@ def test_ort_keeps_the_half_precision_weights_and_casts_them_at_run(fp16_model: 
     assert len(half) == 2 * 7  # q, k, v, o, gate, up, down of both layers
 
 
-def test_casting_half_weights_at_run_changes_no_value(fp16_model: Path) -> None:
-    """A session from the path and one with the weights handed over (onnx_norm.weights), each with and without the
-    option: the same outputs bit for bit (a Cast at run time computes what the folded one computed)."""
-    feeds = _feeds(fp16_model)
-    proto = inputs.load_model(fp16_model, resolve_external=True)
-    results = []
-    for model in (fp16_model, proto):
-        for half_at_run in (False, True):
-            config = RuntimeConfig("cpu", 1, half_weights_at_run=half_at_run)
-            session = sessions.create_session(model, config)
-            results.append(sessions.run_model(session, feeds))
-    for result in results[1:]:
-        for name, value in results[0].items():
+def test_casting_half_weights_at_run_changes_no_value(tmp_path: Path) -> None:
+    """Cast at run time, a weight gives what ORT's folded fp32 copy gives, bit for bit, once ORT's pre-packing of the
+    folded copy is off (as in every session with the weights handed over): from the path and with the weights handed
+    over. A pre-packed MatMul sums in another order (at K = 512 already: up to an fp16 ulp in a few elements), which
+    is why verify and the bench run every model alike."""
+    path = tmp_path / "m.onnx"
+    args = {"shape": "llama", "layers": 1, "hidden": 512, "intermediate": 1024, "dtype": "float16"}
+    memory_check.build(path, argparse.Namespace(**args, layout="onnx", data_dir=None))
+    feeds = _feeds(path)
+    proto = inputs.load_model(path, resolve_external=True)
+    at_run = RuntimeConfig("cpu", 1, half_weights_at_run=True)
+    folded = sessions.run_model(sessions.create_session(proto, RuntimeConfig("cpu", 1)), feeds)  # not pre-packed
+    for model in (path, proto):
+        result = sessions.run_model(sessions.create_session(model, at_run), feeds)
+        for name, value in folded.items():
             assert value.dtype == np.float16
             np.testing.assert_array_equal(result[name].view(np.uint16), value.view(np.uint16))
 

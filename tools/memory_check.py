@@ -154,6 +154,7 @@ def build(path: Path, args: argparse.Namespace) -> int:
     """Writes the model described by `args` to `path` (its data file as the layout says); returns W, the bytes of
     its weights."""
     dtype = np.dtype(args.dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
     data_path, location = None, f"{path.name}.data"
     if args.layout != "inline":
         folder = path.parent

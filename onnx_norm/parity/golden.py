@@ -140,7 +140,10 @@ def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
     for _ in range(_MAX_FLOAT32_FALLBACKS):
         try:
             return create_session(
-                model, RuntimeConfig("cpu", threads, "disabled", priority_order=True), custom_ops=False
+                # Priority order and no arena: each large weight's float64 copy exists from its Cast to its last use.
+                model,
+                RuntimeConfig("cpu", threads, "disabled", priority_order=True, cpu_arena=False),
+                custom_ops=False,
             )
         except SessionError as err:
             missing = _MISSING_KERNEL.search(str(err))
