@@ -457,9 +457,9 @@ def _share(models: _Models) -> int:
     """Sets up `models.shared` (the optimized model's tensors with the original's bytes served by the original's);
     returns the bytes the shared copy takes."""
     shared = weights.SharedWeights()
-    original_refs = {t.name: weights.reference(t) for t in weights.external_tensors(models.original)}
+    original_refs = {t.name: weights.reference(t) for t in weights.handed_over(models.original)}
     unshared = 0
-    for tensor in weights.external_tensors(models.optimized):
+    for tensor in weights.handed_over(models.optimized):
         ref, same = weights.reference(tensor), original_refs.get(tensor.name)
         if same is not None and weights.same_bytes(ref, same):
             shared.alias(ref, same)

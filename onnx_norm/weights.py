@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm import paths
 from onnx_norm.ops.reference import np_dtype
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,10 @@ class ExternalRef:
     length: int
 
 
-def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """The external initializers of the main graph (the ones the sessions here hand over)."""
+def handed_over(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The external initializers of the main graph: the ones a session gets as OrtValues (`add_initializers`).
+    ORT reads the other external tensors (in subgraphs, functions and attributes: `paths.external_tensors`) itself,
+    from the data files the session's header names."""
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             yield tensor
@@ -75,7 +78,7 @@ def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str =
     """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) and checks that each
     file holds the tensor's bytes; WeightsError naming the file otherwise. Returns `model` (changed in place)."""
     sizes: dict[str, int] = {}
-    for tensor in external_tensors(model):
+    for tensor in paths.external_tensors(model):
         ref = reference(tensor)
         file = os.path.abspath(os.path.join(base_dir, ref.file))
         if file not in sizes:
@@ -231,14 +234,20 @@ class SharedWeights:
         return value
 
 
+#: Bytes of external tensors outside the main graph's initializers a session header may hold inline.
+_INLINE_LIMIT = GIB
+
+
 @contextlib.contextmanager
 def session_file(model: onnx.ModelProto) -> Iterator[Path]:
     """A file of `model`'s header whose external locations name its data files relative to it, for the duration
     of the block (ORT refuses absolute locations, locations outside the model's folder and links that lead there).
     The header goes into a temporary directory with hard links to the data files; where the data lies on another
     file system it goes, under a hidden temporary name, into the folder of the data files. The data must be real:
-    ORT still reads an overridden initializer where it folds constants. `model` is left as it was."""
-    files = sorted({reference(tensor).file for tensor in external_tensors(model)})
+    ORT still reads an overridden initializer where it folds constants. External tensors that are not handed over
+    (in subgraphs, functions, attributes) are written into the header: ORT reads those itself, and refuses a data
+    file with several hard links for them. `model` is left as it was."""
+    files = sorted({reference(tensor).file for tensor in handed_over(model)})
     with tempfile.TemporaryDirectory(prefix="onnx_norm_session_") as tmp:
         names: dict[str, str] = {}
         try:
@@ -252,27 +261,47 @@ def session_file(model: onnx.ModelProto) -> Iterator[Path]:
                 raise WeightsError("the external data files are in several folders on another file system") from None
             names = {file: Path(file).name for file in files}
             header = Path(folders.pop()) / f".onnx_norm_{os.getpid()}_{id(model)}.onnx"
-        changed = []
-        try:
-            for tensor in external_tensors(model):
-                file = reference(tensor).file
-                changed.append((tensor, file))
-                _set_location(tensor, names[file])
-            header.write_bytes(model.SerializeToString())
-        finally:
-            for tensor, file in changed:
-                _set_location(tensor, file)
+        _write_header(model, header, names)
         try:
             yield header
         finally:
             header.unlink(missing_ok=True)
 
 
+def _write_header(model: onnx.ModelProto, header: Path, names: dict[str, str]) -> None:
+    """Writes `model` to `header` with its handed-over tensors located by `names` and its other external tensors
+    inline; `model` is restored after."""
+    outer = {id(tensor) for tensor in handed_over(model)}
+    inner = [tensor for tensor in paths.external_tensors(model) if id(tensor) not in outer]
+    if sum(reference(tensor).length for tensor in inner) > _INLINE_LIMIT:
+        raise WeightsError(
+            f"the model's external tensors in subgraphs or functions take more than {_INLINE_LIMIT / GIB:.0f} GiB"
+        )
+    saved: list[tuple[onnx.TensorProto, onnx.TensorProto]] = []
+    try:
+        for tensor in paths.external_tensors(model):
+            backup = onnx.TensorProto()
+            backup.CopyFrom(tensor)
+            saved.append((tensor, backup))
+            ref = reference(tensor)
+            if id(tensor) in outer:
+                _set_location(tensor, names[ref.file])
+                continue
+            with open(ref.file, "rb") as file:
+                tensor.raw_data = os.pread(file.fileno(), ref.length, ref.offset)
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+        header.write_bytes(model.SerializeToString())
+    finally:
+        for tensor, backup in saved:
+            tensor.CopyFrom(backup)
+
+
 def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared: SharedWeights) -> list[object]:
     """Hands every external tensor of `model` to `options` from `shared`; returns the OrtValues (the session
     must hold them). Pre-packing is turned off: it would copy the shared weights per session."""
     values = []
-    for tensor in external_tensors(model):
+    for tensor in handed_over(model):
         values.append(shared.value(tensor))
         options.add_initializer(tensor.name, values[-1])
     options.add_session_config_entry("session.disable_prepacking", "1")
@@ -280,4 +309,5 @@ def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared
 
 
 def has_external_data(model: onnx.ModelProto) -> bool:
-    return any(True for _ in external_tensors(model))
+    """Whether any tensor of `model` (subgraphs, functions and attributes included) is external."""
+    return bool(paths.external_tensors(model))
