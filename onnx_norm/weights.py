@@ -271,22 +271,21 @@ def session_file(model: onnx.ModelProto) -> Iterator[Path]:
 def _write_header(model: onnx.ModelProto, header: Path, names: dict[str, str]) -> None:
     """Writes `model` to `header` with its handed-over tensors located by `names` and its other external tensors
     inline; `model` is restored after."""
-    outer = {id(tensor) for tensor in handed_over(model)}
-    inner = [tensor for tensor in paths.external_tensors(model) if id(tensor) not in outer]
+    inner = paths.external_tensors(model, initializers=False)
     if sum(reference(tensor).length for tensor in inner) > _INLINE_LIMIT:
         raise WeightsError(
             f"the model's external tensors in subgraphs or functions take more than {_INLINE_LIMIT / GIB:.0f} GiB"
         )
     saved: list[tuple[onnx.TensorProto, onnx.TensorProto]] = []
     try:
-        for tensor in paths.external_tensors(model):
+        for tensor in [*handed_over(model), *inner]:
             backup = onnx.TensorProto()
             backup.CopyFrom(tensor)
             saved.append((tensor, backup))
+        for tensor in handed_over(model):
+            _set_location(tensor, names[reference(tensor).file])
+        for tensor in inner:
             ref = reference(tensor)
-            if id(tensor) in outer:
-                _set_location(tensor, names[ref.file])
-                continue
             with open(ref.file, "rb") as file:
                 tensor.raw_data = os.pread(file.fileno(), ref.length, ref.offset)
             del tensor.external_data[:]

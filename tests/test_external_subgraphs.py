@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 import onnx_norm
@@ -52,7 +53,7 @@ def _if_model(path: Path) -> dict[str, np.ndarray]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     onnx.save(model, path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     x = rng.standard_normal((2, 64)).astype(np.float32)
-    return {"then": x @ w + b_then, "else": x @ w - b_else, "x": x}
+    return {"then": x @ w + b_then, "else": x @ w - b_else, "x": x, "xw": x @ w}
 
 
 def test_branch_initializers_are_external(tmp_path: Path) -> None:
@@ -81,3 +82,20 @@ def test_verify_and_bench_of_a_model_with_external_branch_initializers(tmp_path:
     assert main(["bench", source, "--repeat", "2", "--warmup", "0"]) == 0
     model, _ = onnx_norm.optimize(source)
     assert onnx_norm.verify(source, model).passed
+
+
+def test_only_tensors_outside_the_main_initializers_go_inline(tmp_path: Path, monkeypatch) -> None:
+    """The header holds inline only the tensors ORT reads itself: with no room for any, a session of a proto whose
+    external tensors are all main-graph initializers is still made, and one with branch initializers is refused
+    with a message naming why."""
+    expected = _if_model(tmp_path / "m.onnx")
+    proto = inputs.load_model(tmp_path / "m.onnx", resolve_external=True)
+    monkeypatch.setattr(weights, "_INLINE_LIMIT", 0)
+    with pytest.raises(sessions.SessionError, match="subgraphs or functions"):
+        sessions.create_session(proto, RuntimeConfig("cpu", 1))
+    for branch in proto.graph.node[1].attribute:  # the branch biases inline: nothing left to write inline
+        name = branch.g.initializer[0].name
+        branch.g.initializer[0].CopyFrom(onnx.numpy_helper.from_array(np.zeros(64, np.float32), name))
+    session = sessions.create_session(proto, RuntimeConfig("cpu", 1))
+    result = sessions.run_model(session, {"x": expected["x"], "cond": np.array(True)})
+    np.testing.assert_allclose(result["y"], expected["xw"], rtol=1e-5, atol=1e-5)
