@@ -413,13 +413,30 @@ def _one_line(err: BaseException) -> str:
 
 
 def _check_external_data(model: ir.Model, path: pathlib.Path) -> None:
-    """Fails early, with the file named, when external data the model refers to is missing."""
-    for value in model.graph.initializers.values():
+    """Fails early, with the file named, when external data the model refers to is missing or leads out of the
+    model's folder through a symbolic link (ONNX Runtime refuses both). A hard-linked data file is read as ONNX
+    Runtime reads it: onnx-ir refuses one inside a model's folder, so such a tensor is re-made with its absolute
+    path (no folder to contain)."""
+    folder = os.path.realpath(path.parent)
+    for value in _initializers(model):
         tensor = value.const_value
-        if isinstance(tensor, ir.ExternalTensor):
-            location = pathlib.Path(tensor.base_dir) / tensor.location
-            if not location.exists():
-                raise ModelLoadError(f"{path}: external data file {tensor.location!r} of {value.name!r} is missing")
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        location = pathlib.Path(tensor.base_dir) / tensor.location
+        where = f"{path}: external data file {tensor.location!r} of {value.name!r}"
+        if not location.exists():
+            beside = f"; the model file is a symbolic link to {os.path.realpath(path)}" if path.is_symlink() else ""
+            raise ModelLoadError(f"{where} is missing (looked for beside {path}{beside})")
+        real = os.path.realpath(location)
+        if os.path.commonpath([real, folder]) != folder:
+            raise ModelLoadError(
+                f"{where} is a symbolic link to {real}, outside the model's folder, which ONNX Runtime and onnx "
+                "refuse: copy the data file into the model's folder"
+            )
+        if os.stat(real).st_nlink > 1:
+            value.const_value = ir.ExternalTensor(
+                real, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape, name=tensor.name
+            )
 
 
 def clone(model: ir.Model) -> ir.Model:
