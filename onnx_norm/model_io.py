@@ -515,13 +515,16 @@ def _inlined(model: ir.Model, max_bytes: int | None) -> Iterator[None]:
                 node.attributes[name] = original  # type: ignore[assignment]
 
 
-def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
+def save(
+    model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None, data_name: str | None = None
+) -> None:
     """Writes `model` (an `ir.Model`, a ModelProto, or a path to copy) to `path` atomically.
 
-    `external_data`: None (auto) writes the tensors above INLINE_BYTES to `<name>.data` (relative to the model)
-    when the model already used external data or its tensors exceed EXTERNAL_DATA_THRESHOLD; True writes every
-    non-empty tensor there; False writes every tensor inline, and refuses a model whose tensors cannot fit in
-    one protobuf. The model passed in is not modified, and its external data is never written over in place.
+    `external_data`: None (auto) writes the tensors above INLINE_BYTES to `<name>.data` (relative to the model;
+    `data_name` names another file beside it) when the model already used external data or its tensors exceed
+    EXTERNAL_DATA_THRESHOLD; True writes every non-empty tensor there; False writes every tensor inline, and refuses
+    a model whose tensors cannot fit in one protobuf. The model passed in is not modified, and its external data is
+    never written over in place.
     """
     ir_model = model if isinstance(model, ir.Model) else load(model)
     path = pathlib.Path(path)
@@ -539,7 +542,7 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
             f"{path}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
             "save them as external data"
         )
-    data_name = data_file(path).name
+    data_name = data_name or data_file(path).name
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
     except OSError as err:
