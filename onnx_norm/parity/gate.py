@@ -129,8 +129,9 @@ def _set_sources(
 ) -> bool:
     """What each session is made from (a path when the model runs as it is), once the memory is known to suffice:
     one model at a time, its weights and the fp32 copies ORT's CPU provider makes of half-precision ones. Returns
-    whether the sessions cast half-precision weights where used (`weights.half_weights_at_run`): the same values
-    as ORT's fp32 copies made at load, without holding them all."""
+    whether the sessions cast half-precision weights where used (`weights.half_weights_at_run`): the values of
+    ORT's fp32 copies made at load, less its pre-packing of them (which sums in another order), without holding
+    them all; both models are run alike."""
     models.original_source = _source(original, original_proto, models.original)
     models.optimized_source = _source(optimized, optimized_proto, models.optimized)
     at_run = half_weights_at_run([original_proto, optimized_proto], provider)
