@@ -360,6 +360,7 @@ class _Models:
     variants: dict[str, tuple[onnx.ModelProto | str | Path, OptLevel]]
     shared: weights.SharedWeights | None = None
     policy: str = ""
+    half_at_run: bool = False  # sessions cast half-precision weights where used (RuntimeConfig.half_weights_at_run)
     given: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the caller passed, by variant
 
 
@@ -395,29 +396,36 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
     session of every variant reads one memory-mapped copy (`weights.SharedWeights`; the optimized model's tensors
     that hold the same bytes as the original's are the original's), with ORT's pre-packing off in all of them alike,
     so that the variants stay comparable. What each session still holds of its own (`weights.session_copies`)
-    decides how many sessions per variant fit; InputError (one line, nothing allocated) when not even one does."""
+    decides how many sessions per variant fit; InputError (one line, nothing allocated) when not even one does.
+    Half-precision weights whose fp32 copies pass HALF_COPIES_LIMIT are cast where used in every variant alike
+    (`models.half_at_run`): their fp32 copies then exist only while a run lasts, one run at a time."""
+    protos = [proto for proto, _ in models.variants.values()]
+    models.half_at_run = weights.half_weights_at_run(protos, provider)
     sizes = {name: weights.weight_bytes(proto) for name, (proto, _) in models.variants.items()}
     own = {name: weights.session_copies(proto, provider) for name, (proto, _) in models.variants.items()}
+    # Cast where used, the fp32 copies are no session's own: they exist during one run, one run at a time.
+    per_run = max(weights.session_copies(p, provider, at_run=True) for p in protos) if models.half_at_run else 0
+    if models.half_at_run:
+        own = dict.fromkeys(own, 0)
     copies = count * (sum(sizes.values()) + sum(own.values()))
     external = weights.has_external_data(models.original) or weights.has_external_data(models.optimized)
-    available = weights.available_memory()
+    available = weights.available_memory() - per_run
     # With external data ORT loads each model from its own file, as users run it: every variant needs a path (a
     # model optimized in memory has none), else one would be pre-packed and the other not.
     paths = all(isinstance(models.given[name], (str, Path)) for name in models.variants)
     if not external or (paths and copies <= min(PER_SESSION_WEIGHTS_LIMIT, available // 2)):
-        weights.check_memory(copies, "bench")
+        weights.check_memory(copies + per_run, "bench")
         if external:
             for name, (_, level) in list(models.variants.items()):
                 models.variants[name] = (models.given[name], level)
         sessions = count * len(models.variants)
         models.policy = f"weights: {sessions} sessions, each with its own copy ({copies / GIB:.2f} GiB in all)"
-        logger.info("%s", models.policy)
-        return count
+        return _said(models, count, per_run)
     shared_bytes = _share(models)
     per_round = sum(own.values())  # one session of every variant
     fit = count if per_round == 0 else (available - weights.HEADROOM - shared_bytes) // per_round
-    if fit < 1:
-        weights.check_memory(shared_bytes + per_round, "bench")
+    if fit < 1 or models.half_at_run:
+        weights.check_memory(shared_bytes + per_round + per_run, "bench")
     fit = max(1, min(count, int(fit)))
     models.policy = (
         f"weights: one memory-mapped copy ({shared_bytes / GIB:.2f} GiB) shared by all {fit * len(models.variants)} "
@@ -430,6 +438,17 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
             f"copies of its half-precision weights (ONNX Runtime's CPU provider), and "
             f"{available / GIB:.1f} GiB is available"
         )
+    return _said(models, fit, per_run)
+
+
+def _said(models: _Models, fit: int, per_run: int) -> int:
+    """Adds the half-precision weights' handling to `models.policy`, logs it, and returns `fit`."""
+    if models.half_at_run:
+        models.policy += (
+            "; half-precision weights kept in their type in every variant alike and cast to fp32 where used, "
+            f"at most about {per_run / GIB:.2f} GiB at once (not folded into fp32 copies at load by ONNX Runtime's "
+            "CPU provider: twice the weights per session), priority-based execution order, CPU memory arena off"
+        )
     logger.info("%s", models.policy)
     return fit
 
@@ -438,9 +457,9 @@ def _share(models: _Models) -> int:
     """Sets up `models.shared` (the optimized model's tensors with the original's bytes served by the original's);
     returns the bytes the shared copy takes."""
     shared = weights.SharedWeights()
-    original_refs = {t.name: weights.reference(t) for t in weights.external_tensors(models.original)}
+    original_refs = {t.name: weights.reference(t) for t in weights.handed_over(models.original)}
     unshared = 0
-    for tensor in weights.external_tensors(models.optimized):
+    for tensor in weights.handed_over(models.optimized):
         ref, same = weights.reference(tensor), original_refs.get(tensor.name)
         if same is not None and weights.same_bytes(ref, same):
             shared.alias(ref, same)
@@ -667,6 +686,7 @@ def bench(
     sessions_per_variant = _weights_policy(models, sessions_per_variant, provider)
     points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
     config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)
+    config = config.replace(half_weights_at_run=models.half_at_run)
     # Graph sessions are made per point, with their runners; ordinary ones serve every point.
     sessions = None if cuda_graph else _sessions(models, config, sessions_per_variant)
     generated = inputs is None and not input_files

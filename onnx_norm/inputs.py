@@ -111,22 +111,25 @@ def load_model(model: object, *, resolve_external: bool = False, checked: bool =
 
 
 def _serialize_ir(model: object) -> onnx.ModelProto:
-    """The ModelProto of an onnx_ir.Model, its external tensors as references with absolute locations (each
-    ExternalTensor knows the folder it was read from)."""
+    """The ModelProto of an onnx_ir.Model, its external tensors (subgraphs included) as references with absolute
+    locations (each ExternalTensor knows the folder it was read from)."""
     import onnx_ir as ir
+
+    from onnx_norm import paths
 
     assert isinstance(model, ir.Model)
     proto = ir.serde.serialize_model(model)
-    files = {
-        value.name: os.path.join(value.const_value.base_dir, value.const_value.location)
-        for value in model.graph.initializers.values()
+    external = [
+        value.const_value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
         if isinstance(value.const_value, ir.ExternalTensor)
-    }
-    for tensor in proto.graph.initializer:
-        if tensor.name in files and tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    entry.value = os.path.abspath(files[tensor.name])
+    ]
+    files = {tensor.location: os.path.abspath(os.path.join(tensor.base_dir, tensor.location)) for tensor in external}
+    for tensor in paths.external_tensors(proto):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value in files:
+                entry.value = files[entry.value]
     return proto
 
 

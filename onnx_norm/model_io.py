@@ -413,13 +413,30 @@ def _one_line(err: BaseException) -> str:
 
 
 def _check_external_data(model: ir.Model, path: pathlib.Path) -> None:
-    """Fails early, with the file named, when external data the model refers to is missing."""
-    for value in model.graph.initializers.values():
+    """Fails early, with the file named, when external data the model refers to is missing or leads out of the
+    model's folder through a symbolic link (ONNX Runtime refuses both). A hard-linked data file is read as ONNX
+    Runtime reads it: onnx-ir refuses one inside a model's folder, so such a tensor is re-made with its absolute
+    path (no folder to contain)."""
+    folder = os.path.realpath(path.parent)
+    for value in _initializers(model):
         tensor = value.const_value
-        if isinstance(tensor, ir.ExternalTensor):
-            location = pathlib.Path(tensor.base_dir) / tensor.location
-            if not location.exists():
-                raise ModelLoadError(f"{path}: external data file {tensor.location!r} of {value.name!r} is missing")
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        location = pathlib.Path(tensor.base_dir) / tensor.location
+        where = f"{path}: external data file {tensor.location!r} of {value.name!r}"
+        if not location.exists():
+            beside = f"; the model file is a symbolic link to {os.path.realpath(path)}" if path.is_symlink() else ""
+            raise ModelLoadError(f"{where} is missing (looked for beside {path}{beside})")
+        real = os.path.realpath(location)
+        if os.path.commonpath([real, folder]) != folder:
+            raise ModelLoadError(
+                f"{where} is a symbolic link to {real}, outside the model's folder, which ONNX Runtime and onnx "
+                "refuse: copy the data file into the model's folder"
+            )
+        if os.stat(real).st_nlink > 1:
+            value.const_value = ir.ExternalTensor(
+                real, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape, name=tensor.name
+            )
 
 
 def clone(model: ir.Model) -> ir.Model:
@@ -498,13 +515,16 @@ def _inlined(model: ir.Model, max_bytes: int | None) -> Iterator[None]:
                 node.attributes[name] = original  # type: ignore[assignment]
 
 
-def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
+def save(
+    model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None, data_name: str | None = None
+) -> None:
     """Writes `model` (an `ir.Model`, a ModelProto, or a path to copy) to `path` atomically.
 
-    `external_data`: None (auto) writes the tensors above INLINE_BYTES to `<name>.data` (relative to the model)
-    when the model already used external data or its tensors exceed EXTERNAL_DATA_THRESHOLD; True writes every
-    non-empty tensor there; False writes every tensor inline, and refuses a model whose tensors cannot fit in
-    one protobuf. The model passed in is not modified, and its external data is never written over in place.
+    `external_data`: None (auto) writes the tensors above INLINE_BYTES to `<name>.data` (relative to the model;
+    `data_name` names another file beside it) when the model already used external data or its tensors exceed
+    EXTERNAL_DATA_THRESHOLD; True writes every non-empty tensor there; False writes every tensor inline, and refuses
+    a model whose tensors cannot fit in one protobuf. The model passed in is not modified, and its external data is
+    never written over in place.
     """
     ir_model = model if isinstance(model, ir.Model) else load(model)
     path = pathlib.Path(path)
@@ -522,7 +542,7 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
             f"{path}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
             "save them as external data"
         )
-    data_name = data_file(path).name
+    data_name = data_name or data_file(path).name
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
     except OSError as err:

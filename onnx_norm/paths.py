@@ -44,16 +44,26 @@ def _attribute_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
             yield from _tensors(sub)
 
 
-def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and functions."""
-    yield from _tensors(model.graph)
+def all_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and functions (without
+    the main graph's initializers when `initializers` is false)."""
+    if initializers:
+        yield from _tensors(model.graph)
+    else:
+        for sparse in model.graph.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in model.graph.node:
+            yield from _attribute_tensors(node)
     for function in model.functions:
         for node in function.node:
             yield from _attribute_tensors(node)
 
 
-def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    return [tensor for tensor in all_tensors(model) if tensor.data_location == onnx.TensorProto.EXTERNAL]
+def external_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> list[onnx.TensorProto]:
+    """Every tensor of `model` stored as external data (see `all_tensors`)."""
+    tensors = all_tensors(model, initializers=initializers)
+    return [tensor for tensor in tensors if tensor.data_location == onnx.TensorProto.EXTERNAL]
 
 
 def external_locations(model: onnx.ModelProto) -> set[str]:

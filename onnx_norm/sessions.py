@@ -46,6 +46,9 @@ OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = dict(
         strict=True,
     )
 )
+#: ONNX Runtime's transformer that folds the Casts it inserts before CPU nodes without a half-precision kernel into
+#: fp32 copies of fp16/bf16 initializers (inference_session.cc; its name in `disabled_optimizers`).
+_HALF_WEIGHTS_FOLDER = "FuseFp16InitializerToFp32NodeTransformer"
 # Protobuf refuses to serialize a message of 2 GiB or more; such models go to ORT through a file.
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -76,6 +79,13 @@ class RuntimeConfig:
     # ORT's priority-based execution order: runs a node as soon as it can feed the next one, where the default order
     # may run every input-free node first (the float64 copy's weight Casts: all the weights in float64 at once).
     priority_order: bool = False
+    # Half-precision weights stay as they are on the CPU provider (`half_weights_at_run`): without it ORT converts
+    # every fp16/bf16 weight of a node it has no half-precision kernel for into an fp32 initializer at load (twice
+    # the weights' size, per session, not shareable).
+    half_weights_at_run: bool = False
+    # ORT's CPU memory arena keeps the memory of every freed tensor for the session (and grows in powers of two):
+    # without it, a large temporary (a weight cast where used) goes back to the system once freed.
+    cpu_arena: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graph and self.provider != "cuda":
@@ -154,8 +164,13 @@ def session_options(
         options.intra_op_num_threads = config.threads
         options.inter_op_num_threads = 1
     options.log_severity_level = ort_log_level()
-    if config.priority_order:
+    if config.priority_order or config.half_weights_at_run:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if config.half_weights_at_run or not config.cpu_arena:
+        # With half_weights_at_run, the fp32 copy of a weight is made by its Cast right before the node that reads
+        # it (priority order: the default order may run every input-free Cast first) and freed after it; without the
+        # arena that memory goes back to the system after each run instead of staying reserved per session.
+        options.enable_cpu_mem_arena = False
     if not config.spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -175,6 +190,11 @@ def providers(config: RuntimeConfig) -> list[str | tuple[str, dict[str, str]]]:
             options["enable_cuda_graph"] = "1"
         return [(PROVIDERS["cuda"], options), PROVIDERS["cpu"]]
     return [PROVIDERS["cpu"]]
+
+
+def disabled_optimizers(config: RuntimeConfig) -> list[str]:
+    """ONNX Runtime transformers `config` turns off (InferenceSession's `disabled_optimizers`)."""
+    return [_HALF_WEIGHTS_FOLDER] if config.half_weights_at_run and config.provider == "cpu" else []
 
 
 def _preload_cuda() -> None:
@@ -213,16 +233,16 @@ def create_session(
         raise RuntimeUnavailableError(f"unknown provider {config.provider!r}; choose from {', '.join(PROVIDERS)}")
     try:
         if proto is None:
-            session = ort.InferenceSession(str(model), options, providers=providers(config))
+            session = _inference_session(str(model), options, config)
         elif weights.has_external_data(proto):
             session = _session_with_shared_weights(proto, options, config, shared or weights.SharedWeights())
         elif proto.ByteSize() < _PROTOBUF_LIMIT:
-            session = ort.InferenceSession(proto.SerializeToString(), options, providers=providers(config))
+            session = _inference_session(proto.SerializeToString(), options, config)
         else:
             with tempfile.TemporaryDirectory(prefix="onnx_norm_") as tmp:
                 path = os.path.join(tmp, "model.onnx")
                 onnx.save_model(proto, path, save_as_external_data=True, location="model.onnx.data")
-                session = ort.InferenceSession(path, options, providers=providers(config))
+                session = _inference_session(path, options, config)
     except SessionError:
         raise
     except Exception as err:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
@@ -237,6 +257,12 @@ def create_session(
     return session
 
 
+def _inference_session(model: str | bytes, options: ort.SessionOptions, config: RuntimeConfig) -> ort.InferenceSession:
+    disabled = disabled_optimizers(config)
+    extra = {"disabled_optimizers": disabled} if disabled else {}
+    return ort.InferenceSession(model, options, providers=providers(config), **extra)
+
+
 def _session_with_shared_weights(
     proto: onnx.ModelProto, options: ort.SessionOptions, config: RuntimeConfig, shared: weights.SharedWeights
 ) -> ort.InferenceSession:
@@ -244,7 +270,7 @@ def _session_with_shared_weights(
     handed over from `shared` (see onnx_norm.weights). The header is removed once ORT has built the session."""
     values = weights.add_initializers(options, proto, shared)
     with weights.session_file(proto) as path:
-        session = ort.InferenceSession(str(path), options, providers=providers(config))
+        session = _inference_session(str(path), options, config)
     session._onnx_norm_weights = (shared, values)  # type: ignore[attr-defined]  # alive as long as the session
     return session
 

@@ -21,13 +21,14 @@ import logging
 import mmap
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm import paths
 from onnx_norm.ops.reference import np_dtype
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,10 @@ class ExternalRef:
     length: int
 
 
-def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """The external initializers of the main graph (the ones the sessions here hand over)."""
+def handed_over(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The external initializers of the main graph: the ones a session gets as OrtValues (`add_initializers`).
+    ORT reads the other external tensors (in subgraphs, functions and attributes: `paths.external_tensors`) itself,
+    from the data files the session's header names."""
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             yield tensor
@@ -75,7 +78,7 @@ def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str =
     """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) and checks that each
     file holds the tensor's bytes; WeightsError naming the file otherwise. Returns `model` (changed in place)."""
     sizes: dict[str, int] = {}
-    for tensor in external_tensors(model):
+    for tensor in paths.external_tensors(model):
         ref = reference(tensor)
         file = os.path.abspath(os.path.join(base_dir, ref.file))
         if file not in sizes:
@@ -115,13 +118,33 @@ HEADROOM = GIB // 2
 _HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
-def session_copies(model: onnx.ModelProto, provider: str) -> int:
+#: With half-precision weights cast where used, how many of the largest ones count as in fp32 at once: a node's
+#: Cast runs right before it, and ORT may run the Casts of a few independent nodes (q/k/v, gate/up) back to back.
+_CAST_AT_ONCE = 4
+
+
+def session_copies(model: onnx.ModelProto, provider: str, *, at_run: bool = False) -> int:
     """Bytes a CPU session of `model` holds of its own whatever is shared: ONNX Runtime's CPU provider runs fp16 and
     bf16 MatMuls in fp32 and converts their weights once, at load, into fp32 initializers of twice the size (a 3.8
-    GiB fp16 model takes 7.8 GiB in one session). An upper bound: every half-precision initializer counts."""
+    GiB fp16 model takes 7.8 GiB in one session). An upper bound: every half-precision initializer counts.
+    `at_run` (sessions with `RuntimeConfig.half_weights_at_run`): the weights are cast where used, so only the fp32
+    copies of the few largest exist at once, while a run lasts."""
     if provider != "cpu":
         return 0
-    return 2 * sum(_tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
+    sizes = sorted(_tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
+    return 2 * sum(sizes[-_CAST_AT_ONCE:] if at_run else sizes)
+
+
+#: fp32 copies of half-precision weights (summed over a session) above which the parity gate and the bench keep
+#: the weights in their type and cast them where used (`RuntimeConfig.half_weights_at_run`): past it the copies
+#: alone are more than the 1 GiB of headroom the memory budget of issue 20 (1.5 W + 1 GiB) leaves.
+HALF_COPIES_LIMIT = GIB
+
+
+def half_weights_at_run(models: Sequence[onnx.ModelProto], provider: str) -> bool:
+    """Whether sessions of `models` should cast their half-precision weights where used instead of holding fp32
+    copies: on the CPU provider, when one model's copies pass HALF_COPIES_LIMIT."""
+    return max((session_copies(model, provider) for model in models), default=0) > HALF_COPIES_LIMIT
 
 
 def available_memory() -> int:
@@ -211,14 +234,20 @@ class SharedWeights:
         return value
 
 
+#: Bytes of external tensors outside the main graph's initializers a session header may hold inline.
+_INLINE_LIMIT = GIB
+
+
 @contextlib.contextmanager
 def session_file(model: onnx.ModelProto) -> Iterator[Path]:
     """A file of `model`'s header whose external locations name its data files relative to it, for the duration
     of the block (ORT refuses absolute locations, locations outside the model's folder and links that lead there).
     The header goes into a temporary directory with hard links to the data files; where the data lies on another
     file system it goes, under a hidden temporary name, into the folder of the data files. The data must be real:
-    ORT still reads an overridden initializer where it folds constants. `model` is left as it was."""
-    files = sorted({reference(tensor).file for tensor in external_tensors(model)})
+    ORT still reads an overridden initializer where it folds constants. External tensors that are not handed over
+    (in subgraphs, functions, attributes) are written into the header: ORT reads those itself, and refuses a data
+    file with several hard links for them. `model` is left as it was."""
+    files = sorted({reference(tensor).file for tensor in handed_over(model)})
     with tempfile.TemporaryDirectory(prefix="onnx_norm_session_") as tmp:
         names: dict[str, str] = {}
         try:
@@ -232,27 +261,46 @@ def session_file(model: onnx.ModelProto) -> Iterator[Path]:
                 raise WeightsError("the external data files are in several folders on another file system") from None
             names = {file: Path(file).name for file in files}
             header = Path(folders.pop()) / f".onnx_norm_{os.getpid()}_{id(model)}.onnx"
-        changed = []
-        try:
-            for tensor in external_tensors(model):
-                file = reference(tensor).file
-                changed.append((tensor, file))
-                _set_location(tensor, names[file])
-            header.write_bytes(model.SerializeToString())
-        finally:
-            for tensor, file in changed:
-                _set_location(tensor, file)
+        _write_header(model, header, names)
         try:
             yield header
         finally:
             header.unlink(missing_ok=True)
 
 
+def _write_header(model: onnx.ModelProto, header: Path, names: dict[str, str]) -> None:
+    """Writes `model` to `header` with its handed-over tensors located by `names` and its other external tensors
+    inline; `model` is restored after."""
+    inner = paths.external_tensors(model, initializers=False)
+    if sum(reference(tensor).length for tensor in inner) > _INLINE_LIMIT:
+        raise WeightsError(
+            f"the model's external tensors in subgraphs or functions take more than {_INLINE_LIMIT / GIB:.0f} GiB"
+        )
+    saved: list[tuple[onnx.TensorProto, onnx.TensorProto]] = []
+    try:
+        for tensor in [*handed_over(model), *inner]:
+            backup = onnx.TensorProto()
+            backup.CopyFrom(tensor)
+            saved.append((tensor, backup))
+        for tensor in handed_over(model):
+            _set_location(tensor, names[reference(tensor).file])
+        for tensor in inner:
+            ref = reference(tensor)
+            with open(ref.file, "rb") as file:
+                tensor.raw_data = os.pread(file.fileno(), ref.length, ref.offset)
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+        header.write_bytes(model.SerializeToString())
+    finally:
+        for tensor, backup in saved:
+            tensor.CopyFrom(backup)
+
+
 def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared: SharedWeights) -> list[object]:
     """Hands every external tensor of `model` to `options` from `shared`; returns the OrtValues (the session
     must hold them). Pre-packing is turned off: it would copy the shared weights per session."""
     values = []
-    for tensor in external_tensors(model):
+    for tensor in handed_over(model):
         values.append(shared.value(tensor))
         options.add_initializer(tensor.name, values[-1])
     options.add_session_config_entry("session.disable_prepacking", "1")
@@ -260,4 +308,5 @@ def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared
 
 
 def has_external_data(model: onnx.ModelProto) -> bool:
-    return any(True for _ in external_tensors(model))
+    """Whether any tensor of `model` (subgraphs, functions and attributes included) is external."""
+    return bool(paths.external_tensors(model))

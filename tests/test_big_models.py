@@ -186,7 +186,7 @@ def test_float64_reference_casts_large_weights_where_used(tmp_path: Path) -> Non
     proto = inputs.load_model(source, resolve_external=True)
     upcast = upcast_to_double(proto)
     casts = [node for node in upcast.graph.node if node.op_type == "Cast" and node.name.endswith("_to_double")]
-    assert len(casts) == len(list(weights.external_tensors(proto)))
+    assert len(casts) == len(list(weights.handed_over(proto)))
     evaluator = GoldenEvaluator(proto, "ort", None)
     assert evaluator.form == FORM_CAST_AT_USE
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 4, 64), dtype=np.float32)}
@@ -238,12 +238,12 @@ def test_shared_weights_are_one_copy(tmp_path: Path) -> None:
     shutil.copy(tmp_path / "m.onnx.data", copy / "m.onnx.data")
     a = inputs.load_model(source, resolve_external=True)
     b = inputs.load_model(copy / "m.onnx", resolve_external=True)
-    ta, tb = next(weights.external_tensors(a)), next(weights.external_tensors(b))
+    ta, tb = next(weights.handed_over(a)), next(weights.handed_over(b))
     assert weights.same_bytes(weights.reference(ta), weights.reference(tb))
     shared = weights.SharedWeights()
     shared.alias(weights.reference(tb), weights.reference(ta))
     assert shared.value(ta) is shared.value(tb)
-    other = list(weights.external_tensors(b))[1]
+    other = list(weights.handed_over(b))[1]
     assert not weights.same_bytes(weights.reference(ta), weights.reference(other))
     assert shared.value(other) is not shared.value(ta)
 

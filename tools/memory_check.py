@@ -23,12 +23,14 @@ ONNX Runtime and onnx's checker refuse a location that leaves the model's folder
     python tools/memory_check.py verify --layers 33             # 2.06 GiB
     python tools/memory_check.py bench --layers 33 -- --repeat 5
     python tools/memory_check.py verify --shape llama --dtype float16 --layers 10
+    python tools/memory_check.py genai --shape llama --dtype float16 --layers 10 -- --verify   # optimize FOLDER
     python tools/memory_check.py build --layers 33 --out /tmp/big.onnx     # only write the model
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -46,7 +48,7 @@ EXTERNAL_THRESHOLD = 1024
 ALIGNMENT = 65536
 GIB = 2**30
 #: The issue's budgets: peak RSS <= factor * W + 1 GiB.
-BUDGETS = {"optimize": 0.25, "verify": 1.5, "optimize-verify": 1.5, "bench": 1.5}
+BUDGETS = {"optimize": 0.25, "verify": 1.5, "optimize-verify": 1.5, "bench": 1.5, "genai": 1.5}
 
 
 class _Writer:
@@ -154,6 +156,7 @@ def build(path: Path, args: argparse.Namespace) -> int:
     """Writes the model described by `args` to `path` (its data file as the layout says); returns W, the bytes of
     its weights."""
     dtype = np.dtype(args.dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
     data_path, location = None, f"{path.name}.data"
     if args.layout != "inline":
         folder = path.parent
@@ -205,6 +208,8 @@ def command_for(name: str, source: Path, work: Path, extra: Sequence[str]) -> li
         return [*cli, "optimize", str(source), *out, "--verify", *shape, *extra]
     if name == "verify":
         return [*cli, "verify", str(source), str(work / "opt.onnx"), *shape, *extra]
+    if name == "genai":  # the model's folder as a GenAI folder (genai_config.json written beside it)
+        return [*cli, "optimize", str(source.parent), "-o", str(work / "genai"), *extra]
     return [*cli, "bench", str(source), str(work / "opt.onnx"), *shape, *extra]
 
 
@@ -271,7 +276,15 @@ def main() -> int:
                 return code
             os.replace(work / "out.onnx", work / "opt.onnx")  # its data file keeps its name, which it refers to
         command = command_for(args.command, source, work, args.extra)
-        code, seconds, peak, output = measure(command)
+        config = source.parent / "genai_config.json"
+        written = args.command == "genai" and not config.exists()
+        if written:
+            config.write_text(json.dumps({"model": {"decoder": {"filename": source.name}}}))
+        try:
+            code, seconds, peak, output = measure(command)
+        finally:
+            if written:
+                config.unlink()
         # The issue's budget for inline models (up to 2 GiB): optimize <= 2 W.
         inline = args.layout == "inline" and args.command == "optimize"
         budget = 2 * weights if inline else BUDGETS[args.command] * weights + GIB

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,9 @@ from olive.model import ONNXModelHandler
 from olive.model.config.registry import model_handler_registry
 from olive.model.utils import resolve_onnx_path
 from olive.passes import Pass
-from olive.passes.onnx.common import get_external_data_config, model_proto_to_olive_model
+from olive.passes.onnx.common import get_external_data_config
 from olive.passes.pass_config import BasePassConfig, PassConfigParam
+from olive.resource_path import LocalFile, LocalFolder
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,6 @@ class OnnxNormFusion(Pass):
     def _run_for_config(
         self, model: ONNXModelHandler, config: type[BasePassConfig], output_model_path: str
     ) -> ONNXModelHandler:
-        import onnx_ir as ir
 
         from onnx_norm import model_io
         from onnx_norm.rewrite import TARGETS, optimize
@@ -146,13 +145,9 @@ class OnnxNormFusion(Pass):
             verify_rewrites=config.verify_rewrites,
         )
         logger.info("%s: fused %d norm(s) %s", PASS_NAME, len(report.norms), report.rule_counts)
+        written = _save(rewritten, Path(output_model_path), config)
         if config.verify:
-            _gate(model.model_path, rewritten)
-        # The input's external data is read into memory: its tensors reference the input's data file by a name
-        # relative to the input folder, which is in neither Olive's output folder nor its cache. Olive then writes
-        # the weights as its own external-data options say (`save_as_external_data`, inline by default).
-        ir.external_data.load_to_model(rewritten)
-        written = model_proto_to_olive_model(ir.serde.serialize_model(rewritten), output_model_path, config)
+            _gate(model.model_path, output_model_path)
         settings = written.to_json()["config"]
         if config.target != "onnx-norm":
             return written  # standard or ORT ops: nothing to register
@@ -160,15 +155,28 @@ class OnnxNormFusion(Pass):
         return OnnxNormModelHandler(**settings)
 
 
-def _gate(original: str, rewritten: Any) -> None:
+def _save(rewritten: Any, path: Path, config: Any) -> ONNXModelHandler:
+    """Writes the rewritten model as onnx-norm's `save` does, its weights streamed from the input's memory-mapped
+    data, never all in memory: external data when Olive's `save_as_external_data` asks for it (named
+    `external_data_name` when given), when the input had it, or past protobuf's 2 GiB; else inline. Olive's own
+    writer would first read every external tensor into memory (the input's data file lies in neither Olive's
+    output folder nor its cache, so the output cannot refer to it)."""
     from onnx_norm import model_io
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    external = True if config.save_as_external_data else None
+    data_name = config.external_data_name or None
+    model_io.save(rewritten, path, external_data=external, data_name=data_name)
+    if (path.parent / (data_name or model_io.data_file(path).name)).exists():
+        return ONNXModelHandler(model_path=LocalFolder({"path": path.parent}), onnx_file_name=path.name)
+    return ONNXModelHandler(model_path=LocalFile({"path": path}))
+
+
+def _gate(original: str, written: str) -> None:
+    """onnx-norm's parity gate on the model the pass wrote (sessions from both files: no copy of the weights)."""
     from onnx_norm.parity import verify
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        model_io.save(rewritten, path)
-        parity = verify(original, str(path))
-    if not parity.passed:
+    if not verify(original, written).passed:
         raise RuntimeError(f"{PASS_NAME}: the rewritten model failed onnx-norm's parity gate against {original}")
 
 

@@ -30,7 +30,7 @@ from onnx_norm.sessions import (
     model_label,
     run_model,
 )
-from onnx_norm.weights import check_memory, session_copies, weight_bytes
+from onnx_norm.weights import check_memory, half_weights_at_run, session_copies, weight_bytes
 
 Results = list[dict[str, np.ndarray]]
 #: verify()'s options that check_options validates (all but the models and the given inputs).
@@ -126,13 +126,18 @@ def _set_sources(
     original_proto: onnx.ModelProto,
     optimized_proto: onnx.ModelProto,
     provider: Provider,
-) -> None:
+) -> bool:
     """What each session is made from (a path when the model runs as it is), once the memory is known to suffice:
-    one model at a time, its weights and the fp32 copies ORT's CPU provider makes of half-precision ones."""
+    one model at a time, its weights and the fp32 copies ORT's CPU provider makes of half-precision ones. Returns
+    whether the sessions cast half-precision weights where used (`weights.half_weights_at_run`): the values of
+    ORT's fp32 copies made at load, less its pre-packing of them (which sums in another order), without holding
+    them all; both models are run alike."""
     models.original_source = _source(original, original_proto, models.original)
     models.optimized_source = _source(optimized, optimized_proto, models.optimized)
-    resident = [weight_bytes(p) + session_copies(p, provider) for p in (original_proto, optimized_proto)]
+    at_run = half_weights_at_run([original_proto, optimized_proto], provider)
+    resident = [weight_bytes(p) + session_copies(p, provider, at_run=at_run) for p in (original_proto, optimized_proto)]
     check_memory(max(resident), "verify")
+    return at_run
 
 
 def _models(
@@ -310,8 +315,8 @@ def verify(
 
     norms = find_fused_norms(original_proto, optimized_proto) if per_node and optimized_failure is None else []
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
-    _set_sources(models, original, optimized, original_proto, optimized_proto, provider)
-    config = RuntimeConfig(provider, threads, original_optimization, device_id)
+    at_run = _set_sources(models, original, optimized, original_proto, optimized_proto, provider)
+    config = RuntimeConfig(provider, threads, original_optimization, device_id, half_weights_at_run=at_run)
     runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
     present = {value.name for value in optimized_proto.graph.output}
     outputs = _compare_outputs(output_names, present, runs, tolerances, _narrowest_float(original_proto))

@@ -34,7 +34,6 @@ def upcast_to_double(model: onnx.ModelProto) -> onnx.ModelProto:
     external initializers through a Cast where they are used: `CAST_AT_USE_BYTES`). External tensors are not read."""
     upcast = onnx.ModelProto()
     upcast.CopyFrom(model)
-    _cast_at_use(upcast.graph)
     _upcast_graph(upcast.graph)
     for function in upcast.functions:
         for node in function.node:
@@ -93,6 +92,7 @@ def _upcast_tensor(tensor: onnx.TensorProto) -> None:
 
 
 def _upcast_graph(graph: onnx.GraphProto) -> None:
+    _cast_at_use(graph)  # in subgraphs too: an If or Loop body may hold external weights
     _upcast_value_infos(graph.input)
     _upcast_value_infos(graph.output)
     del graph.value_info[:]  # stale element types would contradict the upcast graph
@@ -140,7 +140,10 @@ def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
     for _ in range(_MAX_FLOAT32_FALLBACKS):
         try:
             return create_session(
-                model, RuntimeConfig("cpu", threads, "disabled", priority_order=True), custom_ops=False
+                # Priority order and no arena: each large weight's float64 copy exists from its Cast to its last use.
+                model,
+                RuntimeConfig("cpu", threads, "disabled", priority_order=True, cpu_arena=False),
+                custom_ops=False,
             )
         except SessionError as err:
             missing = _MISSING_KERNEL.search(str(err))
