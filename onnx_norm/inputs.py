@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from onnx_norm.errors import InputError
 from onnx_norm.ops.reference import np_dtype
 
 logger = logging.getLogger(__name__)
@@ -49,10 +50,6 @@ _GATHER_OPS = frozenset({"Gather", "GatherElements"})
 _POSITION_TABLES = re.compile(r"position|pos_emb|wpe", re.IGNORECASE)
 _FALLBACK_INT_HIGH = 16
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-
-
-class InputError(ValueError):
-    """Inputs that do not fit the model: unknown names, wrong shapes or dtypes, unreadable files."""
 
 
 @dataclasses.dataclass(frozen=True)

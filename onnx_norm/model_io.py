@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from onnx_norm import paths
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
+from onnx_norm.errors import ort_message
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ def _ort_refusal(model: onnx.ModelProto) -> str | None:
     """Why ONNX Runtime refuses to load `model` (no optimisation, our library registered when built), or None."""
     import onnxruntime as ort
 
-    from onnx_norm import library, sessions
+    from onnx_norm import library
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -291,7 +292,7 @@ def _ort_refusal(model: onnx.ModelProto) -> str | None:
     try:
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # ORT's Fail/InvalidGraph/InvalidArgument share no base class
-        return sessions.ort_message(err)
+        return ort_message(err)
     return None
 
 

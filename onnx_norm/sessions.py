@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ import onnxruntime as ort
 
 from onnx_norm import defaults, weights
 from onnx_norm.defaults import OptLevel, Provider
+from onnx_norm.errors import ort_message
 from onnx_norm.model_io import proto_nodes
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
@@ -273,14 +273,6 @@ def _session_with_shared_weights(
         session = _inference_session(str(path), options, config)
     session._onnx_norm_weights = (shared, values)  # type: ignore[attr-defined]  # alive as long as the session
     return session
-
-
-_ORT_SOURCE = re.compile(r"\S*onnxruntime_src/\S+:\d+ ")
-
-
-def ort_message(err: BaseException) -> str:
-    """ONNX Runtime's error message on one line, without the paths of its source files."""
-    return _ORT_SOURCE.sub("", " ".join(str(err).split()))
 
 
 class Runner:

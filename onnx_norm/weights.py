@@ -29,6 +29,7 @@ import onnx
 import onnxruntime as ort
 
 from onnx_norm import paths
+from onnx_norm.errors import InputError
 from onnx_norm.ops.reference import np_dtype
 
 logger = logging.getLogger(__name__)
@@ -169,8 +170,6 @@ def available_memory() -> int:
 def check_memory(resident: int, what: str) -> None:
     """InputError, before anything is allocated, when `resident` bytes of weights plus HEADROOM do not fit in
     the memory available: one line with both numbers, instead of an OOM kill halfway through."""
-    from onnx_norm.inputs import InputError
-
     needed, available = resident + HEADROOM, available_memory()
     if needed > available:
         raise InputError(

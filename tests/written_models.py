@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 
 import onnx_norm
-from onnx_norm import model_io, sessions
+from onnx_norm import errors, model_io, sessions
 
 #: Larger files (with their external data) are not loaded twice more: the check must stay cheap.
 MAX_CHECKED_BYTES = 64 << 20
@@ -31,5 +31,5 @@ def onnx_runtime_refusals(path: Path) -> list[str]:
         try:
             ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # ORT's exception types share no base class
-            refusals.append(f"{path} ({label}, ORT_ENABLE_ALL): {sessions.ort_message(err)}")
+            refusals.append(f"{path} ({label}, ORT_ENABLE_ALL): {errors.ort_message(err)}")
     return refusals
