@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-# Work units that take longest, started in this order (seconds of one core on a quiet 2-core machine, cold, from
-# `--durations=0`). The rest follow by number of tests. A name that no test carries any more orders nothing.
+# Work units that take longest, started in this order; the rest follow by number of tests. The seconds are rough
+# costs on a quiet 2-core machine (`--durations` of a warm quiet run; for the zoo, its cold exports in loaded runs
+# scaled down): a unit started last holds the run open on one core. A name no test carries any more orders nothing.
 HEAVY_FIRST = (
     "tests/test_cli_routes.py",  # ~65 s in many short tests: a process per CLI call
     "cuda-sm90-cubins",  # ~60 s on both cores: the sm_90 and sm_80 cubins with ptxas's report, their SASS read
