@@ -56,6 +56,11 @@ REGISTER_ROW_KERNELS = 3 * 3 * 8
 SHARED_ROW_KERNELS = 3 * 2
 CLUSTER_ROW_KERNELS = 3  # one per X type: the cluster size is a launch attribute
 
+# pytest-xdist units (conftest.py): the tests of each module fixture below run on one worker, and the three builds
+# (cubins, emulator, altered emulator) on different workers at once.
+on_sm90_cubins = pytest.mark.xdist_group("cuda-sm90-cubins")
+on_emulator = pytest.mark.xdist_group("cuda-emulator")
+
 
 @pytest.fixture(scope="module")
 def sm90_cubins(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], str]:
@@ -75,6 +80,7 @@ def _check_no_spills(reports: dict, arch: str) -> None:
 
 
 @needs_nvcc
+@on_sm90_cubins
 def test_cuda_kernels_compile_for_sm80_and_sm90_without_spills(
     sm90_cubins: tuple[list[Path], str], tmp_path: Path
 ) -> None:
@@ -92,6 +98,7 @@ def test_launcher_compiles(tmp_path: Path) -> None:
 
 
 @needs_nvcc
+@on_sm90_cubins
 @pytest.mark.skipif(NVDISASM is None, reason="nvdisasm not found (pip install nvidia-cuda-nvdisasm; setup.sh does)")
 def test_register_row_kernels_keep_all_of_a_rows_loads_in_flight(sm90_cubins: tuple[list[Path], str]) -> None:
     """In the sm_90 SASS, each register-row kernel issues all its X (and Skip) 16-byte loads before the first
@@ -159,6 +166,7 @@ def emulator(emulator_library: Path) -> ModuleType:
 
 
 @needs_emulator
+@on_emulator
 def test_launch_plan_for_an_h200_keeps_sms_busy_and_rows_read_once_where_they_fit(emulator_library: Path) -> None:
     """The real launcher's choices for a 132-SM GPU (the table of docs/cuda_kernels.md)."""
     plan = {(r[0], r[1], r[2]): r for r in gpu_check.launch_plan(emulator_library)}
@@ -200,6 +208,7 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
 
 
 @needs_emulator
+@on_emulator
 def test_launcher_accepts_a_valid_problem_and_rejects_bad_parameters(emulator: object) -> None:
     assert _call(emulator) == (0, "")
     assert _call(emulator, rows=0, x=None, y=None) == (0, "")  # empty batch: nothing to do, nothing read
@@ -229,6 +238,7 @@ def test_launcher_accepts_a_valid_problem_and_rejects_bad_parameters(emulator: o
 
 
 @needs_emulator
+@on_emulator
 def test_kernel_code_matches_the_reference_in_the_cpu_emulator(emulator: object) -> None:
     cases = gpu_check.build_cases(quick=True)
     # Rows past the register path: shared-memory cache (float32 and float16), and past shared memory (re-read).
@@ -252,6 +262,7 @@ def test_kernel_code_matches_the_reference_in_the_cpu_emulator(emulator: object)
 
 
 @needs_emulator
+@on_emulator
 def test_shared_row_cache_is_safe_when_a_block_loops_over_rows(emulator: object) -> None:
     """The emulated GPU has 3 SMs, so the launcher's grid cap gives each block of the shared-memory kernel
     several rows; with X shifted by 3 elements the scalar ends of consecutive rows land in different cache
@@ -267,6 +278,7 @@ def test_shared_row_cache_is_safe_when_a_block_loops_over_rows(emulator: object)
 
 
 @needs_emulator
+@on_emulator
 def test_skip_ops_are_safe_in_place_with_sum_bound_onto_x_or_skip(emulator: object) -> None:
     """Sum written over X or Skip (every kernel path, including the one that reads the row twice), and the
     launcher refusing outputs that partly overlap an input."""
@@ -296,6 +308,7 @@ def test_skip_ops_are_safe_in_place_with_sum_bound_onto_x_or_skip(emulator: obje
 
 
 @needs_emulator
+@on_emulator
 @pytest.mark.parametrize("device", [1, 2])
 def test_rows_split_over_a_cluster_or_fall_back_without_clusters(emulator: object, device: int) -> None:
     """Emulated device 2 (clusters, 64 SMs, 48 KiB of shared memory) splits few or wide rows over clusters of
@@ -316,6 +329,7 @@ def test_rows_split_over_a_cluster_or_fall_back_without_clusters(emulator: objec
 
 
 @needs_emulator
+@pytest.mark.xdist_group("cuda-emulator-mutant")
 def test_emulator_refuses_a_cluster_kernel_whose_blocks_exit_before_their_peers_have_read(tmp_path: Path) -> None:
     """The emulator's own strictness: the cluster kernel without its last barrier (a block may then exit while a
     peer still reads its partial sums, undefined on the GPU) must fail in the emulator, though its results

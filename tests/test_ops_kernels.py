@@ -642,8 +642,9 @@ def test_portable_conversions_match_reference() -> None:
         "test_matches_reference and 4097 and (fp16 or bf16) or test_rounding_attributes and 4097 "
         "or test_nan_and_inf and RMSNorm or test_many_rows"
     )
+    # One process: the selection takes seconds, and the root conftest would otherwise start pytest-xdist workers.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__, "-k", selection],
         env=env,
         capture_output=True,
         text=True,

@@ -27,10 +27,14 @@ from onnx_norm.zoo.detect import decomposed_norms, fused_norms, native_norms
 # The zoo fixtures live next to this module rather than in conftest.py, which other test modules own.
 pytest_plugins = ("zoo_fixtures",)
 
-# The default run covers DEFAULT_SUBSET (one model per norm shape) with every exporter and dtype.
+# The default run covers DEFAULT_SUBSET (one model per norm shape) with every exporter and dtype. The cases of one
+# model are one pytest-xdist unit (conftest.py): its exports (the fp16-converted ones read the fp32 ones) are made on
+# one worker, while the models spread over all of them.
 FULL_ZOO = os.environ.get("ONNX_NORM_FULL_ZOO", "") not in ("", "0")
 ZOO_CASES = [
-    pytest.param(model, exporter, dtype, id=f"{model}-{exporter}-{dtype}")
+    pytest.param(
+        model, exporter, dtype, id=f"{model}-{exporter}-{dtype}", marks=[pytest.mark.xdist_group(f"zoo-{model}")]
+    )
     for model in (tuple(zoo.ZOO) if FULL_ZOO else zoo.DEFAULT_SUBSET)
     for exporter in zoo.EXPORTERS
     for dtype in zoo.DTYPES
@@ -195,3 +199,39 @@ def test_detector_reads_other_exporters_spellings_and_counts_one_norm_per_square
     assert len(decomposed_norms(model(moments))) == 1
     pooled = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Sub", ["x", "p"], ["y"])]
     assert decomposed_norms(model(pooled)) == []
+
+
+def test_two_workers_asking_for_one_export_make_it_once(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test workers share the cache: one that finds an export under way waits for it instead of exporting the
+    same model again (a dynamo export takes seconds to a minute), and both get the same export."""
+    import concurrent.futures
+    import importlib
+    import json
+    import threading
+    import time
+
+    zoo_export_module = importlib.import_module("onnx_norm.zoo.export")  # the package's `export` is the function
+
+    calls: list[str] = []
+    started = threading.Event()
+
+    def slow_export(spec, exporter, dtype, directory, root) -> None:
+        calls.append(spec.name)
+        started.set()
+        time.sleep(0.3)  # long enough for the other thread to arrive while the export is under way
+        meta = {"norm_calls": {"LayerNorm": 1}, "output_names": ["y"], "dynamic_shapes_ok": True}
+        (directory / "meta.json").write_text(json.dumps(meta))
+
+    monkeypatch.setattr(zoo_export_module, "_export_into", slow_export)
+
+    def ask(_: int) -> ZooExport:
+        return zoo.export("bert", "dynamo", "fp32", tmp_path)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(ask, 0)
+        assert started.wait(10)
+        second = pool.submit(ask, 1)
+        results = [first.result(), second.result()]
+    assert calls == ["bert"]
+    assert results[0] == results[1] and results[0].norms_in_forward == 1
+    assert not [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".bert-")]  # no staging left

@@ -125,18 +125,7 @@ def export(name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path
     versions = _versions() + (f"-{_FP16_CONVERTER}" if dtype == "fp16-converted" else "")
     directory = root / f"{name}-{exporter}-{dtype}-{spec.fingerprint()}-{versions}"
     if not (directory / "meta.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-        try:
-            _export_into(spec, exporter, dtype, staging, root)
-            try:
-                staging.rename(directory)
-            except OSError:  # another process finished the same export first
-                if not (directory / "meta.json").exists():
-                    raise
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+        _export_once(spec, exporter, dtype, directory)
     meta = json.loads((directory / "meta.json").read_text())
     if meta.get("error"):
         raise ZooExportError(f"{name} / {exporter} / {dtype}: {meta['error']}")
@@ -149,6 +138,29 @@ def export(name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path
         output_names=meta["output_names"],
         dynamic_shapes_ok=meta["dynamic_shapes_ok"],
     )
+
+
+def _export_once(spec: ZooModel, exporter: Exporter, dtype: Dtype, directory: Path) -> None:
+    """Exports into `directory` unless another process does: the test workers (pytest-xdist) and coverage runs
+    share the cache, and a worker that finds the export under way waits for it rather than paying for it again."""
+    from filelock import FileLock
+
+    root = directory.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(root / f".{directory.name}.lock"):
+        if (directory / "meta.json").exists():  # done by the process that held the lock
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=root))
+        try:
+            _export_into(spec, exporter, dtype, staging, root)
+            try:
+                staging.rename(directory)
+            except OSError:  # a process without the lock (an older onnx-norm) finished the same export first
+                if not (directory / "meta.json").exists():
+                    raise
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 class _Flatten:
