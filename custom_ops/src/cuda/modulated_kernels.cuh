@@ -105,14 +105,13 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(Mod
   constexpr int kSlots = kCached ? kModulatedUnits : 1;
   __shared__ ReduceScratch scratch;
   int parity = 0;
-  const int group = a.group;
-  const int rank = threadIdx.x & (group - 1);
-  const int rows_per_block = blockDim.x / group;
+  const RowGroups rows(a.group);
+  const int group = rows.group;
+  const int rank = rows.rank;
   const int units = a.cols / N;
   const TX* x = static_cast<const TX*>(a.x);
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * rows_per_block;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < a.rows; first += row_step) {
-    const int64_t row = first + threadIdx.x / group;
+  for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
+    const int64_t row = first + rows.slot;
     const int live_units = row < a.rows ? units : 0;
     const int64_t base = row * a.cols;
 
