@@ -62,7 +62,8 @@ struct KernelConfig {
 };
 
 // The launch of the kernel `config` names, for X of ONNX type kXType (kFloat32, kFloat16, kBFloat16) and the
-// argument block of its op (NormArgs or an extension of it). Returns the launch status (cudaGetLastError).
+// argument block of its op (NormArgs, or a block of its own such as ModulatedArgs). Returns the launch status
+// (cudaGetLastError).
 // Instantiated for every type and argument block by ONNX_NORM_INSTANTIATE_LAUNCH, in one translation unit per
 // type (norm_float32.cu, norm_float16.cu, norm_bfloat16.cu) so that builds compile them in parallel; the CPU
 // emulator (tools/gpu_harness/emulator.cc) defines and instantiates its own.

@@ -33,22 +33,21 @@ void CapGrid(KernelConfig* config, int sm_count) {
 
 int OutputType(const NormLaunchParams& p) { return p.y_type == 0 ? p.x_type : p.y_type; }
 
-// The arguments every kernel reads the same way.
-NormArgs CommonArgs(const NormLaunchParams& p) {
-  NormArgs args{};
-  args.x = p.x;
-  args.scale = p.scale;
-  args.bias = p.bias;
-  args.y = p.y;
-  args.rows = p.rows;
-  args.cols = static_cast<int>(p.cols);
-  args.epsilon = p.epsilon;
-  args.rms = p.rms;
-  args.scale_type = p.scale_type;
-  args.y_type = OutputType(p);
-  args.normalized_type = p.normalized_type;
-  args.multiply_type = p.multiply_type;
-  return args;
+// The arguments every kernel reads the same way (NormArgs and ModulatedArgs name them alike).
+template <typename Args>
+void SetCommonArgs(const NormLaunchParams& p, Args* args) {
+  args->x = p.x;
+  args->scale = p.scale;
+  args->bias = p.bias;
+  args->y = p.y;
+  args->rows = p.rows;
+  args->cols = static_cast<int>(p.cols);
+  args->epsilon = p.epsilon;
+  args->rms = p.rms;
+  args->scale_type = p.scale_type;
+  args->y_type = OutputType(p);
+  args->normalized_type = p.normalized_type;
+  args->multiply_type = p.multiply_type;
 }
 
 // ------------------------------------------------------------------ LayerNorm, RMSNorm and their Skip forms
@@ -106,7 +105,7 @@ int PrepareNorm(const NormLaunchParams& p, NormArgs* args, const char** error) {
   if (p.x == nullptr || p.y == nullptr) return Fail(cudaErrorInvalidValue, "LaunchNorm: X and Y are required", error);
   if (const int rc = CheckNorm(p, error)) return rc;
 
-  *args = CommonArgs(p);
+  SetCommonArgs(p, args);
   args->skip = p.skip;
   args->sum = p.sum;
   args->mean = p.mean;
@@ -324,8 +323,7 @@ int PrepareModulated(const NormLaunchParams& p, ModulatedArgs* args, bool* vecto
   *vector = p.cols % units == 0;
   for (int i = 0; i < 6; ++i) *vector = *vector && UnitAligned(pointers[i], sizes[i], units);
 
-  static_cast<NormArgs&>(*args) = CommonArgs(p);
-  args->scale_size = args->cols;
+  SetCommonArgs(p, args);
   args->mod_scale = p.mod_scale;
   args->mod_shift = p.mod_shift;
   args->rows_per_sample = p.rows_per_sample;

@@ -42,17 +42,29 @@ struct NormArgs {
   int multiply_type;
 };
 
-// An op whose row math needs more than the norm's arguments extends them (and nothing else changes in the
-// launch: kernel_config.cuh's LaunchKernel takes either). Not fields of NormArgs: a larger argument block
-// changed ptxas's register allocation of the register-row kernels and made them spill on sm_90.
-//
-// The modulated ops (adaLN): ModScale and ModShift, [1 or samples, cols] each, of scale_type; rows_per_sample
-// consecutive rows share one modulation row (every row the first when mod_broadcast).
-struct ModulatedArgs : NormArgs {
+// The arguments of the modulated kernel (modulated_kernels.cuh): the norm's (named as in NormArgs, which the
+// launcher fills alike) and the modulation, ModScale and ModShift, [1 or samples, cols] each, of scale_type;
+// rows_per_sample consecutive rows share one modulation row (every row the first when mod_broadcast). A block of
+// its own, in this order, rather than NormArgs extended: with NormArgs' fields first, ptxas spilled in two of the
+// kernels on sm_100 (and a larger NormArgs made register-row kernels spill on sm_90).
+struct ModulatedArgs {
+  const void* x;
+  const void* scale;  // the norm's own Scale/Bias, scale_type; may be null
+  const void* bias;
   const void* mod_scale;
   const void* mod_shift;
+  void* y;
+  int64_t rows;
   int64_t rows_per_sample;
   bool mod_broadcast;
+  int cols;
+  int group;  // threads per row, a power of two >= 8; when > 32 the block size (one row per block)
+  float epsilon;
+  bool rms;
+  int scale_type;  // Scale, Bias, ModScale, ModShift
+  int y_type;
+  int normalized_type;
+  int multiply_type;
 };
 
 // Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one
