@@ -393,15 +393,16 @@ def test_bandwidth_row_times_each_contender_on_rotated_inputs(
         timed.append(len(calls))
         return float(len(timed))
 
-    monkeypatch.setattr(gpu_check, "time_calls", time_calls)
-    monkeypatch.setattr(gpu_check, "_load_triton", lambda: None)
+    bandwidth = sys.modules["gpu_bandwidth"]  # tools/gpu_harness/gpu_bandwidth.py, imported by gpu_check
+    monkeypatch.setattr(bandwidth, "time_calls", time_calls)
+    monkeypatch.setattr(bandwidth, "_load_triton", lambda: None)
     types_by_onnx = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
     backend = types.SimpleNamespace(
         torch=_CpuTorch(torch), device=torch.device("cpu"), _torch_types=types_by_onnx,
         harness=types.SimpleNamespace(launch=lambda **kwargs: launches.append(kwargs)),
     )  # fmt: skip
     rows, cols = shape
-    row = gpu_check._bench_one(backend, op, dtype, rows, cols, l2_bytes=1 << 20, use_graph=True)
+    row = bandwidth._bench_one(backend, op, dtype, rows, cols, l2_bytes=1 << 20, use_graph=True)
 
     size = torch.tensor([], dtype=types_by_onnx[dtype]).element_size()
     assert row.bytes_moved == gpu_check.bytes_moved(op, size, rows, cols) and row.timing == "graph"

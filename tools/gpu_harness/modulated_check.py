@@ -6,11 +6,12 @@
 
 Both run every case (op x X type x row length x Scale/Y types x the norm's affine x per-sample or shared
 modulation x rounding attributes x misaligned tensors) through the one launcher of every op (LaunchNorm,
-custom_ops/src/cuda/launch.cu, with ModScale/ModShift given) and the one ctypes entry (tools/gpu_harness/harness.cu,
-built by tools/gpu_check.py's build_emulator / build_harness), with guard bands around Y that must stay untouched,
-and compare Y with `onnx_norm.ops.reference.modulated_norm`. `--emulate` builds the CPU emulator of the kernels
-(tools/gpu_harness/emulator.cc) with g++ and the CUDA headers; it also reports which kernel variants the cases
-reached. Exits 1 on a mismatch, 2 when it cannot run.
+custom_ops/src/cuda/launch.cu, with ModScale/ModShift given) and the one ctypes entry
+(tools/gpu_harness/harness.cu, built by gpu_build.py as tools/gpu_check.py builds it), with guard bands around Y
+that must stay untouched, and compare Y with `onnx_norm.ops.reference.modulated_norm`. `--emulate` builds the CPU
+emulator of the kernels (tools/gpu_harness/emulator.cc) with g++ and the CUDA headers; it also reports which kernel
+variants the cases reached. tools/gpu_check.py runs these cases too, on the GPU and in its --self-test. Exits 1 on
+a mismatch, 2 when it cannot run.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-for _path in (REPO, REPO / "tools"):
+for _path in (REPO, REPO / "tools" / "gpu_harness"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import gpu_check  # noqa: E402  (tools/gpu_check.py: the harness and emulator builds, the ctypes binding)
-from gpu_check import Harness, build_emulator  # noqa: E402
+from gpu_backends import HostHarnessBackend  # noqa: E402
+from gpu_build import Harness, build_emulator, build_harness, find_cuda_include, find_nvcc  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from onnx_norm.dtypes import type_name  # noqa: E402
@@ -165,7 +166,7 @@ class HostRunner:
 
     @staticmethod
     def _buffer(count: int, dtype: np.dtype, offset: int) -> tuple[np.ndarray, np.ndarray]:
-        buf, view = gpu_check.HostHarnessBackend._aligned(count, dtype, offset)
+        buf, view = HostHarnessBackend._aligned(count, dtype, offset)
         buf[...] = np.asarray(np.nan, np.float32).astype(dtype)
         return buf, view
 
@@ -238,8 +239,8 @@ class TorchRunner:
         return values[offset : offset + count].reshape(shape).copy()
 
 
-def find_cuda_include() -> Path | None:
-    return gpu_check.find_cuda_include(gpu_check.find_nvcc(None))
+def cuda_include() -> Path | None:
+    return find_cuda_include(find_nvcc(None))
 
 
 def run_cases(runner: Any, cases: list[Case]) -> list[str]:
@@ -262,7 +263,7 @@ class _CannotRun(Exception):
 
 
 def _emulator_runner() -> Any:
-    include = find_cuda_include()
+    include = cuda_include()
     if include is None or shutil.which("g++") is None:
         raise _CannotRun("--emulate needs the CUDA headers (cuda_fp16.h) and g++")
     return HostRunner(Harness(build_emulator(include, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))))
@@ -279,7 +280,7 @@ def _gpu_runner(arch: str) -> Any:
     if not Path(nvcc).is_file():
         raise _CannotRun("--gpu needs nvcc")
     # Every kernel, as gpu_check builds them (spills are the build's check: tools/check_spills.sh).
-    library = gpu_check.build_harness(nvcc, arch, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))
+    library = build_harness(nvcc, arch, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))
     return TorchRunner(Harness(library))
 
 
