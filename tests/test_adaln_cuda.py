@@ -17,14 +17,14 @@ import modulated_check as check
 F32, F16, BF16 = check.F32, check.F16, check.BF16
 
 needs_emulator = pytest.mark.skipif(
-    check.find_cuda_include() is None or shutil.which("g++") is None,
+    check.cuda_include() is None or shutil.which("g++") is None,
     reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
 )
 
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> check.HostRunner:
-    include = check.find_cuda_include()
+    include = check.cuda_include()
     assert include is not None
     return check.HostRunner(check.Harness(check.build_emulator(include, tmp_path_factory.mktemp("emulator"))))
 

@@ -199,7 +199,8 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
         "x": ctypes.addressof(buffers["x"]), "skip": None, "scale": ctypes.addressof(buffers["scale"]), "bias": None,
         "y": ctypes.addressof(buffers["y"]), "sum": None, "mean": None, "inv_std": None, "rows": 4, "cols": 16,
         "scale_size": 16, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
-        "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "stream": None,
+        "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "mod_scale": None, "mod_shift": None,
+        "mod_batch": 0, "rows_per_sample": 0, "stream": None,
     }  # fmt: skip
     args.update(overrides)
     error = ctypes.c_char_p()
@@ -235,6 +236,14 @@ def test_launcher_accepts_a_valid_problem_and_rejects_bad_parameters(emulator: o
     rc, message = _call(emulator, x=ctypes.addressof(buffer) + 2)
     assert rc != 0
     assert "not aligned to its element size" in message
+    # The same entry and launcher serve the modulated ops: ModScale/ModShift select their kernel and checks.
+    modulation_buffer = (ctypes.c_float * 16)()  # kept alive: the accepted call reads it
+    modulation = ctypes.addressof(modulation_buffer)
+    assert _call(emulator, mod_scale=modulation, mod_shift=modulation, mod_batch=1, rows_per_sample=4) == (0, "")
+    rc, message = _call(emulator, mod_scale=modulation)
+    assert rc != 0 and "ModScale and ModShift are required" in message
+    rc, message = _call(emulator, mod_scale=modulation, mod_shift=modulation, mod_batch=3, rows_per_sample=2)
+    assert rc != 0 and "one row per sample" in message
 
 
 @needs_emulator
@@ -398,15 +407,16 @@ def test_bandwidth_row_times_each_contender_on_rotated_inputs(
         timed.append(len(calls))
         return float(len(timed))
 
-    monkeypatch.setattr(gpu_check, "time_calls", time_calls)
-    monkeypatch.setattr(gpu_check, "_load_triton", lambda: None)
+    bandwidth = sys.modules["gpu_bandwidth"]  # tools/gpu_harness/gpu_bandwidth.py, imported by gpu_check
+    monkeypatch.setattr(bandwidth, "time_calls", time_calls)
+    monkeypatch.setattr(bandwidth, "_load_triton", lambda: None)
     types_by_onnx = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
     backend = types.SimpleNamespace(
         torch=_CpuTorch(torch), device=torch.device("cpu"), _torch_types=types_by_onnx,
         harness=types.SimpleNamespace(launch=lambda **kwargs: launches.append(kwargs)),
     )  # fmt: skip
     rows, cols = shape
-    row = gpu_check._bench_one(backend, op, dtype, rows, cols, l2_bytes=1 << 20, use_graph=True)
+    row = bandwidth._bench_one(backend, op, dtype, rows, cols, l2_bytes=1 << 20, use_graph=True)
 
     size = torch.tensor([], dtype=types_by_onnx[dtype]).element_size()
     assert row.bytes_moved == gpu_check.bytes_moved(op, size, rows, cols) and row.timing == "graph"

@@ -1,0 +1,151 @@
+"""Builds of the kernels for tools/gpu_check.py and the modulated check: the harness with nvcc, the CPU emulator with
+g++, and the ctypes binding of the one harness entry (tools/gpu_harness/harness.cu)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from gpu_cases import HARNESS, SOURCES
+
+# --------------------------------------------------------------------------------------------- build
+
+
+def find_nvcc(explicit: str | None) -> str | None:
+    if explicit:
+        return explicit if Path(explicit).is_file() and os.access(explicit, os.X_OK) else None
+    candidates = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            candidates.append(str(Path(root) / "bin" / "nvcc"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def build_harness(nvcc: str, arch: str, out_dir: Path, jobs: int | None = None) -> Path:
+    """Compiles the kernels and the harness entry into out_dir/libonnx_norm_harness.so for one `arch` (e.g.
+    "90"); each .cu in parallel. Raises RuntimeError with nvcc's output on failure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources = [*sorted(SOURCES.glob("*.cu")), HARNESS]
+    flags = [
+        "-std=c++17",
+        "-O3",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        "-Xcompiler=-fPIC,-fvisibility=hidden",
+        f"-I{SOURCES}",
+    ]
+
+    def compile_one(source: Path) -> Path:
+        obj = out_dir / f"{source.stem}.o"
+        cmd = [nvcc, *flags, "-c", str(source), "-o", str(obj)]
+        result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+        return obj
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 1)) as pool:
+        objects = list(pool.map(compile_one, sources))
+    library = out_dir / "libonnx_norm_harness.so"
+    cmd = [nvcc, "-shared", f"-gencode=arch=compute_{arch},code=sm_{arch}", *map(str, objects), "-o", str(library)]
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return library
+
+
+def find_cuda_include(nvcc: str | None) -> Path | None:
+    """A CUDA include directory (for cuda_fp16.h and friends), or None."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    roots += ["/usr/local/cuda", *sorted(map(str, Path("/usr/local").glob("cuda-*")), reverse=True)]
+    for root in roots:
+        if root and (Path(root) / "include" / "cuda_fp16.h").is_file():
+            return Path(root) / "include"
+    return None
+
+
+def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources: Path = SOURCES) -> Path:
+    """Builds the CPU emulator of the kernels (tools/gpu_harness/emulator.cc) with the real launcher and
+    harness entry into out_dir/libonnx_norm_emulator.so; `sources`: the kernels' folder (a test's altered
+    copy)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / "libonnx_norm_emulator.so"
+    cmd = [
+        cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{sources}",
+        str(HARNESS.parent / "emulator.cc"), "-x", "c++", str(sources / "launch.cu"), str(HARNESS),
+        "-o", str(library),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    return library
+
+
+class Harness:
+    """ctypes binding of onnx_norm_harness_launch (tools/gpu_harness/harness.cu)."""
+
+    def __init__(self, library: Path) -> None:
+        self._lib = ctypes.CDLL(str(library))
+        fn = self._lib.onnx_norm_harness_launch
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32]
+        fn.argtypes += [p, p, i64, i64, p, ctypes.POINTER(ctypes.c_char_p)]
+        fn.restype = i32
+        self._fn = fn
+        last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)
+        if last_kernel is not None:
+            last_kernel.restype = ctypes.c_char_p
+        self._last_kernel = last_kernel
+
+    def last_kernel(self) -> str | None:
+        """The emulator's name for the kernel of the last launch; None on a GPU build."""
+        return self._last_kernel().decode() if self._last_kernel is not None else None
+
+    def launch(
+        self,
+        *,
+        x: int,
+        y: int,
+        rows: int,
+        cols: int,
+        x_type: int,
+        y_type: int,
+        stream: int,
+        skip: int | None = None,
+        scale: int | None = None,
+        bias: int | None = None,
+        sum_out: int | None = None,
+        mean: int | None = None,
+        inv_std: int | None = None,
+        scale_size: int = 0,
+        scale_type: int = 0,
+        epsilon: float = 1e-5,
+        rms: bool = False,
+        normalized_type: int = 0,
+        multiply_type: int = 0,
+        device: int = -1,
+        clusters: bool = True,
+        mod_scale: int | None = None,
+        mod_shift: int | None = None,
+        mod_batch: int = 0,
+        rows_per_sample: int = 0,
+    ) -> None:
+        """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes; clusters:
+        False keeps one block per row (never a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift
+        (of scale_type), [mod_batch, cols], one row per rows_per_sample rows of X."""
+        error = ctypes.c_char_p()
+        rc = self._fn(
+            x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
+            scale_type, y_type, normalized_type, multiply_type, device, int(clusters), mod_scale, mod_shift,
+            mod_batch, rows_per_sample, stream, ctypes.byref(error),
+        )  # fmt: skip
+        if rc != 0:
+            message = error.value.decode() if error.value else "no message"
+            raise RuntimeError(f"LaunchNorm returned {rc}: {message}")
