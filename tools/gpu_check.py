@@ -148,7 +148,8 @@ def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> 
         except Exception as exc:  # every failure is reported, then the run goes on
             outcome.fail(f"[{label}] {case.name()}: {type(exc).__name__}: {exc}")
             continue
-        problems = check_case(case, inputs, got)
+        # A backend running the CPU kernels (ONNX Runtime's CPU provider in --self-test) normalises the float32 Sum.
+        problems = check_case(case, inputs, got, rounded_sum=getattr(backend, "rounded_sum", True))
         outcome.checked += 1
         for problem in problems:
             outcome.fail(f"[{label}] {case.name()}: {problem}")

@@ -307,8 +307,10 @@ def make_inputs(case: Case, seed: int) -> Inputs:
     return Inputs(x, skip, scale, bias)
 
 
-def reference_outputs(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
-    """Outputs of the numpy reference, keyed like the backends' results; statistics flattened to [rows]."""
+def reference_outputs(case: Case, inputs: Inputs, *, rounded_sum: bool = True) -> dict[str, np.ndarray]:
+    """Outputs of the numpy reference, keyed like the backends' results; statistics flattened to [rows].
+    `rounded_sum`: the Skip ops normalise Sum rounded to X's type (the CUDA kernels, as ONNX Runtime's CUDA Add
+    rounds), else the float32 sum (the CPU kernels, as ONNX Runtime's CPU provider runs the Add in float32)."""
     attrs = case.attrs()
     if case.op == "LayerNorm":
         y, mean, inv = reference.layer_norm(inputs.x, inputs.scale, inputs.bias, **attrs)
@@ -317,11 +319,12 @@ def reference_outputs(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
         y, inv = reference.rms_norm(inputs.x, inputs.scale, **attrs)
         return {"Y": y, "InvRMS": inv.reshape(-1)}
     assert inputs.skip is not None
-    # The CUDA kernels normalise the rounded Sum, as ONNX Runtime's CUDA Add rounds (docs/ops.md).
     if case.op == "SkipLayerNorm":
-        y, s = reference.skip_layer_norm(inputs.x, inputs.skip, inputs.scale, inputs.bias, rounded_sum=True, **attrs)
+        y, s = reference.skip_layer_norm(
+            inputs.x, inputs.skip, inputs.scale, inputs.bias, rounded_sum=rounded_sum, **attrs
+        )
     else:
-        y, s = reference.skip_rms_norm(inputs.x, inputs.skip, inputs.scale, rounded_sum=True, **attrs)
+        y, s = reference.skip_rms_norm(inputs.x, inputs.skip, inputs.scale, rounded_sum=rounded_sum, **attrs)
     return {"Y": y, "Sum": s}
 
 
@@ -415,10 +418,10 @@ def compare(
     return None
 
 
-def check_case(case: Case, inputs: Inputs, got: dict[str, np.ndarray]) -> list[str]:
-    """Mismatch messages for one case's outputs (empty when all match)."""
+def check_case(case: Case, inputs: Inputs, got: dict[str, np.ndarray], *, rounded_sum: bool = True) -> list[str]:
+    """Mismatch messages for one case's outputs (empty when all match); `rounded_sum` as in reference_outputs."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        want = reference_outputs(case, inputs)
+        want = reference_outputs(case, inputs, rounded_sum=rounded_sum)
         rtol, atol = y_tolerance(case, inputs, want)
         return _check_outputs(case, inputs, got, want, rtol, atol)
 

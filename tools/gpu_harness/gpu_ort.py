@@ -31,6 +31,8 @@ class OrtBackend:
         self.ort = ort
         self.provider = provider
         self.profiles_checked = 0
+        # The Skip ops' CPU kernels normalise the float32 sum, the CUDA kernels the rounded one (docs/ops.md).
+        self.rounded_sum = provider == "CUDAExecutionProvider"
 
     @staticmethod
     def available() -> str | None:
