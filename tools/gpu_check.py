@@ -62,7 +62,8 @@ from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 TYPE_NAMES = {t: type_name(t) for t in (0, F32, F16, BF16)}  # the spellings of onnx_norm.dtypes
 FLOAT_TYPES = (F32, F16, BF16)
-# The modulated (adaLN) ops have their own launcher and check: tools/gpu_harness/modulated_check.py.
+# The modulated (adaLN) ops go through the same launcher and harness entry; their cases, reference and runners are
+# tools/gpu_harness/modulated_check.py's, run from here too (check_modulated).
 OPS = tuple(name for name, signature in SIGNATURES.items() if not signature.modulated)
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
 # The issue's goals: >= 85% of copy bandwidth at [8192, 4096] and [32768, 1024], >= 75% from 16K to 64K hidden,
@@ -566,8 +567,8 @@ class Harness:
         self._lib = ctypes.CDLL(str(library))
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32, p]
-        fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
+        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32]
+        fn.argtypes += [p, p, i64, i64, p, ctypes.POINTER(ctypes.c_char_p)]
         fn.restype = i32
         self._fn = fn
         last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)
@@ -603,13 +604,19 @@ class Harness:
         multiply_type: int = 0,
         device: int = -1,
         clusters: bool = True,
+        mod_scale: int | None = None,
+        mod_shift: int | None = None,
+        mod_batch: int = 0,
+        rows_per_sample: int = 0,
     ) -> None:
         """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes; clusters:
-        False keeps one block per row (never a thread-block cluster)."""
+        False keeps one block per row (never a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift
+        (of scale_type), [mod_batch, cols], one row per rows_per_sample rows of X."""
         error = ctypes.c_char_p()
         rc = self._fn(
             x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
-            scale_type, y_type, normalized_type, multiply_type, device, int(clusters), stream, ctypes.byref(error),
+            scale_type, y_type, normalized_type, multiply_type, device, int(clusters), mod_scale, mod_shift,
+            mod_batch, rows_per_sample, stream, ctypes.byref(error),
         )  # fmt: skip
         if rc != 0:
             message = error.value.decode() if error.value else "no message"
@@ -1150,6 +1157,31 @@ class Outcome:
             print(f"FAIL {what}", flush=True)
 
 
+def _modulated_check() -> Any:
+    """tools/gpu_harness/modulated_check.py, imported when used (it imports this module)."""
+    if str(HARNESS.parent) not in sys.path:
+        sys.path.insert(0, str(HARNESS.parent))
+    import modulated_check
+
+    return modulated_check
+
+
+def check_modulated(harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
+    """The modulated ops' cases (modulated_check.py) through `harness`: torch tensors on the GPU, or host memory
+    in the CPU emulator. Failures go to `outcome`; returns the summary line."""
+    check = _modulated_check()
+    runner = check.TorchRunner(harness) if on_gpu else check.HostRunner(harness)
+    cases = check.build_cases(quick)
+    started = time.perf_counter()
+    failures = check.run_cases(runner, cases)
+    outcome.checked += len(cases) - len(failures)
+    for failure in failures:
+        outcome.fail(f"[modulated] {failure}")
+    seconds = time.perf_counter() - started
+    kernels = "".join(f", {k} x{n}" for k, n in sorted(runner.kernels.items()))
+    return f"modulated ops: {len(cases)} cases, {len(failures)} failures ({seconds:.0f} s){kernels}"
+
+
 def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> None:
     for index, case in enumerate(cases):
         inputs = make_inputs(case, seed=index)
@@ -1681,6 +1713,10 @@ def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path | Non
         other = HostHarnessBackend(backend.harness, device=device)
         if not _run_emulated(other, device_cases(device), f"on emulated device {device} ({EMULATED_DEVICES[device]})"):
             return False
+    outcome = Outcome()
+    print(f"self-test: {check_modulated(backend.harness, on_gpu=False, quick=True, outcome=outcome)}")
+    if outcome.failures:
+        return False
     plan = launch_plan(emulator)
     print(f"self-test: launch plan for an H200, {len(plan)} rows (python tools/gpu_check.py --plan)")
     return True
@@ -1821,6 +1857,7 @@ def main(argv: list[str] | None = None) -> int:
     captured, capture_line = check_graph_capture(backend, outcome)
     results.say(capture_line)
     run_cases(backend, cases, "harness", outcome)
+    results.say(check_modulated(harness, on_gpu=True, quick=args.quick, outcome=outcome))
     check_other_device(harness, outcome)
     results.say(
         f"kernels: {outcome.checked} checks over {len(cases)} cases (every op x dtype x shape, layouts, in-place), "

@@ -1,16 +1,19 @@
 // Entry point of the library: RegisterCustomOps, called by ONNX Runtime when the library is loaded
 // with SessionOptions.register_custom_ops_library. Registers the domain `onnx_norm` (opset 1) with the
-// ops of docs/ops.md (the four norms and the two modulated norms) for the CPU provider, and for the CUDA
-// provider when built with CUDA.
+// ops of kOps below (docs/ops.md) for the CPU provider, and for the CUDA provider when built with CUDA.
+// kOps is the one list of the C++ ops: OnnxNormDescribeOps gives it to tests/test_op_table.py, which checks it
+// against the Python op records (onnx_norm/ops/schema.py).
 //
 // Declared types. ORT types a custom op's outputs in two steps: first from the input types (a
 // type-agnostic output takes the type of the last present type-agnostic input), then the op's shape
 // inference may set a type (applied by recent ORT releases, when X's rank is known; see NormOp::InferShapes).
-// So X is the one type-agnostic input, and Y and Sum follow it unless output_type says otherwise; Skip,
-// Scale and Bias get concrete types, one op instance per combination (float, float16, bfloat16 each),
-// and the kernel checks at run time that Skip matches X. The statistics are declared float32.
+// So X is the one type-agnostic input, and Y and Sum follow it unless output_type says otherwise; Skip and
+// the parameters (Scale, Bias, ModScale, ModShift) get concrete types, one op instance per combination (float,
+// float16, bfloat16 each), and the kernel checks at run time that Skip matches X. The statistics are declared
+// float32.
 
 #include <memory>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -26,14 +29,46 @@ namespace onnx_norm {
 namespace cuda {
 // Defined in cuda/cuda_ops.cc.
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
-// Defined in cuda/modulated_ops.cc.
 OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
 }  // namespace cuda
 }  // namespace onnx_norm
+#define ONNX_NORM_CUDA_COMPUTE(fn) &cuda::fn
+#else
+#define ONNX_NORM_CUDA_COMPUTE(fn) nullptr
 #endif
 
 namespace onnx_norm {
 namespace {
+
+// One row per op: its signature and its compute function per provider (nullptr: not built for it).
+struct OpEntry {
+  OpSignature op;
+  ComputeFn cpu;
+  ComputeFn cuda;
+};
+
+// Optional-input masks: bit i for input i.
+constexpr unsigned kInput1 = 1u << 1, kInput2 = 1u << 2, kInput3 = 1u << 3;
+
+const OpEntry kOps[] = {
+    {{"LayerNorm", false, false, 3, 3, {"X", "Scale", "Bias"}, {"Y", "Mean", "InvStdDev"}, kInput1 | kInput2},
+     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
+    {{"RMSNorm", true, false, 2, 2, {"X", "Scale"}, {"Y", "InvRMS"}, kInput1},
+     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
+    {{"SkipLayerNorm", false, true, 4, 2, {"X", "Skip", "Scale", "Bias"}, {"Y", "Sum"}, kInput2 | kInput3},
+     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
+    {{"SkipRMSNorm", true, true, 3, 2, {"X", "Skip", "Scale"}, {"Y", "Sum"}, kInput2},
+     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
+    {{"ModulatedLayerNorm", false, false, 5, 1, {"X", "Scale", "Bias", "ModScale", "ModShift"}, {"Y"},
+      kInput1 | kInput2},
+     &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
+    {{"ModulatedRMSNorm", true, false, 4, 1, {"X", "Scale", "ModScale", "ModShift"}, {"Y"}, kInput1},
+     &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
+};
+
+constexpr int kTypes[] = {kFloat, kFloat16, kBFloat16};
+constexpr const char* kCpu = "CPUExecutionProvider";
+constexpr const char* kCuda = "CUDAExecutionProvider";
 
 // Op objects and the domain must outlive every session that uses them: they live until unload.
 struct Registry {
@@ -41,45 +76,69 @@ struct Registry {
   Ort::CustomOpDomain domain{kDomain};
 };
 
-void AddProvider(Registry& registry, const char* provider, ComputeFn compute) {
-  static constexpr int kTypes[] = {kFloat, kFloat16, kBFloat16};
-  for (const OpSignature* op : {&kLayerNorm, &kRMSNorm, &kSkipLayerNorm, &kSkipRMSNorm}) {
-    for (int skip_type : kTypes) {
-      for (int scale_type : kTypes) {
-        registry.ops.push_back(std::make_unique<NormOp>(*op, provider, compute, skip_type, scale_type));
-        registry.domain.Add(registry.ops.back().get());
-      }
-      if (!op->skip) break;  // skip_type is unused: one instance per Scale type
-    }
-  }
-}
-
-// The modulated (adaLN) ops: one instance per type of Scale/Bias/ModScale/ModShift (declared alike), no Skip.
-void AddModulatedProvider(Registry& registry, const char* provider, ComputeFn compute) {
-  for (const OpSignature* op : {&kModulatedLayerNorm, &kModulatedRMSNorm}) {
-    for (int type : {kFloat, kFloat16, kBFloat16}) {
-      registry.ops.push_back(std::make_unique<NormOp>(*op, provider, compute, type, type));
+// One instance per type of the parameters (Scale, Bias, ModScale, ModShift, declared alike), times one per type
+// of Skip for the Skip ops.
+void AddOp(Registry& registry, const OpSignature& op, const char* provider, ComputeFn compute) {
+  for (int skip_type : kTypes) {
+    for (int scale_type : kTypes) {
+      registry.ops.push_back(std::make_unique<NormOp>(op, provider, compute, skip_type, scale_type));
       registry.domain.Add(registry.ops.back().get());
     }
+    if (!op.skip) break;  // skip_type is unused: one instance per Scale type
   }
 }
 
 Registry& GetRegistry() {
   static Registry* registry = [] {
     auto* r = new Registry();  // never freed: ORT may use the ops until the process ends
-    AddProvider(*r, "CPUExecutionProvider", &cpu::Compute);
-    AddModulatedProvider(*r, "CPUExecutionProvider", &cpu::ComputeModulated);
-#ifdef ONNX_NORM_WITH_CUDA
-    AddProvider(*r, "CUDAExecutionProvider", &cuda::Compute);
-    AddModulatedProvider(*r, "CUDAExecutionProvider", &cuda::ComputeModulated);
-#endif
+    for (const OpEntry& entry : kOps) {
+      AddOp(*r, entry.op, kCpu, entry.cpu);
+      if (entry.cuda != nullptr) AddOp(*r, entry.op, kCuda, entry.cuda);
+    }
     return r;
   }();
   return *registry;
 }
 
+// A JSON list of quoted names.
+std::string JsonNames(const char* const* names, size_t count) {
+  std::string out = "[";
+  for (size_t i = 0; i < count; ++i) out += std::string(i ? ", \"" : "\"") + names[i] + "\"";
+  return out + "]";
+}
+
+std::string DescribeOp(const OpEntry& entry) {
+  const OpSignature& op = entry.op;
+  std::vector<const char*> optional;
+  for (size_t i = 0; i < op.num_inputs; ++i) {
+    if (op.OptionalInput(i)) optional.push_back(op.inputs[i]);
+  }
+  std::vector<const char*> providers{kCpu};
+  if (entry.cuda != nullptr) providers.push_back(kCuda);
+  return std::string("{\"name\": \"") + op.name + "\", \"inputs\": " + JsonNames(op.inputs, op.num_inputs) +
+         ", \"optional_inputs\": " + JsonNames(optional.data(), optional.size()) +
+         ", \"outputs\": " + JsonNames(op.outputs, op.num_outputs) +
+         ", \"providers\": " + JsonNames(providers.data(), providers.size()) + "}";
+}
+
 }  // namespace
 }  // namespace onnx_norm
+
+// The op list as registered, as JSON: {"domain", "opset", "attributes", "types", "ops": [{"name", "inputs",
+// "optional_inputs", "outputs", "providers"}]}. For tests (ctypes); the string lives until unload.
+extern "C" __attribute__((visibility("default"))) const char* OnnxNormDescribeOps() {
+  using namespace onnx_norm;  // NOLINT(build/namespaces): a C entry point
+  static const std::string text = [] {
+    std::string ops;
+    for (const OpEntry& entry : kOps) ops += (ops.empty() ? "" : ", ") + DescribeOp(entry);
+    std::string types;
+    for (int type : kTypes) types += (types.empty() ? "" : ", ") + std::to_string(type);
+    return std::string("{\"domain\": \"") + kDomain + "\", \"opset\": " + std::to_string(kOpsetVersion) +
+           ", \"attributes\": " + JsonNames(kAttributeNames, std::size(kAttributeNames)) + ", \"types\": [" +
+           types + "], \"ops\": [" + ops + "]}";
+  }();
+  return text.c_str();
+}
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {

@@ -4,15 +4,14 @@
 # first: bash tools/device/prepare.sh, then bash ../shared/tools/ort-gpu-parts.sh.
 #
 #   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (< 8 min on an H200)
-#      the adaLN ops' own check first (tools/gpu_harness/modulated_check.py --gpu: nvcc build for the GPU, every
-#      case through LaunchModulated against the numpy reference; timeout 110 s; $OUT/modulated.log), then the
-#      kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
+#      the kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
 #      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
-#      thread-block cluster and the same shapes with clusters off) against the reference, CUDA graph capture
+#      thread-block cluster and the same shapes with clusters off; the adaLN ops' cases of
+#      tools/gpu_harness/modulated_check.py through the same harness) against the reference, CUDA graph capture
 #      of every kernel path (cluster launches included), and GB/s against a device-to-device copy, torch and
 #      a one-row-per-program Triton kernel, plus ours with clusters off where the launcher splits rows (few or
 #      wide rows). The bandwidth table stops growing at --budget (280 s, KERNEL_BUDGET=S to change), inside its
-#      timeout of 60 s more, so that the stage ends within 110 + 340 s. Tables: $OUT/gpu_check.md and .json.
+#      timeout of 60 s more, so that the stage ends within 340 s. Tables: $OUT/gpu_check.md and .json.
 #   2. once per part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
 #      Ignored files already on the machine stay between calls while it is warm, so the parts add up there;
 #      naming all of .ortgpu in one carry would exceed the 64 MiB a transfer takes.
@@ -211,13 +210,11 @@ case $stage in
   kernels)
     python_deps
     environment
-    # The adaLN ops are launched by their own harness, not through gpu_check's LaunchNorm.
-    timeout 110 "$PY" tools/gpu_harness/modulated_check.py --gpu 2>&1 | tee "$OUT/modulated.log"
-    status=${PIPESTATUS[0]}
+    # Every op, the adaLN ops included, through gpu_check's one harness build and LaunchNorm.
     timeout "$((KERNEL_BUDGET + 60))" "$PY" tools/gpu_check.py --no-ort --budget "$KERNEL_BUDGET" --out "$OUT" \
       --build-dir build/harness 2>&1 |
       tee "$OUT/kernels.log"
-    exit "$((status | PIPESTATUS[0]))"
+    exit "${PIPESTATUS[0]}"
     ;;
   receive)
     ls -la .ortgpu/

@@ -1,6 +1,6 @@
 // Runs the CUDA norm kernels on the CPU, for checking them on machines without a GPU.
 //
-// The kernel source (custom_ops/src/cuda/norm_kernels.cuh, cluster_row_kernel.cuh) is compiled as plain
+// The kernel source (custom_ops/src/cuda/norm_kernels.cuh, cluster_row_kernel.cuh, modulated_kernels.cuh) is compiled as plain
 // C++ by the host compiler, with one coroutine (ucontext) per CUDA thread and the blocks of a grid run one
 // after the other, except the blocks of a thread-block cluster, which run together (their threads in
 // turn). The emulation is strict where the hardware would fail or silently misbehave:
@@ -346,18 +346,22 @@ std::string KernelName(const KernelConfig& config) {
       return "reread";
     case KernelKind::kClusterRow:
       return "cluster blocks=" + std::to_string(config.cluster) + " group=" + std::to_string(config.group);
+    case KernelKind::kModulatedRow:
+      return std::string("modulated ") + ((config.flags & kVectorUnitsFlag) != 0 ? "vector" : "scalar") +
+             ((config.flags & kCachedRowFlag) != 0 ? " registers" : " reread") +
+             " group=" + std::to_string(config.group);
   }
   return "?";
 }
 
-// The launch of norm_launch.cuh, on the CPU: the same kernel (SelectNormKernel, shared with it) and the
+// The launch of norm_launch.cuh, on the CPU: the same kernel (SelectKernel, shared with it) and the
 // checks that the hardware would make of the configuration.
-template <typename TX>
-cudaError_t Emulate(const NormArgs& args, const KernelConfig& config) {
+template <typename TX, typename Args>
+cudaError_t Emulate(const Args& args, const KernelConfig& config) {
   emu::Machine& m = emu::machine;
   m.failed = false;
   m.error.clear();
-  const NormKernel kernel = SelectNormKernel<TX>(config);
+  const auto kernel = SelectKernel<TX>(config, &args);
   if (kernel == nullptr) {
     m.failed = true;
     m.error = "no kernel for this configuration";
@@ -365,6 +369,7 @@ cudaError_t Emulate(const NormArgs& args, const KernelConfig& config) {
   }
   const int max_block = config.kind == KernelKind::kRegisterRow  ? RegisterRowMaxBlock(config.vectors_per_thread)
                         : config.kind == KernelKind::kClusterRow ? kClusterMaxBlock
+                        : config.kind == KernelKind::kModulatedRow ? kModulatedMaxBlock
                                                                  : 1024;
   if (config.block < 32 || config.block > max_block || config.block % 32 != 0 || config.grid == 0 ||
       config.block % config.group != 0) {
@@ -405,15 +410,15 @@ cudaError_t Emulate(const NormArgs& args, const KernelConfig& config) {
 
 }  // namespace
 
-cudaError_t LaunchNormFloat32(const NormArgs& args, const KernelConfig& config, cudaStream_t) {
-  return Emulate<float>(args, config);
+template <int kXType, typename Args>
+cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStream_t) {
+  return Emulate<typename ElementOf<kXType>::type>(args, config);
 }
-cudaError_t LaunchNormFloat16(const NormArgs& args, const KernelConfig& config, cudaStream_t) {
-  return Emulate<__half>(args, config);
-}
-cudaError_t LaunchNormBFloat16(const NormArgs& args, const KernelConfig& config, cudaStream_t) {
-  return Emulate<__nv_bfloat16>(args, config);
-}
+
+// launch.cu, compiled on its own, calls these.
+ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32)
+ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16)
+ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16)
 
 }  // namespace cuda
 }  // namespace onnx_norm

@@ -5,21 +5,20 @@
     python tools/gpu_harness/modulated_check.py --gpu       # a GPU, nvcc and torch: the kernel itself
 
 Both run every case (op x X type x row length x Scale/Y types x the norm's affine x per-sample or shared
-modulation x rounding attributes x misaligned tensors) through the real launcher (LaunchModulated,
-custom_ops/src/cuda/modulated_launch.cu), with guard bands around Y that must stay untouched, and compare Y with
-`onnx_norm.ops.reference.modulated_norm`. `--emulate` builds tools/gpu_harness/modulated_emulator.cc (the CPU
-emulator of tools/gpu_harness/emulator.cc, extended with this kernel) with g++ and the CUDA headers; it also
-reports which kernel variants the cases reached. Exits 1 on a mismatch, 2 when it cannot run.
+modulation x rounding attributes x misaligned tensors) through the one launcher of every op (LaunchNorm,
+custom_ops/src/cuda/launch.cu, with ModScale/ModShift given) and the one ctypes entry (tools/gpu_harness/harness.cu,
+built by tools/gpu_check.py's build_emulator / build_harness), with guard bands around Y that must stay untouched,
+and compare Y with `onnx_norm.ops.reference.modulated_norm`. `--emulate` builds the CPU emulator of the kernels
+(tools/gpu_harness/emulator.cc) with g++ and the CUDA headers; it also reports which kernel variants the cases
+reached. Exits 1 on a mismatch, 2 when it cannot run.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,9 +27,12 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "tools"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+import gpu_check  # noqa: E402  (tools/gpu_check.py: the harness and emulator builds, the ctypes binding)
+from gpu_check import Harness, build_emulator  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from onnx_norm.dtypes import type_name  # noqa: E402
@@ -39,8 +41,6 @@ from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 TYPE_NAMES = {t: type_name(t) for t in (0, F32, F16, BF16)}  # the spellings of onnx_norm.dtypes
-SOURCES = REPO / "custom_ops" / "src" / "cuda"
-HERE = Path(__file__).resolve().parent
 GUARD = 64
 # About one unit in the last place of Y's type (float32 statistics vs the float64 reference; two where a rounding
 # step can tie the other way).
@@ -138,35 +138,17 @@ def compare(case: Case, got: np.ndarray, want: np.ndarray) -> str | None:
     return f"{int(bad.sum())} of {bad.size} elements differ; first at {tuple(map(int, i))}: got {g[i]}, want {w[i]}"
 
 
-class Harness:
-    """ctypes binding of onnx_norm_harness_modulated_launch (modulated_harness.cu)."""
-
-    def __init__(self, library: Path) -> None:
-        self._lib = ctypes.CDLL(str(library))
-        fn = self._lib.onnx_norm_harness_modulated_launch
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, p]
-        fn.argtypes.append(ctypes.POINTER(ctypes.c_char_p))
-        fn.restype = i32
-        self._fn = fn
-        self._last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)
-        if self._last_kernel is not None:
-            self._last_kernel.restype = ctypes.c_char_p
-
-    def last_kernel(self) -> str | None:
-        return self._last_kernel().decode() if self._last_kernel is not None else None
-
-    def launch(self, case: Case, pointers: dict[str, int | None], stream: int = 0, device: int = -1) -> None:
-        error = ctypes.c_char_p()
-        rows = case.samples * case.rows_per_sample
-        rc = self._fn(
-            pointers["x"], pointers["scale"], pointers["bias"], pointers["mod_scale"], pointers["mod_shift"],
-            pointers["y"], rows, case.cols, case.rows_per_sample, 1 if case.shared else case.samples, 1e-5,
-            int(case.rms), case.x_type, case.ptype, case.y_type, case.rounding, case.rounding, device, stream,
-            ctypes.byref(error),
-        )  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"LaunchModulated returned {rc}: {error.value.decode() if error.value else ''}")
+def launch(harness: Harness, case: Case, pointers: dict[str, int | None], stream: int = 0, device: int = -1) -> None:
+    """One case through LaunchNorm with the modulation given (the modulated kernel)."""
+    has_parameters = pointers["scale"] is not None or pointers["bias"] is not None
+    harness.launch(
+        x=pointers["x"], y=pointers["y"], rows=case.samples * case.rows_per_sample, cols=case.cols,
+        x_type=case.x_type, y_type=case.y_type, stream=stream, scale=pointers["scale"], bias=pointers["bias"],
+        scale_size=case.cols if has_parameters else 0, scale_type=case.ptype, rms=case.rms,
+        normalized_type=case.rounding, multiply_type=case.rounding, device=device, mod_scale=pointers["mod_scale"],
+        mod_shift=pointers["mod_shift"], mod_batch=1 if case.shared else case.samples,
+        rows_per_sample=case.rows_per_sample,
+    )  # fmt: skip
 
 
 def _offset(case: Case, name: str) -> int:
@@ -183,12 +165,9 @@ class HostRunner:
 
     @staticmethod
     def _buffer(count: int, dtype: np.dtype, offset: int) -> tuple[np.ndarray, np.ndarray]:
-        total = (offset + count + GUARD) * dtype.itemsize
-        raw = np.empty(total + 256, dtype=np.uint8)
-        start = (-raw.ctypes.data) % 256
-        buf = raw[start : start + total].view(dtype)
+        buf, view = gpu_check.HostHarnessBackend._aligned(count, dtype, offset)
         buf[...] = np.asarray(np.nan, np.float32).astype(dtype)
-        return buf, buf[offset : offset + count]
+        return buf, view
 
     def run(self, case: Case, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
         keep, pointers = [], {}
@@ -203,7 +182,7 @@ class HostRunner:
         shape = inputs["x"].shape
         y_buf, y = self._buffer(math.prod(shape), np_dtype(case.y_type), _offset(case, "y"))
         pointers["y"] = y.ctypes.data
-        self.harness.launch(case, pointers)
+        launch(self.harness, case, pointers)
         kernel = self.harness.last_kernel()
         if kernel:
             self.kernels[kernel.rsplit(" group=", 1)[0]] = self.kernels.get(kernel.rsplit(" group=", 1)[0], 0) + 1
@@ -249,7 +228,7 @@ class TorchRunner:
         y_buf, _ = self._device(sentinel, 0)
         offset = GUARD + _offset(case, "y")
         pointers["y"] = y_buf[offset:].data_ptr()
-        self.harness.launch(case, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
+        launch(self.harness, case, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
         torch.cuda.synchronize()
         raw = y_buf.cpu().numpy()
         values = raw.view(np.uint16 if y_dtype.itemsize == 2 else np.uint32).view(y_dtype)
@@ -260,41 +239,7 @@ class TorchRunner:
 
 
 def find_cuda_include() -> Path | None:
-    for root in ("/usr/local/cuda", *sorted(map(str, Path("/usr/local").glob("cuda-*")), reverse=True)):
-        if (Path(root) / "include" / "cuda_fp16.h").is_file():
-            return Path(root) / "include"
-    return None
-
-
-def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++") -> Path:
-    """modulated_emulator.cc (which includes emulator.cc) with the real launcher and the ctypes entry."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / "libonnx_norm_modulated_emulator.so"
-    cmd = [
-        cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{SOURCES}",
-        f"-I{HERE}", str(HERE / "modulated_emulator.cc"), "-x", "c++", str(SOURCES / "modulated_launch.cu"),
-        str(HERE / "modulated_harness.cu"), "-o", str(library),
-    ]  # fmt: skip
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
-    return library
-
-
-def build_harness(nvcc: str, arch: str, out_dir: Path) -> tuple[Path, str]:
-    """The kernel, launcher and ctypes entry built by nvcc for one architecture; returns the library and ptxas's
-    report (registers, spills) for the kernels."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / "libonnx_norm_modulated.so"
-    sources = [SOURCES / "modulated_kernels.cu", SOURCES / "modulated_launch.cu", HERE / "modulated_harness.cu"]
-    cmd = [
-        nvcc, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v",
-        "-Xcompiler=-fPIC,-fvisibility=hidden", f"-I{SOURCES}", "-shared", *map(str, sources), "-o", str(library),
-    ]  # fmt: skip
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
-    return library, result.stderr
+    return gpu_check.find_cuda_include(gpu_check.find_nvcc(None))
 
 
 def run_cases(runner: Any, cases: list[Case]) -> list[str]:
@@ -333,9 +278,8 @@ def _gpu_runner(arch: str) -> Any:
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not Path(nvcc).is_file():
         raise _CannotRun("--gpu needs nvcc")
-    library, report = build_harness(nvcc, arch, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))
-    spills = [line.strip() for line in report.splitlines() if "spill" in line and " 0 bytes spill" not in line]
-    print(f"ptxas: {len(spills)} kernels with spills" + "".join(f"\n  {s}" for s in spills))
+    # Every kernel, as gpu_check builds them (spills are the build's check: tools/check_spills.sh).
+    library = gpu_check.build_harness(nvcc, arch, Path(tempfile.mkdtemp(prefix="onnx_norm_modulated_")))
     return TorchRunner(Harness(library))
 
 

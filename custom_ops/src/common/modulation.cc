@@ -43,7 +43,7 @@ std::string CheckModulation(const char* name, const Ort::ConstValue& value, cons
 // ModScale/ModShift of a call whose norm part PrepareProblem has validated into `p`.
 std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
                               const NormProblem& p, Modulation* m) {
-  const size_t scale_index = op.rms ? 2 : 3;
+  const size_t scale_index = op.num_inputs - 2;  // ModScale, ModShift come last
   const size_t input_count = ctx.GetInputCount();
   const char* names[2] = {"ModScale", "ModShift"};
   Ort::ConstValue values[2] = {Ort::ConstValue{nullptr}, Ort::ConstValue{nullptr}};

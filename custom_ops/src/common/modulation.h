@@ -1,8 +1,9 @@
 // The modulated (adaLN) ops of docs/ops.md, ModulatedLayerNorm and ModulatedRMSNorm: a norm, then per sample
 // y = round_m(y * round_m(1 + ModScale)) and y = round_m(y + ModShift). What the CPU and CUDA wrappers share:
-// the signatures and the validation of ModScale/ModShift. The norm part (X, Scale, Bias, Y, attributes) is
-// validated by PrepareProblem (norm_attributes.h) exactly as for the plain ops: the signatures below have no
-// Skip and no statistics outputs, so it reads X, Scale and Bias at the same input positions.
+// the validation of ModScale/ModShift (the last two inputs; the signatures are rows of register.cc's kOps). The
+// norm part (X, Scale, Bias, Y, attributes) is validated by PrepareProblem (norm_attributes.h) exactly as for the
+// plain ops: the modulated signatures have no Skip and no statistics outputs, so it reads X, Scale and Bias at the
+// same input positions.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +13,6 @@
 #include "common/ort_api.h"
 
 namespace onnx_norm {
-
-inline constexpr OpSignature kModulatedLayerNorm{"ModulatedLayerNorm", false, false, 5, 1};  // X, Scale, Bias, ModScale, ModShift
-inline constexpr OpSignature kModulatedRMSNorm{"ModulatedRMSNorm", true, false, 4, 1};       // X, Scale, ModScale, ModShift
 
 struct Modulation {
   const void* scale = nullptr;  // ModScale, [batch, cols] in memory (any accepted shape is that, contiguous)

@@ -91,18 +91,18 @@ OrtStatusPtr MakeError(const OpSignature& op, const std::string& message, OrtErr
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
   (void)op;
   int64_t value = 0;
-  if (GetIntAttribute(info, "axis", &value)) attrs->axis = value;
+  if (GetIntAttribute(info, kAttributeNames[0], &value)) attrs->axis = value;
   float eps = 0.0f;
-  if (GetFloatAttribute(info, "epsilon", &eps)) attrs->epsilon = eps;
+  if (GetFloatAttribute(info, kAttributeNames[1], &eps)) attrs->epsilon = eps;
   if (!(attrs->epsilon >= 0.0f) || !std::isfinite(attrs->epsilon)) {
     return "attribute epsilon must be a finite number >= 0, got " + std::to_string(attrs->epsilon);
   }
   struct TypeAttr {
     const char* name;
     int* field;
-  } type_attrs[] = {{"normalized_type", &attrs->normalized_type},
-                    {"multiply_type", &attrs->multiply_type},
-                    {"output_type", &attrs->output_type}};
+  } type_attrs[] = {{kAttributeNames[2], &attrs->normalized_type},
+                    {kAttributeNames[3], &attrs->multiply_type},
+                    {kAttributeNames[4], &attrs->output_type}};
   for (const auto& attr : type_attrs) {
     if (!GetIntAttribute(info, attr.name, &value)) continue;
     if (value != 0 && !IsFloatType(static_cast<int>(value))) {

@@ -14,18 +14,27 @@ namespace onnx_norm {
 inline constexpr const char* kDomain = "onnx_norm";
 inline constexpr int kOpsetVersion = 1;
 
+inline constexpr size_t kMaxInputs = 5;
+inline constexpr size_t kMaxOutputs = 3;
+
+// One fused op as it is declared to ONNX Runtime (names as in docs/ops.md). The ops themselves are listed in one
+// place, register.cc's kOps table; tests/test_op_table.py checks that list against onnx_norm/ops/schema.py.
 struct OpSignature {
   const char* name;
-  bool rms;
-  bool skip;
-  size_t num_inputs;   // X, [Skip], Scale, [Bias]
-  size_t num_outputs;  // Y, then Mean/InvStdDev, InvRMS or Sum
+  bool rms;   // RMSNorm statistic: no mean, no Bias
+  bool skip;  // a residual input Skip at index 1 and a Sum output
+  size_t num_inputs;
+  size_t num_outputs;
+  const char* inputs[kMaxInputs];    // X first
+  const char* outputs[kMaxOutputs];  // Y first; the others are optional
+  unsigned optional_inputs;          // bit i set: input i may be left out (Scale, Bias)
+
+  constexpr bool OptionalInput(size_t i) const { return ((optional_inputs >> i) & 1u) != 0; }
 };
 
-inline constexpr OpSignature kLayerNorm{"LayerNorm", false, false, 3, 3};
-inline constexpr OpSignature kRMSNorm{"RMSNorm", true, false, 2, 2};
-inline constexpr OpSignature kSkipLayerNorm{"SkipLayerNorm", false, true, 4, 2};
-inline constexpr OpSignature kSkipRMSNorm{"SkipRMSNorm", true, true, 3, 2};
+// The attributes every op takes, in NormAttributes' order (ParseAttributes reads exactly these).
+inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
+                                                  "output_type"};
 
 struct NormAttributes {
   int64_t axis = -1;

@@ -78,8 +78,7 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
     return static_cast<ONNXTensorElementDataType>(scale_type_);
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    const bool required = index == 0 || (op_.skip && index == 1);
-    return required ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+    return op_.OptionalInput(index) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 
   size_t GetOutputTypeCount() const { return op_.num_outputs; }

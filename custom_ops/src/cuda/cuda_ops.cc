@@ -1,9 +1,10 @@
-// The CUDAExecutionProvider side of the ops: same validation as the CPU ops (common/), then one
-// launch of the CUDA kernels (cuda/*.cu, interface cuda/launch.h) on ONNX Runtime's compute stream.
+// The CUDAExecutionProvider side of every op: same validation as the CPU ops (common/), then one
+// LaunchNorm of the CUDA kernels (cuda/*.cu, interface cuda/launch.h) on ONNX Runtime's compute stream.
 // Compiled by the host compiler: no CUDA headers here.
 
 #include <string>
 
+#include "common/modulation.h"
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
 #include "cuda/ort_launch.h"
@@ -43,15 +44,39 @@ OrtStatusPtr LaunchStatus(const OpSignature& op, int rc, const char* message) {
                    ORT_RUNTIME_EXCEPTION);
 }
 
+namespace {
+
+// One launch on ORT's per-session compute stream (every ORT CUDA kernel of this run is ordered on it).
+OrtStatusPtr Launch(const OpSignature& op, const NormLaunchParams& params, Ort::KernelContext& ctx) {
+  const char* launch_error = nullptr;
+  const int rc = LaunchNorm(params, ctx.GetGPUComputeStream(), &launch_error);
+  return LaunchStatus(op, rc, launch_error);
+}
+
+}  // namespace
+
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
   NormProblem p;
   const std::string error = PrepareProblem(ctx, op, attrs, &p);
   if (!error.empty()) return MakeError(op, error);
   if (p.rows == 0 || p.cols == 0) return nullptr;
-  // ORT's per-session compute stream; every ORT CUDA kernel of this run is ordered on it.
-  const char* launch_error = nullptr;
-  const int rc = LaunchNorm(LaunchParamsFor(p, ctx), ctx.GetGPUComputeStream(), &launch_error);
-  return LaunchStatus(op, rc, launch_error);
+  return Launch(op, LaunchParamsFor(p, ctx), ctx);
+}
+
+// The modulated ops: the norm's parameters plus ModScale/ModShift (validated by PrepareModulated).
+OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
+  NormProblem p;
+  Modulation m;
+  const std::string error = PrepareModulated(ctx, op, attrs, &p, &m);
+  if (!error.empty()) return MakeError(op, error);
+  if (p.rows == 0 || p.cols == 0) return nullptr;
+  NormLaunchParams params = LaunchParamsFor(p, ctx);
+  params.scale_type = m.type;  // Scale/Bias, when given, have the modulation's type (checked)
+  params.mod_scale = m.scale;
+  params.mod_shift = m.shift;
+  params.mod_batch = m.batch;
+  params.rows_per_sample = m.rows_per_sample;
+  return Launch(op, params, ctx);
 }
 
 }  // namespace cuda

@@ -25,6 +25,22 @@ struct ElementId<__nv_bfloat16> {
   static constexpr int value = kBFloat16;
 };
 
+// The element type of an ONNX type id: the inverse of ElementId.
+template <int kType>
+struct ElementOf;
+template <>
+struct ElementOf<kFloat32> {
+  using type = float;
+};
+template <>
+struct ElementOf<kFloat16> {
+  using type = __half;
+};
+template <>
+struct ElementOf<kBFloat16> {
+  using type = __nv_bfloat16;
+};
+
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }

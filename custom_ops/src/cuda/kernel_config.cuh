@@ -1,4 +1,4 @@
-// How one norm kernel is launched (chosen by launch.cu), and the per-X-type entry points that launch it.
+// How one kernel is launched (chosen by launch.cu), and the per-X-type entry points that launch it.
 // Host code only: launch.cu includes no device code, so the CPU emulator of the kernels
 // (tools/gpu_harness/emulator.cc) can run the launcher's real configuration logic.
 #pragma once
@@ -12,7 +12,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow };
+enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow, kModulatedRow };
 
 // Compile-time variants of the register-row kernel (RegisterRowKernel's kFlags): what would otherwise be
 // uniform runtime branches between a row's loads, which keep the compiler from issuing them back to back.
@@ -22,6 +22,16 @@ enum RegisterRowFlags : int {
   kNativeFlag = 4,  // Y, Scale and Bias in X's type: Scale/Bias prefetched as words with the row's loads
   kFlagCombinations = 8,
 };
+
+// Variants of the modulated kernel (ModulatedNormKernel, modulated_kernels.cuh): the row read in units of one
+// 16-byte vector (else single elements), and held in registers, up to kModulatedUnits units per thread (else
+// read again from global memory, L2, for the variance and the output).
+enum ModulatedFlags : int {
+  kVectorUnitsFlag = 1,
+  kCachedRowFlag = 2,
+};
+constexpr int kModulatedUnits = 4;
+constexpr int kModulatedMaxBlock = 1024;
 
 // Values of vectors_per_thread that are instantiated (16-byte vectors of X held per thread).
 constexpr int kMaxVectorsPerThread = 4;
@@ -41,7 +51,7 @@ constexpr int kMinSliceVectors = 128;
 struct KernelConfig {
   KernelKind kind = KernelKind::kRegisterRow;
   int vectors_per_thread = 1;  // kRegisterRow only: 1, 2 or 4
-  int flags = 0;               // kRegisterRow only: RegisterRowFlags
+  int flags = 0;               // kRegisterRow: RegisterRowFlags; kModulatedRow: ModulatedFlags
   int group = 8;               // threads per row (NormArgs::group)
   int block = 128;
   unsigned grid = 1;
@@ -51,11 +61,18 @@ struct KernelConfig {
   int device = 0;
 };
 
-// One translation unit per X type (norm_float32.cu, norm_float16.cu, norm_bfloat16.cu), so that
-// builds compile them in parallel. Each returns the launch status (cudaGetLastError).
-cudaError_t LaunchNormFloat32(const NormArgs& args, const KernelConfig& config, cudaStream_t stream);
-cudaError_t LaunchNormFloat16(const NormArgs& args, const KernelConfig& config, cudaStream_t stream);
-cudaError_t LaunchNormBFloat16(const NormArgs& args, const KernelConfig& config, cudaStream_t stream);
+// The launch of the kernel `config` names, for X of ONNX type kXType (kFloat32, kFloat16, kBFloat16) and the
+// argument block of its op (NormArgs or an extension of it). Returns the launch status (cudaGetLastError).
+// Instantiated for every type and argument block by ONNX_NORM_INSTANTIATE_LAUNCH, in one translation unit per
+// type (norm_float32.cu, norm_float16.cu, norm_bfloat16.cu) so that builds compile them in parallel; the CPU
+// emulator (tools/gpu_harness/emulator.cc) defines and instantiates its own.
+template <int kXType, typename Args>
+cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStream_t stream);
+
+// The argument blocks of the ops, each launched through LaunchKernel: an op with its own block adds it here.
+#define ONNX_NORM_INSTANTIATE_LAUNCH(x_type)                                                                   \
+  template cudaError_t LaunchKernel<x_type, NormArgs>(const NormArgs&, const KernelConfig&, cudaStream_t);     \
+  template cudaError_t LaunchKernel<x_type, ModulatedArgs>(const ModulatedArgs&, const KernelConfig&, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace onnx_norm

@@ -1,12 +1,13 @@
-// From a KernelConfig to the kernel function it names. Shared by the GPU launch (norm_launch.cuh) and
-// the CPU emulator of the kernels (tools/gpu_harness/emulator.cc), so the emulator runs the very
-// instantiation that the GPU would.
+// From a KernelConfig to the kernel function it names, for every op (SelectKernel). Shared by the GPU launch
+// (norm_launch.cuh) and the CPU emulator of the kernels (tools/gpu_harness/emulator.cc), so the emulator runs
+// the very instantiation that the GPU would.
 #pragma once
 
 #include <utility>
 
 #include "kernel_config.cuh"
 #include "cluster_row_kernel.cuh"
+#include "modulated_kernels.cuh"
 #include "norm_kernels.cuh"
 
 namespace onnx_norm {
@@ -43,8 +44,21 @@ NormKernel SelectNormKernel(const KernelConfig& config) {
       return &SharedRowKernel<TX, false>;
     case KernelKind::kClusterRow:
       return &ClusterRowKernel<TX>;
+    case KernelKind::kModulatedRow:
+      return nullptr;  // a kernel of ModulatedArgs (SelectKernel below)
   }
   return nullptr;
+}
+
+// The kernel for `config`, X of type TX and the op's argument block (the pointer only picks the overload), or
+// nullptr when the configuration names none for that block.
+template <typename TX>
+NormKernel SelectKernel(const KernelConfig& config, const NormArgs* /*args*/) {
+  return SelectNormKernel<TX>(config);
+}
+template <typename TX>
+auto SelectKernel(const KernelConfig& config, const ModulatedArgs* /*args*/) -> void (*)(ModulatedArgs) {
+  return config.kind == KernelKind::kModulatedRow ? SelectModulatedKernel<TX>(config) : nullptr;
 }
 
 }  // namespace cuda

@@ -1,6 +1,9 @@
-// LaunchNorm (launch.h): validates the parameters, picks a kernel configuration from the row length
-// and the pointers' alignment, makes the tensors' device current and launches on the given stream.
-// No allocation, no synchronisation, no stream query: safe inside CUDA graph capture.
+// LaunchNorm (launch.h), the one launcher of every op: validates the parameters, picks a kernel configuration
+// from the row length and the pointers' alignment, makes the tensors' device current and launches on the given
+// stream, dispatching on X's type. An op family contributes its checks and its choice of kernel (the norms and
+// their Skip forms: PrepareNorm / ChooseNormConfig; the modulated ops: PrepareModulated / ChooseModulatedConfig);
+// the device, the grid and the dispatch are shared. No allocation, no synchronisation, no stream query: safe
+// inside CUDA graph capture. Host code only, so that the CPU emulator (tools/gpu_harness/emulator.cc) runs it.
 #include "launch.h"
 
 #include <cuda_runtime_api.h>
@@ -23,6 +26,109 @@ constexpr int kUnsupportedTypes = -1;
 
 unsigned GridSize(int64_t blocks) { return static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)); }
 
+// Blocks loop over rows: a few waves of resident blocks are enough, and a bounded grid.
+void CapGrid(KernelConfig* config, int sm_count) {
+  config->grid = std::min<unsigned>(config->grid, static_cast<unsigned>(sm_count * (2048 / config->block) * 4));
+}
+
+int OutputType(const NormLaunchParams& p) { return p.y_type == 0 ? p.x_type : p.y_type; }
+
+// The arguments every kernel reads the same way.
+NormArgs CommonArgs(const NormLaunchParams& p) {
+  NormArgs args{};
+  args.x = p.x;
+  args.scale = p.scale;
+  args.bias = p.bias;
+  args.y = p.y;
+  args.rows = p.rows;
+  args.cols = static_cast<int>(p.cols);
+  args.epsilon = p.epsilon;
+  args.rms = p.rms;
+  args.scale_type = p.scale_type;
+  args.y_type = OutputType(p);
+  args.normalized_type = p.normalized_type;
+  args.multiply_type = p.multiply_type;
+  return args;
+}
+
+// ------------------------------------------------------------------ LayerNorm, RMSNorm and their Skip forms
+
+int CheckNorm(const NormLaunchParams& p, const char** error) {
+  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
+  const int x_size = ElementSize(p.x_type);
+  const int y_size = ElementSize(OutputType(p));
+  const int parameter_size = has_parameters ? ElementSize(p.scale_type) : 4;
+  if (p.sum != nullptr && p.skip == nullptr) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: the Sum output needs a Skip input", error);
+  }
+  if (p.rms && (p.mean != nullptr || p.bias != nullptr)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: RMSNorm has no Mean output and no Bias input", error);
+  }
+  if (has_parameters && (p.scale_size <= 0 || p.scale_size > p.cols || p.cols % p.scale_size != 0)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: scale_size must divide cols (Scale/Bias cover a suffix of the row)",
+                error);
+  }
+  if (!AlignedTo(p.x, x_size) || !AlignedTo(p.skip, x_size) || !AlignedTo(p.sum, x_size) || !AlignedTo(p.y, y_size) ||
+      !AlignedTo(p.scale, parameter_size) || !AlignedTo(p.bias, parameter_size) || !AlignedTo(p.mean, 4) ||
+      !AlignedTo(p.inv_std, 4)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
+  }
+  // In-place: Sum may be X or Skip itself (each element is read before the thread that read it writes
+  // it, and the kernel that reads the row twice re-reads Sum, not X + Skip); any other overlap of an
+  // output with an input would read values already overwritten.
+  const int64_t x_bytes = p.rows * p.cols * x_size;
+  const int64_t y_bytes = p.rows * p.cols * y_size;
+  if ((p.sum != p.x && Overlap(p.sum, x_bytes, p.x, x_bytes)) ||
+      (p.sum != p.skip && Overlap(p.sum, x_bytes, p.skip, x_bytes)) || Overlap(p.y, y_bytes, p.x, x_bytes) ||
+      Overlap(p.y, y_bytes, p.skip, x_bytes) || Overlap(p.y, y_bytes, p.sum, x_bytes)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: outputs may not overlap the inputs (except Sum onto X or Skip)",
+                error);
+  }
+  return 0;
+}
+
+// Checks the parameters of a norm (rows == 0: types and sizes only) and fills `args`.
+int PrepareNorm(const NormLaunchParams& p, NormArgs* args, const char** error) {
+  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
+  const int x_size = ElementSize(p.x_type);
+  const int y_size = ElementSize(OutputType(p));
+  const int parameter_size = has_parameters ? ElementSize(p.scale_type) : 4;
+  if (x_size == 0 || y_size == 0 || parameter_size == 0 || !IsRoundingType(p.normalized_type) ||
+      !IsRoundingType(p.multiply_type)) {
+    return Fail(kUnsupportedTypes,
+                "LaunchNorm: X, Scale/Bias, Y and the rounding types must be float32, float16 or bfloat16",
+                error);
+  }
+  if (p.rows < 0 || p.cols <= 0 || p.cols > INT_MAX) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: rows must be >= 0 and cols in [1, 2^31 - 1]", error);
+  }
+  if (p.rows == 0) return 0;
+  if (p.x == nullptr || p.y == nullptr) return Fail(cudaErrorInvalidValue, "LaunchNorm: X and Y are required", error);
+  if (const int rc = CheckNorm(p, error)) return rc;
+
+  *args = CommonArgs(p);
+  args->skip = p.skip;
+  args->sum = p.sum;
+  args->mean = p.mean;
+  args->inv_std = p.inv_std;
+  args->scale_size = has_parameters ? static_cast<int>(p.scale_size) : args->cols;
+  args->scale_type = has_parameters ? p.scale_type : kFloat32;
+  const int vector = 16 / x_size;
+  args->x_phase = static_cast<int>(reinterpret_cast<uintptr_t>(p.x) % 16) / x_size;
+  args->vector_ok = VectorAligned(p.skip, x_size, args->x_phase, vector) &&
+                    VectorAligned(p.sum, x_size, args->x_phase, vector) &&
+                    VectorAligned(p.y, y_size, args->x_phase, vector);
+  if (args->vector_ok && has_parameters && args->cols % vector == 0) {
+    // Every row starts `head` elements before a vector boundary; the parameter vectors at columns
+    // head + k * V must be aligned and, when Scale repeats along the row, must not straddle a repeat.
+    const int head = (vector - args->x_phase) % vector;
+    const bool fits = args->scale_size == args->cols || (head == 0 && args->scale_size % vector == 0);
+    args->scale_vector = fits && VectorAligned(p.scale, parameter_size, (vector - head) % vector, vector) &&
+                         VectorAligned(p.bias, parameter_size, (vector - head) % vector, vector);
+  }
+  return 0;
+}
+
 // Register-resident rows (the row in 16-byte vectors across `group` threads, up to 4 vectors each):
 //   - at most 32 vectors (256 16-bit or 128 float32 values): one vector per thread, 8 to 32 threads
 //     per row, 128-thread blocks of 4 to 16 rows;
@@ -33,7 +139,7 @@ unsigned GridSize(int64_t blocks) { return static_cast<unsigned>(std::min<int64_
 // Longer rows, or pointers that cannot be read as vectors, go to the shared-memory kernel
 // (kSharedRowCached here; the launcher demotes it to kSharedRowUncached when the row does not fit in
 // the device's shared memory).
-KernelConfig ChooseConfig(const NormArgs& args, int element_size) {
+KernelConfig ChooseSingleBlockConfig(const NormArgs& args, int element_size) {
   KernelConfig config;
   const int vector = 16 / element_size;
   if (args.vector_ok) {
@@ -61,7 +167,7 @@ KernelConfig ChooseConfig(const NormArgs& args, int element_size) {
 }
 
 // A row split over the blocks of a thread-block cluster (ClusterRowKernel, devices with clusters only,
-// vector-aligned tensors only), replacing `single` (ChooseConfig's one block per row) when
+// vector-aligned tensors only), replacing `single` (ChooseSingleBlockConfig's one block per row) when
 //   - the row does not fit in one block's shared memory (`single` would re-read it): the fewest blocks
 //     (2, 4 or 8) whose shared memory holds it, so X is read once;
 //   - or there are too few rows to fill the GPU (rows * 2 <= SMs): blocks per row doubled (up to 8) while
@@ -108,148 +214,196 @@ int RegisterRowFlagsFor(const NormArgs& args, bool native) {
   return (args.skip != nullptr ? kSkipFlag : 0) | (args.rms ? kRmsFlag : 0) | (native ? kNativeFlag : 0);
 }
 
-}  // namespace
+// The shared-memory kernel: its row cached when it fits in the device's shared memory, else re-read.
+void FitSharedRow(KernelConfig* config, int sm_count, int max_shared) {
+  // The kernel's static reduction scratch comes out of the same budget.
+  config->max_shared_bytes = max_shared - static_cast<int>(sizeof(ReduceScratch));
+  if (config->shared_bytes > static_cast<size_t>(config->max_shared_bytes)) {
+    config->kind = KernelKind::kSharedRowUncached;
+    config->shared_bytes = 0;
+    return;
+  }
+  // One wave of resident blocks, each looping over rows (their shared memory bounds them first).
+  const int by_memory = max_shared / static_cast<int>(config->shared_bytes + sizeof(ReduceScratch));
+  const int per_sm = std::max(1, std::min(2048 / config->block, by_memory));
+  config->grid = std::min<unsigned>(config->grid, static_cast<unsigned>(sm_count * per_sm));
+}
 
-int LaunchNorm(const NormLaunchParams& p, void* stream_handle, const char** error) {
-  if (error != nullptr) *error = nullptr;
-  const int y_type = p.y_type == 0 ? p.x_type : p.y_type;
-  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
+int ChooseNormConfig(const NormLaunchParams& p, int device, NormArgs* args, KernelConfig* config,
+                     const char** error) {
   const int x_size = ElementSize(p.x_type);
-  const int y_size = ElementSize(y_type);
-  const int parameter_size = has_parameters ? ElementSize(p.scale_type) : 4;
-  if (x_size == 0 || y_size == 0 || parameter_size == 0 || !IsRoundingType(p.normalized_type) ||
-      !IsRoundingType(p.multiply_type)) {
-    return Fail(kUnsupportedTypes,
-                "LaunchNorm: X, Scale/Bias, Y and the rounding types must be float32, float16 or bfloat16",
-                error);
-  }
-  if (p.rows < 0 || p.cols <= 0 || p.cols > INT_MAX) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: rows must be >= 0 and cols in [1, 2^31 - 1]", error);
-  }
-  if (p.rows == 0) return 0;
-  if (p.x == nullptr || p.y == nullptr) return Fail(cudaErrorInvalidValue, "LaunchNorm: X and Y are required", error);
-  if (p.sum != nullptr && p.skip == nullptr) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: the Sum output needs a Skip input", error);
-  }
-  if (p.rms && (p.mean != nullptr || p.bias != nullptr)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: RMSNorm has no Mean output and no Bias input", error);
-  }
-  if (has_parameters && (p.scale_size <= 0 || p.scale_size > p.cols || p.cols % p.scale_size != 0)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: scale_size must divide cols (Scale/Bias cover a suffix of the row)",
-                error);
-  }
-  if (!AlignedTo(p.x, x_size) || !AlignedTo(p.skip, x_size) || !AlignedTo(p.sum, x_size) || !AlignedTo(p.y, y_size) ||
-      !AlignedTo(p.scale, parameter_size) || !AlignedTo(p.bias, parameter_size) || !AlignedTo(p.mean, 4) ||
-      !AlignedTo(p.inv_std, 4)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
-  }
-  // In-place: Sum may be X or Skip itself (each element is read before the thread that read it writes
-  // it, and the kernel that reads the row twice re-reads Sum, not X + Skip); any other overlap of an
-  // output with an input would read values already overwritten.
-  const int64_t x_bytes = p.rows * p.cols * x_size;
-  const int64_t y_bytes = p.rows * p.cols * y_size;
-  if ((p.sum != p.x && Overlap(p.sum, x_bytes, p.x, x_bytes)) ||
-      (p.sum != p.skip && Overlap(p.sum, x_bytes, p.skip, x_bytes)) || Overlap(p.y, y_bytes, p.x, x_bytes) ||
-      Overlap(p.y, y_bytes, p.skip, x_bytes) || Overlap(p.y, y_bytes, p.sum, x_bytes)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: outputs may not overlap the inputs (except Sum onto X or Skip)",
-                error);
-  }
-
-  NormArgs args{};
-  args.x = p.x;
-  args.skip = p.skip;
-  args.scale = p.scale;
-  args.bias = p.bias;
-  args.y = p.y;
-  args.sum = p.sum;
-  args.mean = p.mean;
-  args.inv_std = p.inv_std;
-  args.rows = p.rows;
-  args.cols = static_cast<int>(p.cols);
-  args.scale_size = has_parameters ? static_cast<int>(p.scale_size) : args.cols;
-  args.epsilon = p.epsilon;
-  args.rms = p.rms;
-  args.scale_type = has_parameters ? p.scale_type : kFloat32;
-  args.y_type = y_type;
-  args.normalized_type = p.normalized_type;
-  args.multiply_type = p.multiply_type;
-
-  const int vector = 16 / x_size;
-  args.x_phase = static_cast<int>(reinterpret_cast<uintptr_t>(p.x) % 16) / x_size;
-  args.vector_ok = VectorAligned(p.skip, x_size, args.x_phase, vector) &&
-                   VectorAligned(p.sum, x_size, args.x_phase, vector) &&
-                   VectorAligned(p.y, y_size, args.x_phase, vector);
-  if (args.vector_ok && has_parameters && args.cols % vector == 0) {
-    // Every row starts `head` elements before a vector boundary; the parameter vectors at columns
-    // head + k * V must be aligned and, when Scale repeats along the row, must not straddle a repeat.
-    const int head = (vector - args.x_phase) % vector;
-    const bool fits = args.scale_size == args.cols || (head == 0 && args.scale_size % vector == 0);
-    args.scale_vector = fits && VectorAligned(p.scale, parameter_size, (vector - head) % vector, vector) &&
-                        VectorAligned(p.bias, parameter_size, (vector - head) % vector, vector);
-  }
-
-  // The launch reports its status through cudaGetLastError: drop an error left by an earlier call of
-  // this runtime (already returned to its caller), so that it is not reported again here. Sticky errors
-  // (a corrupted context) come back from the launch itself.
-  (void)cudaGetLastError();
-
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  int device = 0;
-  if (const int rc = MakeDeviceCurrent(p.x, p.device, &device, error)) return rc;
-  cudaError_t status = cudaSuccess;
-
-  const bool native = y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type);
-  KernelConfig config = ChooseConfig(args, x_size);
-  config.device = device;
+  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
+  const bool native = args->y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type);
+  *config = ChooseSingleBlockConfig(*args, x_size);
+  config->device = device;
   int sm_count = 0;
-  status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
+  cudaError_t status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
   if (status != cudaSuccess) return FailCuda(status, error);
   bool clusters = false;
   status = CachedFlag(Info(device).cluster_launch, cudaDevAttrClusterLaunch, device, &clusters);
   if (status != cudaSuccess) return FailCuda(status, error);
-  if (clusters && p.clusters && args.vector_ok) {
-    int max_shared = 0;
+  int max_shared = 0;
+  const bool split = clusters && p.clusters && args->vector_ok;
+  if (split || config->kind == KernelKind::kSharedRowCached) {
     status = CachedAttribute(Info(device).max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &max_shared);
     if (status != cudaSuccess) return FailCuda(status, error);
-    KernelConfig split;
-    if (ChooseClusterConfig(args, x_size, config, sm_count, max_shared, &split)) config = split;
   }
-  // Blocks loop over rows: a few waves of resident blocks are enough, and a bounded grid.
-  if (config.kind != KernelKind::kClusterRow) {
-    config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * (2048 / config.block) * 4));
+  KernelConfig cluster_config;
+  if (split && ChooseClusterConfig(*args, x_size, *config, sm_count, max_shared, &cluster_config)) {
+    *config = cluster_config;
   }
-  args.group = config.group;
-  if (config.kind == KernelKind::kRegisterRow) config.flags = RegisterRowFlagsFor(args, native);
-  if (config.kind == KernelKind::kSharedRowCached) {
-    int max_shared = 0;
-    status = CachedAttribute(Info(device).max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &max_shared);
-    if (status != cudaSuccess) return FailCuda(status, error);
-    // The kernel's static reduction scratch comes out of the same budget.
-    config.max_shared_bytes = max_shared - static_cast<int>(sizeof(ReduceScratch));
-    if (config.shared_bytes > static_cast<size_t>(config.max_shared_bytes)) {
-      config.kind = KernelKind::kSharedRowUncached;
-      config.shared_bytes = 0;
-    } else {
-      // One wave of resident blocks, each looping over rows (their shared memory bounds them first).
-      const int by_memory = max_shared / static_cast<int>(config.shared_bytes + sizeof(ReduceScratch));
-      const int per_sm = std::max(1, std::min(2048 / config.block, by_memory));
-      config.grid = std::min<unsigned>(config.grid, static_cast<unsigned>(sm_count * per_sm));
+  if (config->kind != KernelKind::kClusterRow) CapGrid(config, sm_count);
+  args->group = config->group;
+  if (config->kind == KernelKind::kRegisterRow) config->flags = RegisterRowFlagsFor(*args, native);
+  if (config->kind == KernelKind::kSharedRowCached) FitSharedRow(config, sm_count, max_shared);
+  return 0;
+}
+
+// ------------------------------------------------------------------------------- the modulated ops (adaLN)
+
+int CheckModulated(const NormLaunchParams& p, const char** error) {
+  const int x_size = ElementSize(p.x_type);
+  const int y_size = ElementSize(OutputType(p));
+  const int param_size = ElementSize(p.scale_type);
+  if (p.skip != nullptr || p.sum != nullptr || p.mean != nullptr || p.inv_std != nullptr || (p.rms && p.bias)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: no Skip, Sum or statistics, and no Bias for RMSNorm",
+                error);
+  }
+  if ((p.scale != nullptr || p.bias != nullptr) && p.scale_size != p.cols) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: Scale/Bias must cover the whole row", error);
+  }
+  if (p.rows_per_sample <= 0 || p.rows % p.rows_per_sample != 0 ||
+      (p.mod_batch != 1 && p.mod_batch != p.rows / p.rows_per_sample)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: the modulation must have one row per sample, or one", error);
+  }
+  const int64_t y_bytes = p.rows * p.cols * y_size;
+  const int64_t mod_bytes = p.mod_batch * p.cols * param_size;
+  const int64_t param_bytes = p.cols * param_size;
+  if (Overlap(p.y, y_bytes, p.x, p.rows * p.cols * x_size) || Overlap(p.y, y_bytes, p.mod_scale, mod_bytes) ||
+      Overlap(p.y, y_bytes, p.mod_shift, mod_bytes) || Overlap(p.y, y_bytes, p.scale, param_bytes) ||
+      Overlap(p.y, y_bytes, p.bias, param_bytes)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: Y may not overlap an input", error);
+  }
+  return 0;
+}
+
+// Aligned for units of `vector` elements (every row and modulation row starts at a multiple of cols, which the
+// vector path needs to be a multiple of `vector`).
+bool UnitAligned(const void* p, int size, int vector) { return launch::VectorAligned(p, size, 0, vector); }
+
+// Checks the parameters of a modulated norm (rows == 0: types and sizes only) and fills `args`; `vector`: whether
+// every tensor can be read in 16-byte units.
+int PrepareModulated(const NormLaunchParams& p, ModulatedArgs* args, bool* vector, const char** error) {
+  const int x_size = ElementSize(p.x_type);
+  const int y_size = ElementSize(OutputType(p));
+  const int param_size = ElementSize(p.scale_type);
+  if (x_size == 0 || y_size == 0 || param_size == 0 || !IsRoundingType(p.normalized_type) ||
+      !IsRoundingType(p.multiply_type)) {
+    return Fail(kUnsupportedTypes,
+                "LaunchNorm: modulated: X, Y, the modulation (and Scale/Bias, of its type) and the rounding types "
+                "must be float32, float16 or bfloat16",
+                error);
+  }
+  if (p.rows < 0 || p.rows > INT_MAX || p.cols <= 0 || p.cols > INT_MAX) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: rows must be in [0, 2^31 - 1] and cols in [1, 2^31 - 1]",
+                error);
+  }
+  if (p.rows == 0) return 0;
+  if (p.x == nullptr || p.y == nullptr || p.mod_scale == nullptr || p.mod_shift == nullptr) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: X, Y, ModScale and ModShift are required", error);
+  }
+  if (const int rc = CheckModulated(p, error)) return rc;
+  const void* pointers[] = {p.x, p.y, p.scale, p.bias, p.mod_scale, p.mod_shift};
+  const int sizes[] = {x_size, y_size, param_size, param_size, param_size, param_size};
+  for (int i = 0; i < 6; ++i) {
+    if (!UnitAligned(pointers[i], sizes[i], 1)) {
+      return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
     }
   }
+  const int units = 16 / x_size;
+  *vector = p.cols % units == 0;
+  for (int i = 0; i < 6; ++i) *vector = *vector && UnitAligned(pointers[i], sizes[i], units);
 
-  switch (p.x_type) {
-    case kFloat32:
-      status = LaunchNormFloat32(args, config, stream);
-      break;
-    case kFloat16:
-      status = LaunchNormFloat16(args, config, stream);
-      break;
-    default:
-      status = LaunchNormBFloat16(args, config, stream);
-      break;
-  }
-  if (status != cudaSuccess) return FailCuda(status, error);
+  static_cast<NormArgs&>(*args) = CommonArgs(p);
+  args->scale_size = args->cols;
+  args->mod_scale = p.mod_scale;
+  args->mod_shift = p.mod_shift;
+  args->rows_per_sample = p.rows_per_sample;
+  args->mod_broadcast = p.mod_batch == 1;
   return 0;
+}
+
+// Up to kModulatedUnits units per thread in registers, 8 to 1024 threads per row (blocks of at least 128 threads);
+// rows longer than 1024 * kModulatedUnits units are re-read, one row per 1024-thread block.
+int ChooseModulatedConfig(bool vector, int element_size, int device, ModulatedArgs* args, KernelConfig* config,
+                          const char** error) {
+  const int64_t units = vector ? args->cols / (16 / element_size) : args->cols;
+  const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((units + kModulatedUnits - 1) / kModulatedUnits));
+  const bool cached = group <= kModulatedMaxBlock;
+  args->group = cached ? static_cast<int>(group) : kModulatedMaxBlock;
+  *config = KernelConfig{};
+  config->kind = KernelKind::kModulatedRow;
+  config->flags = (vector ? kVectorUnitsFlag : 0) | (cached ? kCachedRowFlag : 0);
+  config->group = args->group;
+  config->block = std::max(args->group, 128);
+  config->device = device;
+  const int64_t rows_per_block = config->block / args->group;
+  config->grid = GridSize((args->rows + rows_per_block - 1) / rows_per_block);
+  int sm_count = 0;
+  const cudaError_t status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
+  if (status != cudaSuccess) return FailCuda(status, error);
+  CapGrid(config, sm_count);
+  return 0;
+}
+
+// ----------------------------------------------------------------------------------- what every launch shares
+
+template <typename Args>
+cudaError_t LaunchForXType(int x_type, const Args& args, const KernelConfig& config, cudaStream_t stream) {
+  switch (x_type) {
+    case kFloat32:
+      return LaunchKernel<kFloat32>(args, config, stream);
+    case kFloat16:
+      return LaunchKernel<kFloat16>(args, config, stream);
+    default:
+      return LaunchKernel<kBFloat16>(args, config, stream);
+  }
+}
+
+// After the op's checks: the device, the op's configuration (`choose(device, &config)`), the launch.
+template <typename Args, typename Choose>
+int LaunchOnDevice(const NormLaunchParams& p, const Args& args, Choose&& choose, void* stream, const char** error) {
+  // The launch reports its status through cudaGetLastError: drop an error left by an earlier call of
+  // this runtime (already returned to its caller), so that it is not reported again here. Sticky errors
+  // (a corrupted context) come back from the launch itself.
+  (void)cudaGetLastError();
+  int device = 0;
+  if (const int rc = MakeDeviceCurrent(p.x, p.device, &device, error)) return rc;
+  KernelConfig config;
+  if (const int rc = choose(device, &config)) return rc;
+  const cudaError_t status = LaunchForXType(p.x_type, args, config, static_cast<cudaStream_t>(stream));
+  return status == cudaSuccess ? 0 : FailCuda(status, error);
+}
+
+}  // namespace
+
+int LaunchNorm(const NormLaunchParams& p, void* stream, const char** error) {
+  if (error != nullptr) *error = nullptr;
+  if (p.mod_scale != nullptr || p.mod_shift != nullptr) {
+    ModulatedArgs args{};
+    bool vector = false;
+    const int rc = PrepareModulated(p, &args, &vector, error);
+    if (rc != 0 || p.rows == 0) return rc;
+    const auto choose = [&](int device, KernelConfig* config) {
+      return ChooseModulatedConfig(vector, ElementSize(p.x_type), device, &args, config, error);
+    };
+    return LaunchOnDevice(p, args, choose, stream, error);
+  }
+  NormArgs args{};
+  const int rc = PrepareNorm(p, &args, error);
+  if (rc != 0 || p.rows == 0) return rc;
+  const auto choose = [&](int device, KernelConfig* config) { return ChooseNormConfig(p, device, &args, config, error); };
+  return LaunchOnDevice(p, args, choose, stream, error);
 }
 
 }  // namespace cuda

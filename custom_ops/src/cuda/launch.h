@@ -1,5 +1,6 @@
 // Interface between the ONNX Runtime op wrappers (compiled by the host compiler, no CUDA headers)
-// and the CUDA kernels (compiled by nvcc). Semantics of every field: docs/ops.md.
+// and the CUDA kernels (compiled by nvcc): one parameter block and one launcher for every op. Semantics of
+// every field: docs/ops.md.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,7 @@ struct NormLaunchParams {
   float epsilon = 1e-5f;
   bool rms = false;
   int x_type = 0;
-  int scale_type = 0;           // also Bias's type
+  int scale_type = 0;           // also Bias's type, and ModScale/ModShift's
   int y_type = 0;
   int normalized_type = 0;
   int multiply_type = 0;
@@ -33,6 +34,14 @@ struct NormLaunchParams {
   // tensor's device index). -1: taken from X's pointer attributes. Never asked of the stream, so
   // nothing in a launch is a call that a CUDA graph capture can refuse.
   int device = -1;
+  // The modulated ops (adaLN): ModScale and ModShift, [mod_batch, cols] each, of scale_type; null for the other
+  // ops (their presence selects the modulated kernel). rows_per_sample consecutive rows share one modulation
+  // row; mod_batch is 1 (one for every sample) or rows / rows_per_sample. No Skip, Sum or statistics then, and
+  // Scale/Bias cover the whole row.
+  const void* mod_scale = nullptr;
+  const void* mod_shift = nullptr;
+  int64_t mod_batch = 0;
+  int64_t rows_per_sample = 0;
   // false: never split a row over a thread-block cluster (one block per row, as on a GPU without
   // clusters), for comparing the two on a GPU (tools/gpu_check.py).
   bool clusters = true;

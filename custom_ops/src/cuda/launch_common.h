@@ -1,6 +1,6 @@
-// Host-side pieces every launcher shares (launch.cu, modulated_launch.cu): element sizes, error returns, overlap
-// and alignment tests, and the device a launch runs on with its attributes read once. Header-only (inline), so
-// that the CPU emulators, which compile each launcher on its own with a stand-in CUDA runtime, need no extra file.
+// Host-side pieces of the launcher (launch.cu): element sizes, error returns, overlap and alignment tests, and the
+// device a launch runs on with its attributes read once. Header-only (inline), so that the CPU emulator, which
+// compiles the launcher with a stand-in CUDA runtime, needs no extra file.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "element_types.cuh"
-#include "modulated_config.cuh"
+#include "kernel_config.cuh"
 #include "norm_args.cuh"
 #include "reduce.cuh"
 #include "vector_io.cuh"
@@ -70,25 +70,25 @@ __device__ __forceinline__ void ModulateAndStore(const ModulatedArgs& a, float m
   RoundTo<N>(v, a.normalized_type);
   float p[N];
   if (a.scale != nullptr) {
-    LoadTyped<N>(a.scale, a.param_type, col, p);
+    LoadTyped<N>(a.scale, a.scale_type, col, p);
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] *= p[i];
     RoundTo<N>(v, a.multiply_type);
   }
   if (a.bias != nullptr) {
-    LoadTyped<N>(a.bias, a.param_type, col, p);
+    LoadTyped<N>(a.bias, a.scale_type, col, p);
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] += p[i];
     RoundTo<N>(v, a.multiply_type);
   }
-  LoadTyped<N>(a.mod_scale, a.param_type, mod_row + col, p);
+  LoadTyped<N>(a.mod_scale, a.scale_type, mod_row + col, p);
 #pragma unroll
   for (int i = 0; i < N; ++i) p[i] += 1.0f;
   RoundTo<N>(p, a.multiply_type);
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] *= p[i];
   RoundTo<N>(v, a.multiply_type);
-  LoadTyped<N>(a.mod_shift, a.param_type, mod_row + col, p);
+  LoadTyped<N>(a.mod_shift, a.scale_type, mod_row + col, p);
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] += p[i];
   RoundTo<N>(v, a.multiply_type);
@@ -105,14 +105,13 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(Mod
   constexpr int kSlots = kCached ? kModulatedUnits : 1;
   __shared__ ReduceScratch scratch;
   int parity = 0;
-  const int group = a.group;
-  const int rank = threadIdx.x & (group - 1);
-  const int rows_per_block = blockDim.x / group;
+  const RowGroups rows(a.group);
+  const int group = rows.group;
+  const int rank = rows.rank;
   const int units = a.cols / N;
   const TX* x = static_cast<const TX*>(a.x);
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * rows_per_block;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < a.rows; first += row_step) {
-    const int64_t row = first + threadIdx.x / group;
+  for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
+    const int64_t row = first + rows.slot;
     const int live_units = row < a.rows ? units : 0;
     const int64_t base = row * a.cols;
 
@@ -199,16 +198,15 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(Mod
   }
 }
 
-using ModulatedKernel = void (*)(ModulatedArgs);
-
-// The kernel a configuration names, for X of type TX (shared by the GPU launch and the CPU emulator).
+// The kernel a configuration of kind kModulatedRow names, for X of type TX (kernel_dispatch.cuh).
 template <typename TX>
-ModulatedKernel SelectModulatedKernel(const ModulatedConfig& config) {
+auto SelectModulatedKernel(const KernelConfig& config) -> void (*)(ModulatedArgs) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  if (config.vector) {
-    return config.cached ? &ModulatedNormKernel<TX, V, true> : &ModulatedNormKernel<TX, V, false>;
+  const bool cached = (config.flags & kCachedRowFlag) != 0;
+  if ((config.flags & kVectorUnitsFlag) != 0) {
+    return cached ? &ModulatedNormKernel<TX, V, true> : &ModulatedNormKernel<TX, V, false>;
   }
-  return config.cached ? &ModulatedNormKernel<TX, 1, true> : &ModulatedNormKernel<TX, 1, false>;
+  return cached ? &ModulatedNormKernel<TX, 1, true> : &ModulatedNormKernel<TX, 1, false>;
 }
 
 }  // namespace cuda

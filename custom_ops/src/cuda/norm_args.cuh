@@ -1,5 +1,5 @@
-// Parameters of one norm kernel launch, shared by the host-side launcher (launch.cu, no device code)
-// and the kernels (norm_kernels.cuh).
+// Parameters of one kernel launch, shared by the host-side launcher (launch.cu, no device code) and every
+// kernel (norm_kernels.cuh, cluster_row_kernel.cuh, modulated_kernels.cuh).
 #pragma once
 
 #include <cstdint>
@@ -36,10 +36,23 @@ struct NormArgs {
   // Scale and Bias can be read as vectors at the same columns (launch.cu says when).
   bool scale_vector;
   bool rms;
-  int scale_type;  // also Bias's type; float32 when neither is given
+  int scale_type;  // also Bias's type (and the modulation's); float32 when none is given
   int y_type;
   int normalized_type;
   int multiply_type;
+};
+
+// An op whose row math needs more than the norm's arguments extends them (and nothing else changes in the
+// launch: kernel_config.cuh's LaunchKernel takes either). Not fields of NormArgs: a larger argument block
+// changed ptxas's register allocation of the register-row kernels and made them spill on sm_90.
+//
+// The modulated ops (adaLN): ModScale and ModShift, [1 or samples, cols] each, of scale_type; rows_per_sample
+// consecutive rows share one modulation row (every row the first when mod_broadcast).
+struct ModulatedArgs : NormArgs {
+  const void* mod_scale;
+  const void* mod_shift;
+  int64_t rows_per_sample;
+  bool mod_broadcast;
 };
 
 // Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one

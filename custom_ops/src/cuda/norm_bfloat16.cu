@@ -4,9 +4,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-cudaError_t LaunchNormBFloat16(const NormArgs& args, const KernelConfig& config, cudaStream_t stream) {
-  return LaunchNormKernel<__nv_bfloat16>(args, config, stream);
-}
+ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16)
 
 }  // namespace cuda
 }  // namespace onnx_norm

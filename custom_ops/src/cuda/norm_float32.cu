@@ -4,9 +4,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-cudaError_t LaunchNormFloat32(const NormArgs& args, const KernelConfig& config, cudaStream_t stream) {
-  return LaunchNormKernel<float>(args, config, stream);
-}
+ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32)
 
 }  // namespace cuda
 }  // namespace onnx_norm

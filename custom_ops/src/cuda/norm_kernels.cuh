@@ -205,15 +205,13 @@ __global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks
   constexpr int kSlots = 2;
   __shared__ ReduceScratch scratch;
   int parity = 0;
-  const int group = a.group;
-  const int rank = threadIdx.x & (group - 1);
-  const int slot = threadIdx.x / group;
-  const int rows_per_block = blockDim.x / group;
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * rows_per_block;
+  const RowGroups rows(a.group);
+  const int group = rows.group;
+  const int rank = rows.rank;
   const TX* x = static_cast<const TX*>(a.x);
   const TX* skip = static_cast<const TX*>(a.skip);
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block; first < a.rows; first += row_step) {
-    const int64_t row = first + slot;
+  for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
+    const int64_t row = first + rows.slot;
     const RowLayout layout = row < a.rows ? MakeRowLayout<V>(a, row) : RowLayout{0, 0, 0};
     const int64_t base = row * a.cols;
 

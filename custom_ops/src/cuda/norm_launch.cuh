@@ -1,4 +1,5 @@
-// Launch of one norm kernel for a configuration chosen by launch.cu; instantiated once per X type.
+// Launch of one kernel, of any op, for a configuration chosen by launch.cu: LaunchKernel (kernel_config.cuh),
+// instantiated once per X type.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,8 +15,8 @@ namespace cuda {
 // that launches inside a CUDA graph capture (after a first, eager run) make no attribute calls.
 constexpr int kMaxDevices = 64;
 
-template <typename TX, KernelKind kKind>
-cudaError_t AllowMaxSharedMemory(NormKernel kernel, int device, int bytes) {
+template <typename TX, KernelKind kKind, typename Kernel>
+cudaError_t AllowMaxSharedMemory(Kernel kernel, int device, int bytes) {
   static std::atomic<int> allowed[kMaxDevices] = {};
   const bool known = device >= 0 && device < kMaxDevices;
   if (known && allowed[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
@@ -24,9 +25,10 @@ cudaError_t AllowMaxSharedMemory(NormKernel kernel, int device, int bytes) {
   return status;
 }
 
-template <typename TX>
-cudaError_t LaunchNormKernel(const NormArgs& args, const KernelConfig& config, cudaStream_t stream) {
-  const NormKernel kernel = SelectNormKernel<TX>(config);
+template <int kXType, typename Args>
+cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStream_t stream) {
+  using TX = typename ElementOf<kXType>::type;
+  const auto kernel = SelectKernel<TX>(config, &args);
   if (kernel == nullptr) return cudaErrorInvalidConfiguration;
   const dim3 grid(config.grid);
   const dim3 block(static_cast<unsigned>(config.block));

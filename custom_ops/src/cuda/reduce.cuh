@@ -22,6 +22,25 @@ __device__ __forceinline__ float WarpSum(float v, unsigned mask, int width) {
   return v;
 }
 
+// A block's threads in row groups of `group` threads (a power of two >= 8; when > 32, the whole block), one row
+// per group: blocks take rows_per_block rows at a time and loop over the rows by `step` (the grid's rows).
+struct RowGroups {
+  int group;
+  int rank;  // this thread's place in its group
+  int slot;  // its group's place in the block (the row it takes of the block's rows)
+  int rows_per_block;
+  int64_t step;
+
+  __device__ __forceinline__ explicit RowGroups(int threads_per_row)
+      : group(threads_per_row),
+        rank(threadIdx.x & (threads_per_row - 1)),
+        slot(threadIdx.x / threads_per_row),
+        rows_per_block(blockDim.x / threads_per_row),
+        step(static_cast<int64_t>(gridDim.x) * rows_per_block) {}
+
+  __device__ __forceinline__ int64_t first() const { return static_cast<int64_t>(blockIdx.x) * rows_per_block; }
+};
+
 // Sum of `v` over a row group of `group` threads. group <= 32: the group lies in one warp (no
 // barrier). group > 32: the group is group / 32 whole warps, and every thread of the block must call
 // this (one barrier), whichever row group it belongs to.
