@@ -80,12 +80,6 @@ def _fp16_two_layer_model(hidden: int = 64):
     return model, {"x": rng.standard_normal((4, 16, hidden)).astype(np.float16)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/accuracy.md, 2.): on ONNX Runtime's CPU provider the original's fp16 ops run in float32 with "
-    "the Casts between them removed, while our ops' float16 CPU kernels make it round their inputs and outputs; the "
-    "prototype of float32-only CPU registration measured there makes this pass (mean 2.14e-4 against 2.97e-4 now)",
-)
 def test_an_fp16_model_is_no_farther_from_exact_in_mean_than_the_original_on_the_cpu():
     import onnx_norm
 

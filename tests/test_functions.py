@@ -445,6 +445,15 @@ def test_kernel_and_function_agree(op: str, dtypes: tuple[int, int, int, int, in
         expected = _expected(op, feeds, attrs)
         with_functions = _with_functions(proto)
         for options in (None, _library_options()):
+            if options is not None and ot == x_type == F16:
+                # The library has no float16 X on the CPU: ONNX Runtime runs the op in float32 between its own
+                # Casts, and its Y, now float32, contradicts an explicit output_type=FLOAT16 (docs/ops.md). The
+                # rewrite writes output_type 0 there; this case is refused at load, not run wrong.
+                with pytest.raises(
+                    ort.capi.onnxruntime_pybind11_state.Fail, match=r"Type Error: Type \(tensor\(float\)\)"
+                ):
+                    _run(with_functions, feeds, options)
+                continue
             try:
                 actual = _run(with_functions, feeds, options)
             except (

@@ -319,23 +319,56 @@ def test_rounding_points_are_applied() -> None:
 @pytest.mark.parametrize("op", NORM_OPS)
 @pytest.mark.parametrize(
     ("x_type", "output_type"),
-    [(F16, F32), (BF16, F32), (F32, F16), (F32, BF16), (F16, BF16), (F16, F16)],
+    [(F16, F32), (BF16, F32), (F32, F16), (F32, BF16), (F16, BF16), (BF16, BF16)],
     ids=lambda t: TYPE_NAMES[t],
 )
 def test_output_type(op: str, x_type: int, output_type: int) -> None:
-    # With X's rank in the model, the op's shape inference gives ORT Y's type from output_type.
+    # With X's rank in the model, the op's shape inference gives ORT Y's type from output_type. An output_type equal
+    # to X's is checked with bfloat16: a float16 X runs in float32 between ONNX Runtime's Casts on the CPU, which
+    # then types Y float32 against an explicit output_type=FLOAT16 (docs/ops.md; the rewrite writes 0 there).
     rng = np.random.default_rng(3)
     arrays = make_inputs(op, (4, 768), -1, x_type, F32, rng)
     check_op(op, arrays, shaped=True, output_type=output_type)
 
 
+def test_float16_nodes_run_in_float32_between_the_cpu_providers_casts() -> None:
+    """The library registers no float16 X on the CPU (register.cc): ONNX Runtime runs a float16 node in float32
+    between Casts of its own and removes those between float32-running neighbours, so two norms in a row pass the
+    first one's Y unrounded, as the original graph's ops run on the CPU. With float16 CPU kernels that Y was
+    rounded to float16 (docs/accuracy.md, 2.) and 36% of the outputs differed from the once-rounded result."""
+    rng = np.random.default_rng(21)
+    a, b, c = (rng.standard_normal((64, 256)).astype(np.float16) for _ in range(3))
+    scales = [(rng.random(256) + 0.5).astype(np.float16) for _ in range(2)]
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("RMSNorm", ["s", "scale0"], ["y0"], domain=DOMAIN, epsilon=1e-6),
+        helper.make_node("RMSNorm", ["y0", "scale1"], ["y1"], domain=DOMAIN, epsilon=1e-6),
+        helper.make_node("Add", ["y1", "c"], ["z"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, F16, [64, 256]) for n in ("a", "b", "c")]
+    inits = [onnx.numpy_helper.from_array(w, f"scale{i}") for i, w in enumerate(scales)]
+    output = helper.make_tensor_value_info("z", F16, [64, 256])
+    graph = helper.make_graph(nodes, "fp16_chain", inputs, [output], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, OPSET_VERSION)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    (z,) = session.run(None, {"a": a, "b": b, "c": c})
+    y = a.astype(np.float64) + b
+    for scale in scales:
+        y = y / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + 1e-6) * scale
+    once = (y + c).astype(np.float16)
+    mismatched = np.count_nonzero(z != once)
+    assert mismatched <= z.size // 100, f"{mismatched} of {z.size} values are not the once-rounded result"
+
+
 def test_output_type_with_unknown_rank_is_a_clear_error() -> None:
-    # Without X's rank, ORT types Y like X and the kernel must not silently write another type.
+    # Without X's rank, ORT types Y like X and the kernel must not silently write another type. bfloat16: the CPU
+    # kernel runs in X's type for it (a float16 X runs in float32 between ONNX Runtime's Casts, Y cast back).
     rng = np.random.default_rng(4)
-    x = random_array((4, 16), F16, rng)
-    with pytest.raises(OrtError, match="output_type=FLOAT but ONNX Runtime typed Y as FLOAT16"):
+    x = random_array((4, 16), BF16, rng)
+    with pytest.raises(OrtError, match="output_type=FLOAT but ONNX Runtime typed Y as BFLOAT16"):
         run_op("RMSNorm", [x, None], output_type=F32)
-    assert run_op("RMSNorm", [x, None], output_type=F16)[0].dtype == np.float16
+    assert run_op("RMSNorm", [x, None], output_type=BF16)[0].dtype == ml_dtypes.bfloat16
 
 
 @pytest.mark.parametrize(
@@ -606,9 +639,10 @@ def test_unsupported_scale_type() -> None:
 @pytest.mark.parametrize("op", ["SkipLayerNorm", "SkipRMSNorm"])
 def test_skip_of_another_shape_or_type(op: str) -> None:
     rng = np.random.default_rng(19)
-    arrays = make_inputs(op, (2, 16), -1, F16, F32, rng)
+    # bfloat16: on the CPU a float16 X and Skip reach the kernel as float32 (ONNX Runtime's Casts)
+    arrays = make_inputs(op, (2, 16), -1, BF16, F32, rng)
     shape_mismatch = [arrays[0], arrays[1][:, :8].copy(), *arrays[2:]]
-    _run_expecting_error(op, shape_mismatch, r"Skip must have the type and shape of X: Skip is FLOAT16\[2, 8\]")
+    _run_expecting_error(op, shape_mismatch, r"Skip must have the type and shape of X: Skip is BFLOAT16\[2, 8\]")
     type_mismatch = [arrays[0], arrays[1].astype(np.float32), *arrays[2:]]
     _run_expecting_error(op, type_mismatch, r"Skip must have the type and shape of X: Skip is FLOAT\[2, 16\]")
 

@@ -368,13 +368,23 @@ def test_opset_requirements() -> None:
 
 
 def test_onnx_norm_nodes_set_every_attribute() -> None:
-    attrs = NormAttributes(axis=-2, epsilon=1e-6, normalized_type=F16, multiply_type=F16, output_type=F16)
+    attrs = NormAttributes(axis=-2, epsilon=1e-6, normalized_type=F16, multiply_type=BF16, output_type=BF16)
     spec = _spec("layer", (2, 3, 16), F16, p_type=F16, bias=True, want=("inv_std",), attrs=attrs)
     model, _ = _model(spec, "onnx-norm", 18)
     (node,) = list(model.graph)
     assert (node.domain, node.op_type) == (DOMAIN, "LayerNorm")
     assert {k: a.value for k, a in node.attributes.items()} == attrs.as_dict()
     assert len(node.outputs) == 3  # Y, Mean (unused), InvStdDev
+
+
+def test_onnx_norm_nodes_write_output_type_of_x_as_zero() -> None:
+    """output_type equal to X's type is the same Y as 0, and only 0 loads for a float16 X on ONNX Runtime's CPU
+    provider (which runs the op in float32 between its own Casts, docs/ops.md)."""
+    attrs = NormAttributes(axis=-2, epsilon=1e-6, normalized_type=F16, multiply_type=F16, output_type=F16)
+    spec = _spec("layer", (2, 3, 16), F16, p_type=F16, bias=True, attrs=attrs)
+    model = _check(spec, "onnx-norm", 18)
+    (node,) = list(model.graph)
+    assert {k: a.value for k, a in node.attributes.items()} == {**attrs.as_dict(), "output_type": 0}
 
 
 def test_output_type_becomes_a_cast_where_exact() -> None:

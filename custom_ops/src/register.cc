@@ -4,13 +4,23 @@
 // kOps is the one list of the C++ ops: OnnxNormDescribeOps gives it to tests/test_op_table.py, which checks it
 // against the Python op records (onnx_norm/ops/schema.py).
 //
-// Declared types. ORT types a custom op's outputs in two steps: first from the input types (a
-// type-agnostic output takes the type of the last present type-agnostic input), then the op's shape
-// inference may set a type (applied by recent ORT releases, when X's rank is known; see NormOp::InferShapes).
-// So X is the one type-agnostic input, and Y and Sum follow it unless output_type says otherwise; Skip and
-// the parameters (Scale, Bias, ModScale, ModShift) get concrete types, one op instance per combination (float,
-// float16, bfloat16 each), and the kernel checks at run time that Skip matches X. The statistics are declared
-// float32.
+// Declared types. ORT types a custom op's outputs in two steps: first from the first registered instance of the
+// op (any provider) whose declared input types accept the node's inputs - a type-agnostic output takes the type of
+// the last type-agnostic input -, then the op's shape inference may set a type (applied by recent ORT releases,
+// when X's rank is known; see NormOp::InferShapes). The first instances of each op therefore declare X
+// type-agnostic (UNDEFINED), and Y and Sum follow X unless output_type says otherwise; Skip and the parameters
+// (Scale, Bias, ModScale, ModShift) get concrete types, one instance per combination (float, float16, bfloat16
+// each), and the kernel checks at run time that Skip matches X. The statistics are declared float32.
+//
+// No float16 X on the CPU. ONNX Runtime's CPU provider has no float16 kernel for most ops: it wraps each in Casts
+// to and from float32 and removes the Cast pairs between neighbours, so a float16 model computes almost entirely
+// in float32 on the CPU. A float16 CPU kernel of ours would round its input and output to float16 in the middle
+// of that float32 computation and leave the optimized model farther from the exact result than the original
+// (docs/accuracy.md, 2.). So the CPU instances declare X float or bfloat16 (ORT inserts Casts for float16
+// only), Y and Sum of any type (output_type), and ORT's cast insertion runs a float16 node in float32 between its
+// own Casts. The type-agnostic instances that type the outputs are the CUDA ones; a build without CUDA registers
+// them for a provider that no session has (kTypesOnly), never selected to run, since ORT type-checks a node
+// against the union of the instances' types at load and must still accept a float16 X.
 
 #include <memory>
 #include <iterator>
@@ -67,8 +77,25 @@ const OpEntry kOps[] = {
 };
 
 constexpr int kTypes[] = {kFloat, kFloat16, kBFloat16};
+// X types of the CPU instances: no float16 (see the top of this file). The other numeric types are declared too,
+// so that the kernel rejects them with a message naming the type rather than ORT with "Could not find an
+// implementation" (before this, the CPU instances took any X type, as the type-agnostic ones still do).
+constexpr int kCpuXTypes[] = {kFloat,
+                              kBFloat16,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT32,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT64,
+                              ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL};
 constexpr const char* kCpu = "CPUExecutionProvider";
 constexpr const char* kCuda = "CUDAExecutionProvider";
+// A provider name no ONNX Runtime session has: instances registered for it only type the op's outputs.
+constexpr const char* kTypesOnly = "OnnxNormTypesOnlyExecutionProvider";
 
 // Op objects and the domain must outlive every session that uses them: they live until unload.
 struct Registry {
@@ -77,11 +104,11 @@ struct Registry {
 };
 
 // One instance per type of the parameters (Scale, Bias, ModScale, ModShift, declared alike), times one per type
-// of Skip for the Skip ops.
-void AddOp(Registry& registry, const OpSignature& op, const char* provider, ComputeFn compute) {
+// of Skip for the Skip ops, for the given X type (0: type-agnostic).
+void AddOp(Registry& registry, const OpSignature& op, const char* provider, ComputeFn compute, int x_type) {
   for (int skip_type : kTypes) {
     for (int scale_type : kTypes) {
-      registry.ops.push_back(std::make_unique<NormOp>(op, provider, compute, skip_type, scale_type));
+      registry.ops.push_back(std::make_unique<NormOp>(op, provider, compute, x_type, skip_type, scale_type));
       registry.domain.Add(registry.ops.back().get());
     }
     if (!op.skip) break;  // skip_type is unused: one instance per Scale type
@@ -92,8 +119,13 @@ Registry& GetRegistry() {
   static Registry* registry = [] {
     auto* r = new Registry();  // never freed: ORT may use the ops until the process ends
     for (const OpEntry& entry : kOps) {
-      AddOp(*r, entry.op, kCpu, entry.cpu);
-      if (entry.cuda != nullptr) AddOp(*r, entry.op, kCuda, entry.cuda);
+      // The type-agnostic instances first: ORT types the outputs from the first instance that accepts the inputs.
+      if (entry.cuda != nullptr) {
+        AddOp(*r, entry.op, kCuda, entry.cuda, 0);
+      } else {
+        AddOp(*r, entry.op, kTypesOnly, entry.cpu, 0);
+      }
+      for (int x_type : kCpuXTypes) AddOp(*r, entry.op, kCpu, entry.cpu, x_type);
     }
     return r;
   }();

@@ -312,7 +312,9 @@ def _emit_onnx_norm(op: Any, spec: NormSpec, plan: _Plan) -> list[ir.Value]:
     n_outputs = 1 + max(requested.values(), default=0)
     attrs = spec.attrs
     out_cast = _output_cast(spec)
-    if out_cast or plan.cast_x:
+    # output_type equal to X's type is written 0 (the same Y): on the CPU a float16 X runs in float32 between ONNX
+    # Runtime's Casts, and an explicit output_type=FLOAT16 would then contradict that float32 Y at load.
+    if out_cast or plan.cast_x or attrs.output_type == spec.x_type:
         attrs = dataclasses.replace(attrs, output_type=0)
     outputs = op.op(
         signature.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, _outputs=n_outputs, **attrs.as_dict()

@@ -1,4 +1,4 @@
-// The ORT op class shared by the CPU and CUDA providers: one OrtCustomOp per (op, provider, Skip type,
+// The ORT op class shared by the CPU and CUDA providers: one OrtCustomOp per (op, provider, X type, Skip type,
 // Scale type). See register.cc for why the types are declared the way they are.
 #pragma once
 
@@ -39,9 +39,15 @@ struct NormKernel {
 
 class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true> {
  public:
-  // skip_type/scale_type: the element type this instance declares for Skip and for Scale/Bias.
-  NormOp(const OpSignature& op, const char* provider, ComputeFn compute, int skip_type, int scale_type)
-      : op_(op), provider_(provider), compute_(compute), skip_type_(skip_type), scale_type_(scale_type) {
+  // x_type/skip_type/scale_type: the element type this instance declares for X, for Skip and for Scale/Bias;
+  // x_type 0 (UNDEFINED) declares X type-agnostic, and Y and Sum then follow it.
+  NormOp(const OpSignature& op, const char* provider, ComputeFn compute, int x_type, int skip_type, int scale_type)
+      : op_(op),
+        provider_(provider),
+        compute_(compute),
+        x_type_(x_type),
+        skip_type_(skip_type),
+        scale_type_(scale_type) {
     OrtCustomOp::InferOutputShapeFn = &InferShapes;
     // Sum may take X's buffer (the residual stream then stays in one buffer, as with ORT's own in-place Add:
     // writing over lines just read costs no read-for-ownership), and Y Skip's. CPU Skip ops only: their
@@ -73,7 +79,7 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
 
   size_t GetInputTypeCount() const { return op_.num_inputs; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    if (index == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (index == 0) return static_cast<ONNXTensorElementDataType>(x_type_);
     if (op_.skip && index == 1) return static_cast<ONNXTensorElementDataType>(skip_type_);
     return static_cast<ONNXTensorElementDataType>(scale_type_);
   }
@@ -83,7 +89,8 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
 
   size_t GetOutputTypeCount() const { return op_.num_outputs; }
   ONNXTensorElementDataType GetOutputType(size_t index) const {
-    // Y and Sum follow X (ORT infers them from the one type-agnostic input); statistics are float32.
+    // Y and Sum: any type here (ORT types them from the first registered instance that accepts the node's
+    // inputs, a type-agnostic one, and the op's shape inference; register.cc); statistics are float32.
     if (index == 0 || op_.skip) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
@@ -115,6 +122,7 @@ class NormOp : public Ort::CustomOpBase<NormOp, NormKernel, /*WithStatus=*/true>
   OpSignature op_;
   const char* provider_;
   ComputeFn compute_;
+  int x_type_;
   int skip_type_;
   int scale_type_;
 };
