@@ -21,7 +21,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from onnx_norm import paths
+from onnx_norm import inline_weights, paths
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
 from onnx_norm.errors import ort_message
 
@@ -70,6 +70,10 @@ def load(model: ModelLike) -> ir.Model:
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
+#: Files from this size on are read by `inline_weights.read_model`: below it the file's bytes cost little.
+INLINE_READER_FROM = 64 << 20
+
+
 def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelProto:
     """The ModelProto in a file, without its external data, checked with `check` (unless `checked` is False);
     ModelLoadError with one line naming the file when it is missing, not a file, empty, truncated, not ONNX, or
@@ -84,7 +88,10 @@ def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelPr
     if path.stat().st_size == 0:
         raise ModelLoadError(f"{path}: empty file, not an ONNX model")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        if path.stat().st_size >= INLINE_READER_FROM:
+            proto = inline_weights.read_model(path)  # inline weights: 1 W while loading instead of 2 W
+        else:
+            proto = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # protobuf's DecodeError, OSError, ...: all mean "not a model we can read"
         raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {_one_line(err)})") from err
     if not proto.ir_version or not proto.HasField("graph"):

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnx_norm import inline_weights
+
 
 class OutputError(ValueError):
     """An output path that cannot or must not be written: reported before any work is done."""
@@ -81,7 +83,7 @@ def model_files(path: str | os.PathLike) -> list[Path]:
     readable model gives just itself: reading it fails later with its own message."""
     path = Path(path)
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = inline_weights.read_model(path, payloads=False)  # the structure only: no inline weights read
     except Exception:  # not a model: the load step names the problem
         return [path]
     return [path, *(path.parent / location for location in sorted(external_locations(proto)))]

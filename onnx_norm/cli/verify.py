@@ -134,10 +134,12 @@ def _half_weights(original: Any) -> int:
     """How many float16/bfloat16 initializers the original has (a model that computes in 16 bits)."""
     import onnx
 
+    from onnx_norm import inline_weights
+
     if not isinstance(original, str | Path):
         return 0
     try:
-        model = onnx.load(str(original), load_external_data=False)
+        model = inline_weights.read_model(original, payloads=False)  # types only: no inline weights read
     except Exception:  # a model verify() already ran: unreadable here only if it changed since
         return 0
     half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
