@@ -12,7 +12,6 @@ commands work past 2 GiB, which is what the issue asks CI to keep. The entry poi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -24,17 +23,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from memory_tools import memory_check
 
 import onnx_norm
 from onnx_norm import inputs, weights
 from onnx_norm.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
-_spec = importlib.util.spec_from_file_location("memory_check", ROOT / "tools" / "memory_check.py")
-memory_check = importlib.util.module_from_spec(_spec)
-assert _spec.loader is not None
-_spec.loader.exec_module(memory_check)
 
 
 def _args(**changes: object) -> argparse.Namespace:

@@ -8,7 +8,6 @@ budget.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,16 +15,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from memory_tools import memory_check
 
 from onnx_norm import inputs, sessions, weights
 from onnx_norm.cli import main
 from onnx_norm.sessions import RuntimeConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("memory_check", ROOT / "tools" / "memory_check.py")
-memory_check = importlib.util.module_from_spec(_spec)
-assert _spec.loader is not None
-_spec.loader.exec_module(memory_check)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ interpreter)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from memory_tools import MEMORY_CHECK, memory_check
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_norm import inline_weights, model_io, paths
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("memory_check", ROOT / "tools" / "memory_check.py")
-memory_check = importlib.util.module_from_spec(_spec)
-assert _spec.loader is not None
-_spec.loader.exec_module(memory_check)
 
 
 def _model() -> onnx.ModelProto:
@@ -108,7 +102,7 @@ def test_optimize_on_a_512_mib_inline_model_stays_within_2_w(tmp_path: Path) -> 
     source = tmp_path / "inline.onnx"
     # Built in a process of its own: a child forked from a process that held the model would report that
     # process's resident memory as its own peak.
-    build = [sys.executable, str(ROOT / "tools" / "memory_check.py"), "build", "--layers", "8", "--layout", "inline"]
+    build = [sys.executable, str(MEMORY_CHECK), "build", "--layers", "8", "--layout", "inline"]
     subprocess.run([*build, "--out", str(source)], check=True, capture_output=True)
     size = source.stat().st_size
     assert size >= 512 << 20

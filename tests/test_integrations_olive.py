@@ -195,11 +195,8 @@ def test_the_pass_streams_the_weights_of_a_model_with_external_data(tmp_path: Pa
     the bound is room for the page cache's noise on a shared machine. A 0.5 GiB model and not one past 2 GiB: the
     GenAI route's test runs the same load and save past 2 GiB, and an Olive run of that size would add ~40 s. With
     the pass's `verify` on, the parity gate's own budget applies (1.5 W, tested through `optimize --verify`)."""
-    import importlib.util
+    from memory_tools import memory_check
 
-    spec = importlib.util.spec_from_file_location("memory_check", MODEL.parent.parent / "tools" / "memory_check.py")
-    memory_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(memory_check)
     peaks, sizes = [], []
     for name, layers, hidden in (("tiny", 2, 64), ("big", 8, 4096)):
         path = tmp_path / name / "m.onnx"

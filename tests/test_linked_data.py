@@ -5,21 +5,15 @@ says why in one line, exit 2, where ORT refuses too; never a traceback."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 from pathlib import Path
 
 import onnx
 import pytest
+from memory_tools import memory_check
 
 from onnx_norm.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("memory_check", ROOT / "tools" / "memory_check.py")
-memory_check = importlib.util.module_from_spec(_spec)
-assert _spec.loader is not None
-_spec.loader.exec_module(memory_check)
 
 
 @pytest.fixture
