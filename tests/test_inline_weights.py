@@ -100,8 +100,7 @@ def test_optimize_on_a_512_mib_inline_model_stays_within_2_w(tmp_path: Path) -> 
     """Before, `optimize` read the file with onnx.load: the file's bytes and the parsed message at once (2.13 W on
     a 1 GiB model, 2.07 W at 1.94 GiB)."""
     source = tmp_path / "inline.onnx"
-    # Built in a process of its own: a child forked from a process that held the model would report that
-    # process's resident memory as its own peak.
+    # Built in a process of its own, so that the test worker does not keep the model's memory.
     build = [sys.executable, str(MEMORY_CHECK), "build", "--layers", "8", "--layout", "inline"]
     subprocess.run([*build, "--out", str(source)], check=True, capture_output=True)
     size = source.stat().st_size

@@ -2,7 +2,8 @@
 
 Builds a model with external data in a temporary directory (in a child process of its own, so that no measured
 process inherits the builder's memory), runs one onnx-norm command on it in a child process and reports that
-child's peak resident memory (`os.wait4`'s ru_maxrss) next to the weight bytes W, with the budget of issue 20.
+child's peak resident memory (`os.wait4`'s ru_maxrss, the child forked from a small launcher so that it does not
+start from this process's peak) next to the weight bytes W, with the budget of issue 20.
 Exits with the command's exit status when it fails, and 3 when it succeeded above the budget.
 
 Models (`--shape`):
@@ -187,15 +188,40 @@ def build(path: Path, args: argparse.Namespace) -> int:
     return w.weight_bytes
 
 
+# A child's ru_maxrss starts at its parent's peak: exec records the peak of the memory map it replaces, and a
+# forked (or vforked) child's map is the parent's. A test worker that has run other tests first would pass its own
+# peak on to the command measured, so the command is forked from this small launcher, whose peak is a few MB.
+_LAUNCHER = """
+import os, sys
+report, command = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(command[0], command)
+    except OSError as error:
+        print(f"cannot run {command[0]}: {error.strerror}", file=sys.stderr, flush=True)
+    os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+with open(report, "w") as out:
+    out.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
+
+
 def measure(command: Sequence[str]) -> tuple[int, float, int, str]:
     """Runs `command` in a child; its exit status, seconds, peak RSS in bytes and its output."""
     start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as log:
-        child = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, text=True)
-        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the builder's
-        seconds = time.perf_counter() - start
-        log.seek(0)
-        return os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss * 1024, log.read()
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "maxrss"
+        with (Path(folder) / "log").open("w+") as log:
+            launcher = [sys.executable, "-S", "-c", _LAUNCHER, str(report), *command]
+            launched = subprocess.run(launcher, stdout=log, stderr=subprocess.STDOUT, check=False)
+            seconds = time.perf_counter() - start
+            log.seek(0)
+            output = log.read()
+        if not report.exists():  # the launcher itself failed: its traceback is in the output
+            return launched.returncode or 1, seconds, 0, output
+        status, peak = (int(field) for field in report.read_text().split())
+        return status, seconds, peak * 1024, output
 
 
 def command_for(name: str, source: Path, work: Path, extra: Sequence[str]) -> list[str]:
