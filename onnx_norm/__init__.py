@@ -19,6 +19,12 @@ _EXPORTS = {
     "verify": "onnx_norm.parity",
     "ParityReport": "onnx_norm.parity",
     "bench": "onnx_norm.bench",
+    "VerifyOptions": "onnx_norm.options",
+    "BenchOptions": "onnx_norm.options",
+    "InputOptions": "onnx_norm.options",
+    "RuntimeOptions": "onnx_norm.options",
+    "CompareOptions": "onnx_norm.options",
+    "MeasureOptions": "onnx_norm.options",
 }
 
 __all__ = ["__version__", *_EXPORTS]

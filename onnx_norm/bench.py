@@ -48,19 +48,19 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_norm import defaults, weights
 from onnx_norm import inputs as model_inputs
+from onnx_norm import weights
 from onnx_norm.ops.schema import OPS
+from onnx_norm.options import BenchKwargs, BenchOptions, InputOptions
 from onnx_norm.paths import json_safe, write_json_atomic
 from onnx_norm.sessions import (
     OptLevel,
-    Provider,
     Runner,
     RuntimeConfig,
     RuntimeUnavailableError,
@@ -481,12 +481,11 @@ class _Point:
 def _points(
     model: onnx.ModelProto,
     inputs: Mapping[str, np.ndarray] | None,
-    input_files: Sequence[str | Path],
-    shapes: Mapping[str, Sequence[int]] | None,
+    options: InputOptions,
     sweep: tuple[str, Sequence[int]] | None,
-    seed: int,
 ) -> list[_Point]:
     """One point per value of the swept dim, else one point; each with its input sample, given or generated."""
+    shapes = options.shapes
     if sweep is not None:
         dim, values = sweep
         asked = [({dim: int(value)}, {**(shapes or {}), dim: [int(value)]}) for value in values]
@@ -499,7 +498,7 @@ def _points(
             sample = dict(inputs)
             model_inputs.validate(specs, sample)
         else:
-            sample = model_inputs.prepare(model, files=input_files, shapes=point_shapes, seed=seed)[0]
+            sample = model_inputs.prepare(model, files=options.input_files, shapes=point_shapes, seed=options.seed)[0]
         points.append(_Point(dims, point_shapes, sample))
     return points
 
@@ -654,44 +653,58 @@ def _headline(points: Sequence[BenchPoint]) -> tuple[float, tuple[float, float],
 def bench(
     original: str | Path | onnx.ModelProto | Any,
     optimized: str | Path | onnx.ModelProto | Any | None = None,
+    options: BenchOptions | None = None,
     *,
     inputs: Mapping[str, np.ndarray] | None = None,
-    input_files: Sequence[str | Path] = (),
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    sweep: tuple[str, Sequence[int]] | None = None,
-    seed: int = defaults.SEED,
-    provider: Provider = defaults.PROVIDER,
-    threads: int | None = None,
-    device_id: int = defaults.DEVICE_ID,
-    warmup: int = defaults.WARMUP,
-    repeat: int = defaults.REPEAT,
-    sessions_per_variant: int = defaults.SESSIONS_PER_VARIANT,
-    include_unoptimized: bool = True,
-    profile: bool = False,
-    cuda_graph: bool = defaults.CUDA_GRAPH,
     progress: Progress | None = None,
     clock: Clock = time.perf_counter,
+    **kwargs: Unpack[BenchKwargs],
 ) -> BenchReport:
     """Times `optimized` against `original` (see the module docstring). With no `optimized`, the original is
-    optimized in memory with `onnx_norm.optimize`. `sweep=("sequence", [128, 256])` measures one point per value
-    of a symbolic dim. `cuda_graph=True` (provider "cuda" only, else ValueError) runs every session as a CUDA graph.
-    Raises InputError for inputs that do not fit, SessionError when a model cannot run."""
-    if cuda_graph and provider != "cuda":
-        raise ValueError(f"cuda_graph=True needs provider='cuda', not {provider!r}: CUDA graphs are a CUDA feature")
-    if warmup < 0 or repeat < 1:
-        raise model_inputs.InputError(f"need --warmup >= 0 and --repeat >= 1, got {warmup} and {repeat}")
-    if sessions_per_variant < 1:
-        raise model_inputs.InputError(f"need --sessions >= 1, got {sessions_per_variant}")
-    models = _load_models(original, optimized, include_unoptimized)
-    sessions_per_variant = _weights_policy(models, sessions_per_variant, provider)
-    points = _points(models.original, inputs, input_files, model_inputs.normalize_shapes(shapes), sweep, seed)
-    config = RuntimeConfig(provider, threads, "all", device_id, spinning=False, cuda_graph=cuda_graph)
-    config = config.replace(half_weights_at_run=models.half_at_run)
-    # Graph sessions are made per point, with their runners; ordinary ones serve every point.
-    sessions = None if cuda_graph else _sessions(models, config, sessions_per_variant)
-    generated = inputs is None and not input_files
-    timing = _Timing(warmup, repeat, sessions_per_variant, seed, clock, generated)
-    rounds = warmup + repeat
+    optimized in memory with `onnx_norm.optimize`. The options are a `BenchOptions` (`onnx_norm.options`), or
+    keyword arguments named as its fields (applied on top of `options`): `sweep=("sequence", [128, 256])` measures
+    one point per value of a symbolic dim; `cuda_graph=True` (provider "cuda" only, else ValueError) runs every
+    session as a CUDA graph. `inputs` is one sample to time instead of generated inputs. Raises InputError for
+    options or inputs that do not fit, SessionError when a model cannot run."""
+    options = BenchOptions.build(options, "bench", **kwargs)
+    measure, runtime = options.measure, options.runtime
+    models = _load_models(original, optimized, measure.include_unoptimized)
+    count = _weights_policy(models, measure.sessions_per_variant, runtime.provider)
+    points = _points(models.original, inputs, options.input, measure.sweep)
+    config = RuntimeConfig(runtime.provider, runtime.threads, "all", runtime.device_id, spinning=False)
+    config = config.replace(cuda_graph=measure.cuda_graph, half_weights_at_run=models.half_at_run)
+    generated = inputs is None and options.input.generated
+    timing = _Timing(measure.warmup, measure.repeat, count, options.input.seed, clock, generated)
+    measured, skipped = _measure_points(models, points, config, timing, progress)
+    profiles = _profiles(models, config, points[-1].sample) if measure.profile else None
+    headline, spread, interval, verdict = _headline(measured)
+    return BenchReport(
+        speedup=headline,
+        speedup_spread=spread,
+        speedup_ci95=interval,
+        verdict=verdict,
+        provider=runtime.provider,
+        threads=runtime.threads,
+        warmup=measure.warmup,
+        repeat=measure.repeat,
+        sessions_per_variant=count,
+        points=measured,
+        profile=profiles,
+        optimized_in_memory=models.in_memory,
+        environment=_environment(runtime.provider, runtime.threads, measure.cuda_graph),
+        cuda_graph=measure.cuda_graph,
+        skipped=skipped,
+        weights_policy=models.policy,
+    )
+
+
+def _measure_points(
+    models: _Models, points: Sequence[_Point], config: RuntimeConfig, timing: _Timing, progress: Progress | None
+) -> tuple[list[BenchPoint], dict[str, str]]:
+    """Every point measured, and the variants left out with their reason. Graph sessions are made per point, with
+    their runners; ordinary ones serve every point."""
+    sessions = None if config.cuda_graph else _sessions(models, config, timing.sessions_per_variant)
+    rounds = timing.warmup + timing.repeat
     measured: list[BenchPoint] = []
     skipped: dict[str, str] = {}
     for index, point in enumerate(points):
@@ -700,27 +713,8 @@ def bench(
             if progress is not None:
                 progress(offset + done, rounds * len(points))
 
-        runners, left_out = _runners(models, sessions, point, config, sessions_per_variant)
+        runners, left_out = _runners(models, sessions, point, config, timing.sessions_per_variant)
         skipped.update(left_out)
         measured.append(_measure(models, runners, point, timing, point_progress))
         del runners  # a sweep's graph sessions are freed before the next point's are made
-    profiles = _profiles(models, config, points[-1].sample) if profile else None
-    headline, spread, interval, verdict = _headline(measured)
-    return BenchReport(
-        speedup=headline,
-        speedup_spread=spread,
-        speedup_ci95=interval,
-        verdict=verdict,
-        provider=provider,
-        threads=threads,
-        warmup=warmup,
-        repeat=repeat,
-        sessions_per_variant=sessions_per_variant,
-        points=measured,
-        profile=profiles,
-        optimized_in_memory=models.in_memory,
-        environment=_environment(provider, threads, cuda_graph),
-        cuda_graph=cuda_graph,
-        skipped=skipped,
-        weights_policy=models.policy,
-    )
+    return measured, skipped

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_norm import bench, sessions
-from onnx_norm.cli.bench import parse_sweep
+from onnx_norm.cli.args import parse_sweep
 
 HIDDEN = 16
 

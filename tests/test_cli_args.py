@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from onnx_norm import bench, defaults, parity
+from onnx_norm import defaults
 from onnx_norm.cli import UsageError, build_parser
 from onnx_norm.cli import args as common
 from onnx_norm.cli import bench as bench_cli
 from onnx_norm.cli import verify as verify_cli
+from onnx_norm.options import BenchOptions, InputOptions, MeasureOptions, RuntimeOptions, VerifyOptions
 
 
 def _api_defaults(function: Callable[..., Any]) -> dict[str, Any]:
@@ -24,50 +25,40 @@ def _api_defaults(function: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
-def _same(value: Any) -> Any:
-    """An empty list of input files and an empty tuple are the same option."""
-    return list(value) if isinstance(value, (list, tuple)) else value
-
-
-def _assert_cli_matches_api(kwargs: dict[str, Any], function: Callable[..., Any]) -> None:
-    api = _api_defaults(function)
-    assert set(kwargs) <= set(api), set(kwargs) - set(api)
-    mismatched = {key: (value, api[key]) for key, value in kwargs.items() if _same(value) != _same(api[key])}
-    assert not mismatched, f"CLI default != API default: {mismatched}"
-
-
 def test_verify_without_flags_is_verify_without_arguments():
-    kwargs = verify_cli.parity_kwargs(build_parser().parse_args(["verify", "a.onnx", "b.onnx"]))
-    assert kwargs["samples"] == defaults.SAMPLES == 2  # the CLI's long-standing default, which users rely on
-    _assert_cli_matches_api(kwargs, parity.verify)
-    # check_options is the validation both share: its defaults must not be a third opinion.
-    _assert_cli_matches_api(kwargs, parity.check_options)
+    options = verify_cli.parity_options(build_parser().parse_args(["verify", "a.onnx", "b.onnx"]))
+    assert options.input.samples == defaults.SAMPLES == 2  # the CLI's long-standing default, which users rely on
+    # verify() without arguments runs VerifyOptions(): the CLI's defaults must not be a second opinion.
+    assert options == VerifyOptions()
+    assert options.flat() == VerifyOptions.build(None).flat()
 
 
 def test_bench_without_flags_is_bench_without_arguments():
-    kwargs = bench_cli.bench_kwargs(build_parser().parse_args(["bench", "a.onnx"]))
-    assert kwargs["sessions_per_variant"] == defaults.SESSIONS_PER_VARIANT == 3
-    _assert_cli_matches_api(kwargs, bench.bench)
+    options = bench_cli.bench_options(build_parser().parse_args(["bench", "a.onnx"]))
+    assert options.measure.sessions_per_variant == defaults.SESSIONS_PER_VARIANT == 3
+    assert options == BenchOptions()
 
 
 def test_optimize_verify_takes_the_same_parity_defaults_as_verify():
     optimize_args = build_parser().parse_args(["optimize", "a.onnx", "-o", "b.onnx", "--verify"])
     verify_args = build_parser().parse_args(["verify", "a.onnx", "b.onnx"])
-    assert verify_cli.parity_kwargs(optimize_args) == verify_cli.parity_kwargs(verify_args)
+    assert verify_cli.parity_options(optimize_args) == verify_cli.parity_options(verify_args)
 
 
-def test_each_group_parses_its_own_flags_into_api_arguments():
+def test_each_group_parses_its_own_flags_into_api_options():
     parsed = build_parser().parse_args(
         ["verify", "a.onnx", "b.onnx", "--atol", "1e-3", "logits:0.5", "--shape", "sequence:8", "--samples", "3"]
     )
-    assert common.ToleranceArgs().parse(parsed)["atol"] == {"*": 1e-3, "logits": 0.5}
-    assert common.InputArgs().parse(parsed) == {
-        "input_files": [],
-        "shapes": {"sequence": (8,)},
-        "samples": 3,
-        "seed": 0,
-    }
-    assert common.RuntimeArgs().parse(parsed) == {"provider": "cpu", "threads": None, "device_id": 0}
+    assert common.ToleranceArgs().parse(parsed).atol == {"*": 1e-3, "logits": 0.5}
+    assert common.InputArgs().parse(parsed) == InputOptions(shapes={"sequence": 8}, samples=3, seed=0)
+    assert common.InputArgs().parse(parsed).shapes == {"sequence": (8,)}
+    assert common.RuntimeArgs().parse(parsed) == RuntimeOptions("cpu", None, 0)
+
+
+def test_the_bench_flags_reach_the_measure_options():
+    flags = ["--sweep", "sequence:4,8", "--no-noopt", "--profile", "--warmup", "0", "--repeat", "2", "--sessions", "1"]
+    measure = bench_cli.bench_options(build_parser().parse_args(["bench", "a.onnx", *flags])).measure
+    assert measure == MeasureOptions(0, 2, 1, ("sequence", [4, 8]), include_unoptimized=False, profile=True)
 
 
 @pytest.mark.parametrize(
@@ -86,10 +77,11 @@ def test_a_group_rejects_its_bad_values_by_flag_name(group, flags, message):
 
 
 def test_the_cuda_graph_flag_is_off_by_default_and_on_with_the_cuda_provider():
-    assert bench_cli.bench_kwargs(build_parser().parse_args(["bench", "a.onnx"]))["cuda_graph"] is False
+    assert bench_cli.bench_options(build_parser().parse_args(["bench", "a.onnx"])).measure.cuda_graph is False
     parsed = build_parser().parse_args(["bench", "a.onnx", "--provider", "cuda", "--cuda-graph"])
     assert common.CudaGraphArgs().parse(parsed) == {"cuda_graph": True}
-    assert bench_cli.bench_kwargs(parsed)["provider"] == "cuda"
+    options = bench_cli.bench_options(parsed)
+    assert options.runtime.provider == "cuda" and options.measure.cuda_graph
 
 
 def test_the_cuda_graph_flag_without_the_cuda_provider_is_a_usage_error():

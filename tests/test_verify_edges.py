@@ -244,12 +244,12 @@ def test_take_over_native_shows_what_it_converted_and_why_it_left_the_rest(tmp_p
 def test_demo_echoes_the_exact_bench_command_it_runs(tmp_path: Path, capsys, monkeypatch):
     import onnx_norm.cli.bench as bench_cli
 
-    ran: list[dict] = []
+    ran: list = []
     real = bench_cli.bench_and_print
 
-    def recording(original, optimized, kwargs, console, *, title):
-        ran.append(dict(kwargs))
-        return real(original, optimized, kwargs, console, title=title)
+    def recording(original, optimized, options, console, *, title):
+        ran.append(options)
+        return real(original, optimized, options, console, title=title)
 
     monkeypatch.setattr(bench_cli, "bench_and_print", recording)
     argv = ["demo", "--model", "llama-rmsnorm-fp32", "--warmup", "0", "--repeat", "1", "--sessions", "1"]
@@ -257,8 +257,8 @@ def test_demo_echoes_the_exact_bench_command_it_runs(tmp_path: Path, capsys, mon
     echoed = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("$ onnx-norm bench ")]
     assert len(echoed) == 1 == len(ran)
     parsed = build_parser().parse_args(shlex.split(echoed[0])[1:])
-    assert bench_cli.bench_kwargs(parsed) == ran[0]
-    assert ran[0]["threads"] == 1
+    assert bench_cli.bench_options(parsed) == ran[0]
+    assert ran[0].runtime.threads == 1
 
 
 def test_a_golden_evaluation_that_fails_at_run_time_leaves_the_models_compared_with_each_other(models, monkeypatch):

@@ -1,21 +1,27 @@
 """Argument groups shared by the subcommands (Polygraphy's shape): model and output paths, model inputs, runtime,
-tolerances, bench sessions; each owns its flags and their parsing into the API's keyword arguments."""
+tolerances, bench sessions; each owns its flags and their parsing into the API's run options (`onnx_norm.options`:
+InputOptions, RuntimeOptions, CompareOptions, MeasureOptions), or keyword arguments where the API has no options
+object (paths, target, report)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import re
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from onnx_norm import defaults
 from onnx_norm.cli import UsageError
+
+if TYPE_CHECKING:
+    from onnx_norm.options import CompareOptions, InputOptions, MeasureOptions, RuntimeOptions
 
 #: Width of tables written to a file or a pipe (CI logs, README excerpts), where rich would assume 80 columns.
 PIPE_WIDTH = 140
@@ -29,9 +35,10 @@ def console() -> Console:
 
 class ArgGroup:
     """A group of flags that owns both its flags and their parsing (Polygraphy's shape): `add` registers the flags
-    on a parser, `parse` turns the parsed flags into the keyword arguments of the API call they configure,
-    validated (UsageError, exit 2, before any work). Flag defaults are the API's defaults (`onnx_norm.defaults`),
-    so that a command line without flags and a call without arguments do the same thing."""
+    on a parser, `parse` turns the parsed flags into the options of the API call they configure (an options
+    object, or keyword arguments), validated (UsageError, exit 2, before any work). Flag defaults are the API's
+    defaults (`onnx_norm.defaults`), so that a command line without flags and a call without arguments do the same
+    thing."""
 
     title = ""
 
@@ -43,7 +50,7 @@ class ArgGroup:
     def add_flags(self, group: argparse._ArgumentGroup) -> None:
         raise NotImplementedError
 
-    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+    def parse(self, args: argparse.Namespace) -> Any:
         raise NotImplementedError
 
 
@@ -90,7 +97,7 @@ class PathArgs(ArgGroup):
 
 
 class InputArgs(ArgGroup):
-    """Model inputs: data files or generated samples of given shapes -> input_files, shapes, samples, seed."""
+    """Model inputs: data files or generated samples of given shapes -> InputOptions."""
 
     title = "model inputs"
 
@@ -120,11 +127,12 @@ class InputArgs(ArgGroup):
             "--seed", type=int, default=defaults.SEED, help=f"seed of the generated inputs (default: {defaults.SEED})"
         )
 
-    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
-        parsed = {"input_files": list(args.inputs), "shapes": shapes(args) or None, "seed": args.seed}
-        if self.samples:
-            parsed["samples"] = args.samples
-        return parsed
+    def parse(self, args: argparse.Namespace) -> InputOptions:
+        from onnx_norm.options import InputOptions
+
+        samples = {"samples": args.samples} if self.samples else {}
+        with input_errors():
+            return InputOptions(list(args.inputs), shapes(args) or None, seed=args.seed, **samples)
 
 
 def add_shape_flag(group: argparse._ActionsContainer, help_text: str | None = None) -> None:
@@ -141,7 +149,7 @@ def add_shape_flag(group: argparse._ActionsContainer, help_text: str | None = No
 
 
 class RuntimeArgs(ArgGroup):
-    """Where the models run -> provider, threads, device_id."""
+    """Where the models run -> RuntimeOptions (provider, threads, device_id)."""
 
     title = "runtime"
 
@@ -160,10 +168,12 @@ class RuntimeArgs(ArgGroup):
             "--device-id", type=int, default=defaults.DEVICE_ID, help=f"CUDA device (default: {defaults.DEVICE_ID})"
         )
 
-    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+    def parse(self, args: argparse.Namespace) -> RuntimeOptions:
+        from onnx_norm.options import RuntimeOptions
+
         check_positive(args.threads, "--threads")
         check_positive(args.device_id, "--device-id", zero_ok=True)
-        return {"provider": args.provider, "threads": args.threads, "device_id": args.device_id}
+        return RuntimeOptions(args.provider, args.threads, args.device_id)
 
     @staticmethod
     def flags(args: argparse.Namespace) -> list[str]:
@@ -177,7 +187,8 @@ class RuntimeArgs(ArgGroup):
 
 
 class CudaGraphArgs(ArgGroup):
-    """ONNX Runtime's CUDA graphs -> cuda_graph (`onnx-norm bench`); needs RuntimeArgs' `--provider cuda`."""
+    """ONNX Runtime's CUDA graphs -> {"cuda_graph": bool}, a MeasureOptions field (`onnx-norm bench`); needs
+    RuntimeArgs' `--provider cuda`."""
 
     title = "CUDA graphs"
 
@@ -201,8 +212,8 @@ class CudaGraphArgs(ArgGroup):
 
 
 class ToleranceArgs(ArgGroup):
-    """How outputs are compared -> atol, rtol, check_error_stat, error_quantile, golden, original_optimization,
-    allow_nonfinite, per_node (verify(), and `optimize --verify`)."""
+    """How outputs are compared -> CompareOptions (verify(), and `optimize --verify`); the tolerances are checked by
+    `parity.check_options` with the rest of verify()'s options."""
 
     title = "comparison"
 
@@ -256,17 +267,20 @@ class ToleranceArgs(ArgGroup):
             help="also compare every fused norm with the subgraph it replaced, to name the norm that diverged",
         )
 
-    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
-        return {
-            "atol": per_output_values(args.atol, "--atol"),
-            "rtol": per_output_values(args.rtol, "--rtol"),
-            "check_error_stat": per_output_values(args.check_error_stat, "--check-error-stat", str),
-            "error_quantile": args.error_quantile,
-            "golden": args.golden,
-            "original_optimization": args.original_opt_level,
-            "allow_nonfinite": args.allow_nonfinite,
-            "per_node": args.per_node,
-        }
+    def parse(self, args: argparse.Namespace) -> CompareOptions:
+        from onnx_norm.options import CompareOptions
+
+        with input_errors():
+            return CompareOptions(
+                atol=per_output_values(args.atol, "--atol"),
+                rtol=per_output_values(args.rtol, "--rtol"),
+                check_error_stat=per_output_values(args.check_error_stat, "--check-error-stat", str),
+                error_quantile=args.error_quantile,
+                golden=args.golden,
+                original_optimization=args.original_opt_level,
+                allow_nonfinite=args.allow_nonfinite,
+                per_node=args.per_node,
+            )
 
 
 class TargetArgs(ArgGroup):
@@ -303,15 +317,24 @@ class RewriteReportArgs(ArgGroup):
 
 
 class BenchSessionArgs(ArgGroup):
-    """The bench's rounds and sessions -> warmup, repeat, sessions_per_variant (`onnx-norm bench`, and the bench
-    step of `onnx-norm demo`, which times millisecond models and so takes more rounds by default)."""
+    """The bench's rounds and sessions -> MeasureOptions (`onnx-norm bench`, and the bench step of `onnx-norm demo`,
+    which times millisecond models and so takes more rounds by default). With `variants`, also what is measured:
+    `--sweep`, `--no-noopt`, `--profile` (bench's own flags; the demo runs bench's command line)."""
 
     title = "measurement"
 
-    def __init__(self, *, title: str = "measurement", warmup: int = defaults.WARMUP, repeat: int = defaults.REPEAT):
+    def __init__(
+        self,
+        *,
+        title: str = "measurement",
+        warmup: int = defaults.WARMUP,
+        repeat: int = defaults.REPEAT,
+        variants: bool = False,
+    ):
         self.title = title
         self.warmup = warmup
         self.repeat = repeat
+        self.variants = variants
 
     def add_flags(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument(
@@ -329,12 +352,46 @@ class BenchSessionArgs(ArgGroup):
             help="sessions per variant, used in turn: averages out the few percent by which sessions of one model "
             f"differ on a CPU (default: {sessions}; 1 for models too large to hold {sessions} times)",
         )
+        if self.variants:
+            self._add_variant_flags(group)
 
-    def parse(self, args: argparse.Namespace) -> dict[str, Any]:
+    @staticmethod
+    def _add_variant_flags(group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--sweep",
+            metavar="DIM:V1,V2,...",
+            help="one measurement per value of a symbolic dim, e.g. sequence:64,128,256,512 (plotted by --plot)",
+        )
+        group.add_argument("--no-noopt", action="store_true", help="skip the original with ORT optimizations off")
+        group.add_argument(
+            "--profile", action="store_true", help="split kernel time into norm nodes and the rest with ORT's profiler"
+        )
+
+    def parse(self, args: argparse.Namespace) -> MeasureOptions:
+        from onnx_norm.options import MeasureOptions
+
         check_positive(args.warmup, "--warmup", zero_ok=True)
         check_positive(args.repeat, "--repeat")
         check_positive(args.sessions, "--sessions")
-        return {"warmup": args.warmup, "repeat": args.repeat, "sessions_per_variant": args.sessions}
+        variants = {}
+        if self.variants:
+            variants = {"sweep": parse_sweep(args.sweep), "include_unoptimized": not args.no_noopt}
+            variants["profile"] = args.profile
+        with input_errors():
+            return MeasureOptions(args.warmup, args.repeat, args.sessions, **variants)
+
+
+def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
+    """`--sweep DIM:V1,V2,...` -> (dim, values)."""
+    if not text:
+        return None
+    match = re.fullmatch(r"([^:]+):([0-9,\s]+)", text)
+    if match is None:
+        raise UsageError(f"--sweep {text!r}: expected DIM:V1,V2,... (for example sequence:64,128,256)")
+    values = [int(v) for v in match.group(2).split(",") if v.strip()]
+    if not values or any(v <= 0 for v in values):
+        raise UsageError(f"--sweep {text!r}: values must be positive integers")
+    return match.group(1), values
 
 
 def shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:

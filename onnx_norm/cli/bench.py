@@ -6,15 +6,18 @@ Exit 0 measured, 1 the speedup is below `--min-speedup`, 2 usage or input error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
-import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
+
+if TYPE_CHECKING:
+    from onnx_norm.options import BenchOptions
 
 PATHS = common.PathArgs(
     [
@@ -30,7 +33,7 @@ PATHS = common.PathArgs(
 INPUTS = common.InputArgs(samples=False)
 RUNTIME = common.RuntimeArgs()
 CUDA_GRAPH = common.CudaGraphArgs()
-MEASUREMENT = common.BenchSessionArgs()
+MEASUREMENT = common.BenchSessionArgs(variants=True)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,45 +50,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     CUDA_GRAPH.add(parser)
     group = MEASUREMENT.add(parser)
     group.add_argument(
-        "--sweep",
-        metavar="DIM:V1,V2,...",
-        help="one measurement per value of a symbolic dim, e.g. sequence:64,128,256,512 (plotted by --plot)",
-    )
-    group.add_argument("--no-noopt", action="store_true", help="skip the original with ORT optimizations off")
-    group.add_argument(
-        "--profile", action="store_true", help="split kernel time into norm nodes and the rest with ORT's profiler"
-    )
-    group.add_argument(
         "--min-speedup", type=float, default=None, help="exit 1 if the median speedup is below this ratio (for CI)"
     )
     parser.set_defaults(func=run)
     return parser
 
 
-def parse_sweep(text: str | None) -> tuple[str, list[int]] | None:
-    if not text:
-        return None
-    match = re.fullmatch(r"([^:]+):([0-9,\s]+)", text)
-    if match is None:
-        raise UsageError(f"--sweep {text!r}: expected DIM:V1,V2,... (for example sequence:64,128,256)")
-    values = [int(v) for v in match.group(2).split(",") if v.strip()]
-    if not values or any(v <= 0 for v in values):
-        raise UsageError(f"--sweep {text!r}: values must be positive integers")
-    return match.group(1), values
+def bench_options(args: argparse.Namespace) -> BenchOptions:
+    """bench()'s options from the parsed flags of the input, runtime, CUDA graph and measurement groups, validated
+    (UsageError, exit 2)."""
+    from onnx_norm.options import BenchOptions
 
-
-def bench_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """bench() keyword arguments from the parsed flags of the input, runtime and measurement groups, validated."""
-    measurement = MEASUREMENT.parse(args)
-    return {
-        **INPUTS.parse(args),
-        "sweep": parse_sweep(args.sweep),
-        **RUNTIME.parse(args),
-        **CUDA_GRAPH.parse(args),
-        **measurement,
-        "include_unoptimized": not args.no_noopt,
-        "profile": args.profile,
-    }
+    measure = dataclasses.replace(MEASUREMENT.parse(args), **CUDA_GRAPH.parse(args))
+    with common.input_errors():
+        return BenchOptions(INPUTS.parse(args), RUNTIME.parse(args), measure)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:
         raise UsageError("--plot with --inputs measures one shape only; use generated inputs with --sweep")
-    kwargs = bench_kwargs(args)
+    options = bench_options(args)
     console = common.console()
-    report = bench_and_print(args.original, args.optimized, kwargs, console, title=str(args.original))
+    report = bench_and_print(args.original, args.optimized, options, console, title=str(args.original))
     if args.report is not None:
         from onnx_norm.cli import write_json_report
 
@@ -126,7 +104,7 @@ def check_correspondence(original: str, optimized: str) -> None:
         raise UsageError(problem)
 
 
-def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], console: Console, *, title: str) -> Any:
+def bench_and_print(original: Any, optimized: Any, options: BenchOptions, console: Console, *, title: str) -> Any:
     """Runs the bench with a progress bar and prints its tables; returns the BenchReport (demo uses it too)."""
     from onnx_norm.bench import bench
     from onnx_norm.cli.progress import rounds_bar
@@ -138,7 +116,7 @@ def bench_and_print(original: Any, optimized: Any, kwargs: dict[str, Any], conso
             progress.update(task, completed=done, total=total, description=f"bench {title}: timing")
 
         with common.input_errors():
-            report = bench(original, optimized, progress=advance, **kwargs)
+            report = bench(original, optimized, options, progress=advance)
     print_report(report, console, title=title)
     return report
 

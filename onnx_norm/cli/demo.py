@@ -93,7 +93,7 @@ def _check_before_work(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from onnx_norm.cli import build_parser
-    from onnx_norm.cli.bench import bench_and_print, bench_kwargs
+    from onnx_norm.cli.bench import bench_and_print, bench_options
     from onnx_norm.cli.verify import verify_and_print
     from onnx_norm.parity import RULE_KEY
 
@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
             bench_argv += ["--repeat", str(args.repeat), "--sessions", str(args.sessions), "--shape", *shapes]
             bench_argv += RUNTIME.flags(args)
             console.print(f"[bold]$ {common.command_line(bench_argv)}", highlight=False, soft_wrap=True)
-            kwargs = bench_kwargs(build_parser().parse_args(bench_argv))
-            report = bench_and_print(str(original), str(optimized), kwargs, console, title=name)
+            options = bench_options(build_parser().parse_args(bench_argv))
+            report = bench_and_print(str(original), str(optimized), options, console, title=name)
             low, high = report.speedup_ci95
             summary.append((name, fused, verify_code == 0, report.speedup, f"{low:.2f}-{high:.2f} ({report.verdict})"))
 

@@ -88,9 +88,9 @@ def _check_before_work(args: argparse.Namespace, source: Path, output: Path, ext
         input_data=args.inputs,
     )
     if args.verify:
-        from onnx_norm.cli.verify import parity_kwargs
+        from onnx_norm.cli.verify import parity_options
 
-        parity_kwargs(args)
+        parity_options(args)
 
 
 def _stale_data_file(staging: Path, output: Path, source: Path) -> Path | None:

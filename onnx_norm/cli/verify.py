@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import args as common
 from onnx_norm.parity import Comparison, ParityReport
+
+if TYPE_CHECKING:
+    from onnx_norm.options import VerifyOptions
 
 #: The flag groups of `verify`, in help order; `optimize --verify` takes the same comparison, inputs and runtime.
 PATHS = common.PathArgs(
@@ -55,16 +58,16 @@ def gate(original: Any, optimized: Any, args: argparse.Namespace, *, console: Co
     return code
 
 
-def parity_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """verify() keyword arguments from the parsed flags of the comparison, input and runtime groups, validated by
-    the same function verify() validates its arguments with (`parity.check_options`): bad values exit 2 before
-    any work."""
+def parity_options(args: argparse.Namespace) -> VerifyOptions:
+    """verify()'s options from the parsed flags of the comparison, input and runtime groups, validated by the same
+    function verify() validates its options with (`parity.check_options`): bad values exit 2 before any work."""
+    from onnx_norm.options import VerifyOptions
     from onnx_norm.parity import check_options
 
-    kwargs = {**INPUTS.parse(args), **RUNTIME.parse(args), **COMPARISON.parse(args)}
+    options = VerifyOptions(INPUTS.parse(args), RUNTIME.parse(args), COMPARISON.parse(args))
     with common.input_errors():
-        check_options(**kwargs)
-    return kwargs
+        check_options(options)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,14 +84,14 @@ def verify_and_print(
     from onnx_norm.parity import verify
 
     console = console or common.console()
-    kwargs = parity_kwargs(args)
+    options = parity_options(args)
     start = time.perf_counter()
     from onnx_norm.cli.progress import status
 
     with common.input_errors(), status("verify: loading the models and running both"):
-        report = verify(original, optimized, **kwargs)
+        report = verify(original, optimized, options)
     if not report.passed:
-        check_reproducible(original, kwargs)
+        check_reproducible(original, options)
     print_report(report, console)
     if not report.passed:
         for hint in tolerance_hints(report, original):
@@ -110,7 +113,7 @@ def verify_and_print(
     return (0 if report.passed else 1), report
 
 
-def check_reproducible(original: Any, kwargs: dict[str, Any]) -> None:
+def check_reproducible(original: Any, options: VerifyOptions) -> None:
     """After a failed comparison: does the original pass the same check against itself? If not (its outputs change
     from run to run, or are NaN/Inf where nothing can be compared), no optimized model can be judged against it:
     UsageError (exit 2) saying so, not a parity failure blamed on the optimized model."""
@@ -119,7 +122,7 @@ def check_reproducible(original: Any, kwargs: dict[str, Any]) -> None:
     from onnx_norm.parity import verify
 
     with common.input_errors(), status("verify: checking the original against itself"):
-        itself = verify(original, original, **{**kwargs, "per_node": False})
+        itself = verify(original, original, options, per_node=False)
     if itself.passed:
         return
     worst = next(output for output in itself.outputs if not output.passed)

@@ -4,22 +4,21 @@ of onnx_norm.parity)."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import onnx
 
-from onnx_norm import defaults
 from onnx_norm import inputs as model_inputs
+from onnx_norm.options import CompareOptions, InputOptions, VerifyKwargs, VerifyOptions
 from onnx_norm.parity.golden import GoldenEvaluator
 from onnx_norm.parity.mapping import FusedNorm, find_fused_norms, with_outputs
 from onnx_norm.parity.metrics import Comparison, compare
 from onnx_norm.parity.report import NormComparison, ParityReport
-from onnx_norm.parity.tolerances import GoldenMethod, PerOutput, Stat, ToleranceSpec, check_options
+from onnx_norm.parity.tolerances import GoldenMethod, ToleranceSpec, tolerance_spec
 from onnx_norm.sessions import (
     OptLevel,
     Provider,
@@ -33,8 +32,6 @@ from onnx_norm.sessions import (
 from onnx_norm.weights import check_memory, half_weights_at_run, session_copies, weight_bytes
 
 Results = list[dict[str, np.ndarray]]
-#: verify()'s options that check_options validates (all but the models and the given inputs).
-_CHECKED = frozenset(inspect.signature(check_options).parameters)
 
 
 def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
@@ -63,12 +60,7 @@ def _nonfinite_inputs(samples: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
 
 
 def _samples(
-    original: onnx.ModelProto,
-    inputs: Sequence[Mapping[str, np.ndarray]] | None,
-    files: Sequence[str | Path],
-    shapes: Mapping[str, Sequence[int]] | None,
-    samples: int,
-    seed: int,
+    original: onnx.ModelProto, inputs: Sequence[Mapping[str, np.ndarray]] | None, options: InputOptions
 ) -> tuple[list[dict[str, np.ndarray]], str]:
     """The input samples (given, read from files or generated), and the hint to add to a run failure about the
     shapes generated inputs took."""
@@ -79,7 +71,10 @@ def _samples(
             model_inputs.validate(specs, sample, where=f"sample {index}")
         hint = ""
     else:
-        sample_list = model_inputs.prepare(original, files=files, shapes=shapes, samples=samples, seed=seed)
+        files, shapes = options.input_files, options.shapes
+        sample_list = model_inputs.prepare(
+            original, files=files, shapes=shapes, samples=options.samples, seed=options.seed
+        )
         hint = "" if files else model_inputs.shape_hint(original, shapes)
     if not sample_list:
         raise model_inputs.InputError("no input samples")
@@ -193,8 +188,7 @@ def _run(
     models: _Models,
     samples: Sequence[Mapping[str, np.ndarray]],
     config: RuntimeConfig,
-    optimized_optimization: OptLevel,
-    golden: GoldenMethod,
+    compare: CompareOptions,
     hint: str,
 ) -> _Runs:
     """Runs the original, its float64 evaluation and the optimized model on every sample, one model at a time:
@@ -208,9 +202,9 @@ def _run(
         except SessionError as err:
             raise SessionError(f"{err}{hint}") from err
     del session
-    golden_results, method, warnings = _golden_runs(models, samples, golden, config.threads)
+    golden_results, method, warnings = _golden_runs(models, samples, compare.golden, config.threads)
     runs = _Runs(original, [], golden_results, method, None, warnings)
-    session = _optimized_session(models, config, optimized_optimization)
+    session = _optimized_session(models, config, compare.optimized_optimization)
     for sample in samples if session is not None else []:
         try:
             runs.optimized.append(run_model(session, sample, models.optimized_fetch, label="it"))
@@ -271,31 +265,19 @@ def _compare_outputs(
 def verify(
     original: str | Path | onnx.ModelProto | Any,
     optimized: str | Path | onnx.ModelProto | Any,
+    options: VerifyOptions | None = None,
     *,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
-    input_files: Sequence[str | Path] = (),
-    shapes: Mapping[str, int | Sequence[int]] | None = None,
-    samples: int = defaults.SAMPLES,
-    seed: int = defaults.SEED,
-    provider: Provider = defaults.PROVIDER,
-    threads: int | None = None,
-    device_id: int = defaults.DEVICE_ID,
-    original_optimization: OptLevel = defaults.ORIGINAL_OPTIMIZATION,
-    optimized_optimization: OptLevel = "all",
-    atol: PerOutput = None,
-    rtol: PerOutput = None,
-    check_error_stat: Stat | Mapping[str, Stat] | None = None,
-    error_quantile: float = defaults.ERROR_QUANTILE,
-    golden: GoldenMethod = defaults.GOLDEN,
-    per_node: bool = False,
-    allow_nonfinite: bool = False,
+    **kwargs: Unpack[VerifyKwargs],
 ) -> ParityReport:
     """Checks that `optimized` computes what `original` computes (see the docstring of onnx_norm.parity for the
     rules).
 
-    `shapes` maps an input to its dims or a symbolic dim to its value (`{"sequence": 8}`); `atol`/`rtol` are one
-    value or {output: value} ("*" for the rest). `allow_nonfinite` passes an output that is NaN/Inf everywhere in
-    both models (it fails otherwise). Options are validated by `check_options`, as the CLI's are.
+    The options are a `VerifyOptions` (`onnx_norm.options`), or keyword arguments named as its fields (applied on
+    top of `options` when both are given): `shapes` maps an input to its dims or a symbolic dim to its value
+    (`{"sequence": 8}`); `atol`/`rtol` are one value or {output: value} ("*" for the rest). `allow_nonfinite` passes
+    an output that is NaN/Inf everywhere in both models (it fails otherwise). Options are validated as the CLI's
+    are. `inputs` are samples to run instead of generated ones.
 
     Raises `onnx_norm.inputs.InputError` for bad options, an original that is not a valid model and inputs that do
     not fit the models, and `onnx_norm.sessions.SessionError` when the original cannot be run or the machine
@@ -303,31 +285,26 @@ def verify(
     or that ONNX Runtime rejects or fails to run, is a failed report.
     """
     start = time.perf_counter()
-    # Every option check_options takes, by name: verify() validates exactly what the CLI validates.
-    tolerances, shapes = check_options(**{name: value for name, value in locals().items() if name in _CHECKED})
+    options = VerifyOptions.build(options, "verify", **kwargs)
+    tolerances = tolerance_spec(options.compare)
     original_label = model_label("original", original)
     original_proto = model_inputs.load_model(original, resolve_external=True)
     optimized_proto, optimized_failure = _load_optimized(optimized)
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     output_names = [value.name for value in original_proto.graph.output]
     tolerances.check_names(output_names)
-    sample_list, hint = _samples(original_proto, inputs, input_files, shapes, samples, seed)
+    sample_list, hint = _samples(original_proto, inputs, options.input)
 
-    norms = find_fused_norms(original_proto, optimized_proto) if per_node and optimized_failure is None else []
+    compare, runtime = options.compare, options.runtime
+    norms = find_fused_norms(original_proto, optimized_proto) if compare.per_node and not optimized_failure else []
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
-    at_run = _set_sources(models, original, optimized, original_proto, optimized_proto, provider)
-    config = RuntimeConfig(provider, threads, original_optimization, device_id, half_weights_at_run=at_run)
-    runs = _run(models, sample_list, config, optimized_optimization, golden, hint)
+    at_run = _set_sources(models, original, optimized, original_proto, optimized_proto, runtime.provider)
+    level = compare.original_optimization
+    config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
+    runs = _run(models, sample_list, config, compare, hint)
     present = {value.name for value in optimized_proto.graph.output}
     outputs = _compare_outputs(output_names, present, runs, tolerances, _narrowest_float(original_proto))
-    numerics = {} if runs.optimized_failure or not norms else _narrow_numerics(original_proto, norms, runs)
-    norm_results = [] if runs.optimized_failure else [_compare_norm(norm, runs, tolerances) for norm in norms]
-    for result in norm_results:
-        result.numerics = numerics.get(result.node)
-    warnings = _nonfinite_inputs(sample_list) + runs.warnings
-    unmapped = [norm.node for norm in norm_results if norm.status == "unmapped"]
-    if unmapped:
-        warnings.append(f"no original value found for fused norm(s) {', '.join(unmapped)}")
+    norm_results = _compare_norms(original_proto, norms, runs, tolerances)
     passed = all(item.passed for item in outputs) and not any(norm.status == "diverges" for norm in norm_results)
     return ParityReport(
         passed=passed,
@@ -335,14 +312,35 @@ def verify(
         norms=norm_results,
         samples=len(sample_list),
         shapes={name: list(array.shape) for name, array in sample_list[0].items()},
-        provider=provider,
-        original_optimization=original_optimization,
+        provider=runtime.provider,
+        original_optimization=level,
         golden=runs.golden_method,
         golden_form=models.golden_form if runs.golden_method != "none" else "",
-        seed=seed,
+        seed=options.input.seed,
         elapsed_s=time.perf_counter() - start,
-        warnings=warnings,
+        warnings=_warnings(sample_list, runs, norm_results),
     )
+
+
+def _compare_norms(
+    original: onnx.ModelProto, norms: Sequence[FusedNorm], runs: _Runs, tolerances: ToleranceSpec
+) -> list[NormComparison]:
+    """Every fused norm against the value it replaced, with the original norm's own-type numerics beside it."""
+    if runs.optimized_failure:
+        return []
+    numerics = _narrow_numerics(original, norms, runs) if norms else {}
+    results = [_compare_norm(norm, runs, tolerances) for norm in norms]
+    for result in results:
+        result.numerics = numerics.get(result.node)
+    return results
+
+
+def _warnings(samples: Sequence[Mapping[str, np.ndarray]], runs: _Runs, norms: Sequence[NormComparison]) -> list[str]:
+    warnings = _nonfinite_inputs(samples) + runs.warnings
+    unmapped = [norm.node for norm in norms if norm.status == "unmapped"]
+    if unmapped:
+        warnings.append(f"no original value found for fused norm(s) {', '.join(unmapped)}")
+    return warnings
 
 
 def _narrow_numerics(original: onnx.ModelProto, norms: Sequence[FusedNorm], runs: _Runs) -> dict[str, Any]:

@@ -6,17 +6,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from onnx_norm import defaults
 from onnx_norm import inputs as model_inputs
 from onnx_norm.defaults import GOLDEN_METHODS, OPT_LEVELS, PROVIDERS, STATS, GoldenMethod, Stat
+from onnx_norm.options import CompareOptions, PerOutput, VerifyKwargs, VerifyOptions
 
 __all__ = ["DEFAULT_TOLERANCES", "GOLDEN_METHODS", "OPT_LEVELS", "PROVIDERS", "STATS", "GoldenMethod", "Stat"]
-__all__ += ["PerOutput", "Tolerance", "ToleranceSpec", "check_options", "default_tolerance"]
+__all__ += ["PerOutput", "Tolerance", "ToleranceSpec", "check_options", "default_tolerance", "tolerance_spec"]
 
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-7),
@@ -42,9 +42,6 @@ def default_tolerance(dtype: np.dtype) -> tuple[float, float]:
     if name in DEFAULT_TOLERANCES:
         return DEFAULT_TOLERANCES[name]
     return (0.0, 0.0)
-
-
-PerOutput = float | Mapping[str, float] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,47 +111,18 @@ def _pick(value: Any, name: str, default: Any) -> Any:
     return value
 
 
+def tolerance_spec(compare: CompareOptions) -> ToleranceSpec:
+    """The tolerances of a comparison's options, validated (InputError naming the option)."""
+    return ToleranceSpec(
+        compare.atol, compare.rtol, compare.check_error_stat, compare.error_quantile, bool(compare.allow_nonfinite)
+    )
+
+
 def check_options(
-    *,
-    input_files: Sequence[str | Path] = (),
-    samples: int = defaults.SAMPLES,
-    seed: int = defaults.SEED,
-    per_node: bool = False,
-    threads: int | None = None,
-    device_id: int = defaults.DEVICE_ID,
-    provider: str = defaults.PROVIDER,
-    golden: str = defaults.GOLDEN,
-    original_optimization: str = defaults.ORIGINAL_OPTIMIZATION,
-    optimized_optimization: str = "all",
-    shapes: Mapping[str, int | Sequence[int]] | None = None,
-    atol: PerOutput = None,
-    rtol: PerOutput = None,
-    check_error_stat: Stat | Mapping[str, Stat] | None = None,
-    error_quantile: float = defaults.ERROR_QUANTILE,
-    allow_nonfinite: bool = False,
+    options: VerifyOptions | None = None, /, **kwargs: Unpack[VerifyKwargs]
 ) -> tuple[ToleranceSpec, dict[str, tuple[int, ...]] | None]:
-    """Validates verify()'s options, for the API and the CLI alike (the CLI calls it before any work); returns
-    the tolerances and the shapes normalised (`{"sequence": 8}` and `{"sequence": [8]}` mean the same).
-    Raises InputError naming the option."""
-    if isinstance(input_files, (str, Path)):
-        raise model_inputs.InputError("input_files must be a list of paths, not one path")
-    _check_count(samples, "samples", minimum=1)
-    _check_count(seed, "seed", minimum=0)
-    if threads is not None:
-        _check_count(threads, "threads", minimum=1)
-    _check_count(device_id, "device_id", minimum=0)
-    for name, value, choices in (
-        ("provider", provider, PROVIDERS),
-        ("golden", golden, GOLDEN_METHODS),
-        ("original_optimization", original_optimization, OPT_LEVELS),
-        ("optimized_optimization", optimized_optimization, OPT_LEVELS),
-    ):
-        if value not in choices:
-            raise model_inputs.InputError(f"{name} {value!r} is not one of {', '.join(choices)}")
-    tolerances = ToleranceSpec(atol, rtol, check_error_stat, error_quantile, bool(allow_nonfinite))
-    return tolerances, model_inputs.normalize_shapes(shapes)
-
-
-def _check_count(value: Any, name: str, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise model_inputs.InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    """Validates verify()'s options (a VerifyOptions, keyword options applied on top), for the API and the CLI
+    alike (the CLI calls it before any work); returns the tolerances and the shapes normalised
+    (`{"sequence": 8}` and `{"sequence": [8]}` mean the same). Raises InputError naming the option."""
+    options = VerifyOptions.build(options, "check_options", **kwargs)
+    return tolerance_spec(options.compare), options.input.shapes  # type: ignore[return-value]
