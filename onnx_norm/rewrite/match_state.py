@@ -1,0 +1,77 @@
+"""What the matcher (match.py) carries from step to step: the tail it walked and how it was asked to match
+(`MatchState`), one reading of `statistic + eps` under the junction (`StatReading`), and where the normalised axes
+are (`Layout`); read by the tail walk (match_tail.py), the outside-readers check (match_outside.py) and the affine
+strategies (match_affine.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.rewrite import constants
+from onnx_norm.rewrite.spec import Statistic
+from onnx_norm.rewrite.structure import NearMiss
+
+if TYPE_CHECKING:
+    from onnx_norm.rewrite.match_affine import AffineStrategy
+
+
+@dataclasses.dataclass
+class TailOp:
+    """One op of the tail, from the anchor down: a Cast, a scale (Mul, or Div with `exponent` -1) or the bias Add,
+    with its constant (or run-time) operand."""
+
+    node: ir.Node
+    role: str  # "cast", "scale", "bias"
+    constant: ir.Value | None
+    exponent: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchState:
+    """The norm being matched at one anchor: its output `y`, the `junction` the tail walk ended at (the normalised
+    value), the `tail` above it (from `y` down), and what the caller asked for: the families whose statistics to
+    look for (`kinds`), whether a channels-first norm may be matched, the affine strategy (None: the default)."""
+
+    anchor: ir.Node
+    y: ir.Value
+    junction: ir.Value
+    tail: list[TailOp]
+    kinds: frozenset[str]
+    channels_first: bool = True
+    affine: AffineStrategy | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StatReading:
+    """One reading of a `stat + eps` leaf of the junction's product: the leaf, the statistic and the epsilon it
+    splits into (None: no epsilon), and what a family recognised the statistic as."""
+
+    eps_sum: ir.Value
+    stat: ir.Value
+    eps_value: ir.Value | None
+    statistic: Statistic
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where the normalised axes are: non-negative `axes` when the rank is known (counted from the end when not),
+    the Transpose that moves them last for a channels-first norm, and the input's shape (None when unknown)."""
+
+    axes: tuple[int, ...]
+    from_end: tuple[int, ...]
+    rank: int | None
+    x_shape: list | None
+    perm: tuple[int, ...] | None
+
+
+def fold_product(factors: list[tuple[ir.Value, Fraction]]) -> np.ndarray | None:
+    """The product of constant powers in float64, None when there is none."""
+    try:
+        return constants.fold_product(factors)
+    except ValueError as err:
+        raise NearMiss(str(err)) from err
