@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import dataclasses
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from gpu_cases import HARNESS, SOURCES
 
@@ -88,6 +90,49 @@ def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources:
     return library
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchArgs:
+    """The arguments of one onnx_norm_harness_launch call (device pointers as ints). device: the tensors' CUDA
+    device, -1 to let LaunchNorm read it from X's pointer attributes; clusters: False keeps one block per row (never
+    a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift (of scale_type), [mod_batch, cols], one row
+    per rows_per_sample rows of X."""
+
+    x: int
+    y: int
+    rows: int
+    cols: int
+    x_type: int
+    y_type: int
+    stream: int
+    skip: int | None = None
+    scale: int | None = None
+    bias: int | None = None
+    sum_out: int | None = None
+    mean: int | None = None
+    inv_std: int | None = None
+    scale_size: int = 0
+    scale_type: int = 0
+    epsilon: float = 1e-5
+    rms: bool = False
+    normalized_type: int = 0
+    multiply_type: int = 0
+    device: int = -1
+    clusters: bool = True
+    mod_scale: int | None = None
+    mod_shift: int | None = None
+    mod_batch: int = 0
+    rows_per_sample: int = 0
+
+    def c_args(self) -> tuple[Any, ...]:
+        """The C entry's arguments in its order, before the error out-parameter (tools/gpu_harness/harness.cu)."""
+        return (
+            self.x, self.skip, self.scale, self.bias, self.y, self.sum_out, self.mean, self.inv_std, self.rows,
+            self.cols, self.scale_size, self.epsilon, int(self.rms), self.x_type, self.scale_type, self.y_type,
+            self.normalized_type, self.multiply_type, self.device, int(self.clusters), self.mod_scale,
+            self.mod_shift, self.mod_batch, self.rows_per_sample, self.stream,
+        )  # fmt: skip
+
+
 class Harness:
     """ctypes binding of onnx_norm_harness_launch (tools/gpu_harness/harness.cu)."""
 
@@ -108,44 +153,11 @@ class Harness:
         """The emulator's name for the kernel of the last launch; None on a GPU build."""
         return self._last_kernel().decode() if self._last_kernel is not None else None
 
-    def launch(
-        self,
-        *,
-        x: int,
-        y: int,
-        rows: int,
-        cols: int,
-        x_type: int,
-        y_type: int,
-        stream: int,
-        skip: int | None = None,
-        scale: int | None = None,
-        bias: int | None = None,
-        sum_out: int | None = None,
-        mean: int | None = None,
-        inv_std: int | None = None,
-        scale_size: int = 0,
-        scale_type: int = 0,
-        epsilon: float = 1e-5,
-        rms: bool = False,
-        normalized_type: int = 0,
-        multiply_type: int = 0,
-        device: int = -1,
-        clusters: bool = True,
-        mod_scale: int | None = None,
-        mod_shift: int | None = None,
-        mod_batch: int = 0,
-        rows_per_sample: int = 0,
-    ) -> None:
-        """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes; clusters:
-        False keeps one block per row (never a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift
-        (of scale_type), [mod_batch, cols], one row per rows_per_sample rows of X."""
+    def launch(self, args: LaunchArgs | None = None, /, **fields: Any) -> None:
+        """One LaunchNorm call: `args`, or its fields as keyword arguments (`launch(x=..., y=..., rows=...)`)."""
+        args = args if args is not None else LaunchArgs(**fields)
         error = ctypes.c_char_p()
-        rc = self._fn(
-            x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
-            scale_type, y_type, normalized_type, multiply_type, device, int(clusters), mod_scale, mod_shift,
-            mod_batch, rows_per_sample, stream, ctypes.byref(error),
-        )  # fmt: skip
+        rc = self._fn(*args.c_args(), ctypes.byref(error))
         if rc != 0:
             message = error.value.decode() if error.value else "no message"
             raise RuntimeError(f"LaunchNorm returned {rc}: {message}")
