@@ -1,27 +1,35 @@
-"""The fusions as an onnx-ir pass, for pipelines (Olive, onnxscript's optimizer) and for `optimize()`."""
+"""The fusions as an onnx-ir pass, for pipelines (Olive, onnxscript's optimizer) and for `optimize()`.
+
+FuseNormsPass is a sequence of small in-place onnx-ir passes, each in its own module with its own PassResult:
+shape inference (shape_pass.py: InferShapesPass), the fusions (fuse_pass.py: FuseDecomposedPass), the take-over of
+native norms (take_over_pass.py: TakeOverNativePass), the shapes put back (RestoreShapesPass), onnx-ir's clean-up
+passes, and the model-local functions (functions_pass.py: AttachFunctionsPass); this module runs them in order and
+writes the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
-import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from onnx_norm.dtypes import is_onnx_domain
-from onnx_norm.rewrite import constants, driver, loops, native, silent, targets
-from onnx_norm.rewrite.reductions import REDUCTIONS
+from onnx_norm.rewrite.functions_pass import AttachFunctionsPass
+from onnx_norm.rewrite.fuse_pass import FuseDecomposedPass
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import enabled_rules
 from onnx_norm.rewrite.session import Session
+from onnx_norm.rewrite.shape_pass import InferShapesPass, RestoreShapesPass, Shapes
+from onnx_norm.rewrite.shape_pass import infer_shapes as _infer_shapes  # noqa: F401 (tests/test_rewrite_robust.py)
+from onnx_norm.rewrite.shape_pass import infer_symbolic_shapes as _infer_symbolic_shapes
+from onnx_norm.rewrite.take_over_pass import TakeOverNativePass
+
+__all__ = ["FuseNormsPass", "Shapes"]
 
 logger = logging.getLogger(__name__)
-
-#: Recorded shapes and types of intermediate values, by name.
-Shapes = dict[str, tuple[ir.Shape | None, ir.TypeProtocol | None]]
 
 
 class FuseNormsPass(ir.passes.InPlacePass):
@@ -30,7 +38,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
     Runs shape inference first (ranks and static normalised dims are needed to prove a match), then the driver
     (driver.py) over the main graph, If/Loop/Scan bodies and model-local functions, then removes what became
     unused and (for targets whose ops need them) attaches the model-local functions that keep the model runnable
-    without our library.
+    without our library; each step is an onnx-ir pass of its own (the module docstring).
     `self.report` describes the last run.
     """
 
@@ -51,46 +59,46 @@ class FuseNormsPass(ir.passes.InPlacePass):
         self.report = OptimizeReport(target=target)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        session = self.session
-        report = OptimizeReport(target=session.target, ops_before=op_counts(model))
+        target = self.session.target
+        report = OptimizeReport(target=target, ops_before=op_counts(model))
         progress = _Progress()
         order = _initializer_order(model)
+        # The symbolic inference is read from this module at each run: where tests (and callers) replace it.
+        shapes = InferShapesPass(native_norms=self.take_over_native, symbolic=_infer_symbolic_shapes)
         if self.infer_shapes:
             progress.step(f"inferring shapes ({sum(report.ops_before.values())} nodes)")
-        stored = _infer_shapes(model, self.take_over_native) if self.infer_shapes else {}
+            shapes(model)
         progress.step("matching and proving norms")
-        with constants.folding():
-            count = driver.fuse(model, session, self.rules)
-        if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
-            for node, graph, miss in silent.silent_misses(model, session.open_near_miss_nodes()):
-                session.near_miss(node, graph, miss)
-        taken_over: list = []
+        fuse = FuseDecomposedPass(self.session, self.rules)
+        fuse(model)
+        take_over = TakeOverNativePass(target)
         if self.take_over_native:
-            taken_over = list(native.take_over(model, session.target, attach_functions=False))
-        _restore_shapes(model, stored)
-        modified = bool(count) or any(record.get("converted") for record in taken_over)
+            take_over(model)
+        RestoreShapesPass(shapes.stored)(model)
+        modified = bool(fuse.count) or take_over.converted
         if modified:
-            progress.step(f"removing what the {count} fused norm(s) replaced")
-            common_passes.RemoveUnusedNodesPass()(model)
-            common_passes.RemoveUnusedOpsetsPass()(model)
-            if targets.get(session.target).attaches_functions:
-                from onnx_norm.ops.functions import attach_functions
-
-                attach_functions(model)
+            progress.step(f"removing what the {fuse.count} fused norm(s) replaced")
+            clean_up = [common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedOpsetsPass()]
+            ir.passes.Sequential(*clean_up, AttachFunctionsPass(target))(model)
         _restore_initializer_order(order)
-        report.norms = list(session.records)
-        report.near_misses = session.open_near_misses()
-        counts: dict[str, int] = {}
-        for record in report.norms:
-            counts[record.rule] = counts.get(record.rule, 0) + 1
-        report.rule_counts = counts
-        report.native_taken_over = [_as_dict(r) for r in taken_over]
-        report.ops_after = op_counts(model)
-        self.report = report
+        self.report = _report(report, self.session, take_over.records, model)
         progress.step("done")
-        if count:
-            logger.info("fused %d norm(s): %s", count, counts)
+        if fuse.count:
+            logger.info("fused %d norm(s): %s", fuse.count, self.report.rule_counts)
         return ir.passes.PassResult(model, modified)
+
+
+def _report(report: OptimizeReport, session: Session, taken_over: list[Any], model: ir.Model) -> OptimizeReport:
+    """The run's report: the fused norms, the near-misses left open, the native norms taken over, the op counts."""
+    report.norms = list(session.records)
+    report.near_misses = session.open_near_misses()
+    counts: dict[str, int] = {}
+    for record in report.norms:
+        counts[record.rule] = counts.get(record.rule, 0) + 1
+    report.rule_counts = counts
+    report.native_taken_over = [_as_dict(r) for r in taken_over]
+    report.ops_after = op_counts(model)
+    return report
 
 
 def _initializer_order(model: ir.Model) -> dict[ir.Graph, list[str]]:
@@ -130,258 +138,7 @@ class _Progress:
         self.last = now
 
 
-def _as_dict(record) -> dict:
-    import dataclasses
-
+def _as_dict(record: Any) -> dict:
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         return dataclasses.asdict(record)
     return dict(record) if isinstance(record, dict) else {"record": str(record)}
-
-
-def _infer_shapes(model: ir.Model, native_norms: bool = False) -> Shapes:
-    """onnx shape inference on a copy without large initializers; on failure keep the shapes the model has.
-
-    Then ONNX Runtime's symbolic inference where onnx's left norm inputs without shapes (reductions, and with
-    `native_norms` the inputs of native norm ops to take over: onnx's inference stops at ONNX Runtime's contrib
-    ops); what that one changed is returned (the previous shapes) so that `_restore_shapes` can take it back out
-    of the written model.
-    """
-    assumed, _ = loops.type_bodies(model)
-    # Data propagation finds the shapes behind computed Reshapes, but on some exports (Cohere's attention) it
-    # infers dims that contradict each other; strict mode detects that, and the run without it is kept instead.
-    inference_logger = logging.getLogger(common_passes.ShapeInferencePass.__module__)
-    level = inference_logger.level
-    inference_logger.setLevel(logging.ERROR)
-    try:
-        strict = common_passes.ShapeInferencePass(strict_mode=True, data_prop=True)(model)
-    except Exception:  # the pass logs and returns unmodified on failure; this is for anything else
-        strict = ir.passes.PassResult(model, False)
-    finally:
-        inference_logger.setLevel(level)
-    if not strict.modified:
-        try:
-            common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
-        except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
-            logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
-    if _reshapes_to_own_shape(model.graph):
-        _infer_again(model)
-    # Loop bodies take their types from what inference found in front of the Loop, and what follows the Loop its
-    # shapes from the body: a few rounds (one per nesting level in practice).
-    for _ in range(_LOOP_ROUNDS):
-        # Outputs first: an inner Loop's output is what its enclosing body returns, which checks that body.
-        outputs = loops.loop_output_shapes(model)
-        taken_back = loops.check(assumed)
-        assumed, typed = loops.type_bodies(model)
-        if not (outputs or taken_back or typed):
-            break
-        _infer_again(model)
-    else:
-        loops.check(assumed)  # the last round's assumptions, which inference has now used
-    stored: Shapes = {}
-    if _reductions_without_shape(model.graph) or (native_norms and _native_norms_without_shape(model.graph)):
-        stored = _stored_shapes(model)
-        _infer_symbolic_shapes(model)
-    for function in model.functions.values():
-        try:
-            _infer_function_shapes(model, function)
-        except Exception as err:  # same: a function without shapes only yields near-misses
-            logger.info("no shapes for function %s::%s: %s", function.domain, function.name, err)
-    return stored
-
-
-_LOOP_ROUNDS = 3
-
-
-def _infer_again(model: ir.Model) -> None:
-    """onnx's inference once more, after shapes were given to values it had left unknown."""
-    try:
-        common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
-    except Exception as err:  # best effort, as above
-        logger.info("shape inference after giving shapes to unknown values failed: %s", err)
-
-
-def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
-    """Gives `Reshape(a, Shape(a))` and `Expand(a, Shape(a))` (a no-op some exporters write) the shape of `a`, which
-    onnx's inference leaves unknown when `a` has symbolic dims; True when it set any."""
-    changed = False
-    for node in graph:
-        if node.op_type not in ("Reshape", "Expand") or not is_onnx_domain(node.domain) or len(node.inputs) < 2:
-            continue
-        source, target = node.inputs[0], node.inputs[1]
-        shape_node = None if target is None else target.producer()
-        if source is None or source.shape is None or shape_node is None or shape_node.op_type != "Shape":
-            continue
-        if shape_node.inputs[0] is not source or shape_node.attributes.get("start") or "end" in shape_node.attributes:
-            continue
-        output = node.outputs[0]
-        if output.shape is None or _vague(output.shape):
-            output.shape = ir.Shape(list(source.shape))
-            if output.type is None and source.type is not None:
-                output.type = source.type
-            changed = True
-    return changed
-
-
-#: Models with more tensor bytes than this are not serialised again for ONNX Runtime's symbolic shape inference.
-_SYMBOLIC_INFERENCE_MAX_BYTES = 1 << 30
-
-
-def _reductions_without_shape(graph: ir.Graph) -> bool:
-    """True when some reduction reads a value without a shape, or with dims onnx could only call `unk__N`."""
-    return any(
-        node.op_type in REDUCTIONS and node.inputs and node.inputs[0] is not None and _vague(node.inputs[0].shape)
-        for node in graph
-    )
-
-
-def _native_norms_without_shape(graph: ir.Graph) -> bool:
-    """True when a native norm op's input (or skip input) has no shape, or one with `unk__N` dims."""
-    for node in graph:
-        kind = native.native_kind(node)
-        if kind is not None and any(value is not None and _vague(value.shape) for value in node.inputs[: 1 + kind[1]]):
-            return True
-    return False
-
-
-def _run_symbolic_inference(inference_class: Any, proto: onnx.ModelProto) -> onnx.ModelProto | None:
-    """`SymbolicShapeInference.infer_shapes` without its side effect: when inference stops short, that
-    function writes `sym_shape_infer_temp.onnx` and one external-data file per weight into the working
-    directory before raising. A partial result is still useful to the matchers, so keep it instead."""
-    if not any(is_onnx_domain(op.domain) and op.version >= 7 for op in proto.opset_import):
-        return None
-    # Merging lets inference go past dims it cannot prove equal (BERT's Min(max_positions, sequence) vs
-    # sequence): dims that a valid input makes equal anyway. Only the matchers see the result.
-    inference = inference_class(2**31 - 1, True, False, 0)
-    inference._preprocess(proto)
-    while inference.run_:
-        inference._infer_impl()
-    inference._update_output_from_vi()
-    return inference.out_mp_
-
-
-def _infer_symbolic_shapes(model: ir.Model) -> None:
-    """ONNX Runtime's symbolic shape inference, which follows the data-dependent Reshapes of attention blocks that
-    onnx's inference gives up on. It fills in shapes the model does not have yet (for the matchers only)."""
-    from onnx_norm.model_io import tensor_bytes
-
-    if tensor_bytes(model) > _SYMBOLIC_INFERENCE_MAX_BYTES:
-        return
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        return
-    proto = ir.serde.serialize_model(model)
-    try:
-        inferred = _run_symbolic_inference(SymbolicShapeInference, proto)
-    except Exception as err:  # best effort, like onnx's inference
-        logger.info("symbolic shape inference failed: %s", err)
-        return
-    if inferred is None:
-        return
-    values = {v.name: v for node in model.graph for v in node.outputs if v.name}
-    for info in inferred.graph.value_info:
-        value = values.get(info.name)
-        if value is None or not _vague(value.shape) or not info.type.tensor_type.HasField("shape"):
-            continue
-        dims = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in info.type.tensor_type.shape.dim
-        ]
-        value.shape = ir.Shape(dims)
-        if value.type is None and info.type.tensor_type.elem_type:
-            value.type = ir.TensorType(ir.DataType(info.type.tensor_type.elem_type))
-
-
-def _intermediate_values(model: ir.Model):
-    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-    for graph in graphs:
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            for value in node.outputs:
-                if value.name and not value.is_graph_output():
-                    yield value
-
-
-def _stored_shapes(model: ir.Model) -> Shapes:
-    """The shapes and types the model itself records for its intermediate values."""
-    return {value.name: (value.shape, value.type) for value in _intermediate_values(model)}  # type: ignore[misc]
-
-
-def _restore_shapes(model: ir.Model, stored: Shapes) -> None:
-    """Puts back the shapes the model recorded before our inference (rewritten values keep their names).
-
-    The inferred shapes serve the matchers only: ONNX Runtime plans memory with stored shapes, and an inference
-    that merged dims it could not prove equal must not leak into the written model.
-    """
-    for value in _intermediate_values(model):
-        if value.name in stored:
-            # Element types are kept: inference cannot get them wrong, and the model-local functions need them.
-            value.shape = stored[value.name][0]
-
-
-def _vague(shape: ir.Shape | None) -> bool:
-    """No shape, or dims onnx's inference could only name `unk__N` (which match nothing else)."""
-    if shape is None:
-        return True
-    return any(not isinstance(d, int) and (d.value is None or str(d.value).startswith("unk__")) for d in shape)
-
-
-def _call_sites(model: ir.Model, function: ir.Function) -> list[ir.Node]:
-    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-    calls = []
-    for graph in graphs:
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            if (node.domain, node.op_type, node.overload) == function.identifier():
-                calls.append(node)
-    return calls
-
-
-def _infer_function_shapes(model: ir.Model, function: ir.Function) -> None:
-    """Shapes inside a model-local function, inferred from the types at its call sites when they all agree.
-
-    onnx shape inference does not annotate function bodies, and the matchers need ranks and static normalised dims.
-    """
-    import onnx
-
-    calls = _call_sites(model, function)
-    if not calls:
-        return
-    input_types: list[onnx.TypeProto] = []
-    for index in range(len(function.inputs)):
-        seen = set()
-        for call in calls:
-            actual = call.inputs[index] if index < len(call.inputs) else None
-            if actual is None or actual.type is None:
-                return
-            seen.add((actual.dtype, None if actual.shape is None else tuple(str(d) for d in actual.shape)))
-        if len(seen) != 1:
-            return  # called with different types or shapes: the body has no single shape
-        first = calls[0].inputs[index]
-        assert first is not None
-        shape = None if first.shape is None else [d if isinstance(d, int) else None for d in first.shape]
-        input_types.append(onnx.helper.make_tensor_type_proto(int(first.dtype), shape))
-    proto = ir.serde.serialize_function(function)
-    graph = onnx.helper.make_graph(
-        list(proto.node),
-        "body",
-        [onnx.helper.make_value_info(name, t) for name, t in zip(proto.input, input_types, strict=False)],
-        [onnx.helper.ValueInfoProto(name=name) for name in proto.output],
-    )
-    opsets = [onnx.helper.make_opsetid(d, v) for d, v in function.opset_imports.items()]
-    body_model = onnx.helper.make_model(
-        graph, opset_imports=opsets, functions=[ir.serde.serialize_function(f) for f in model.functions.values()]
-    )
-    inferred = onnx.shape_inference.infer_shapes(body_model, strict_mode=False)
-    infos = {info.name: info for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    values = {v.name: v for v in function.inputs}
-    for node in function:
-        for output in node.outputs:
-            values[output.name] = output
-    for name, info in infos.items():
-        value = values.get(name)
-        if value is None or not info.type.HasField("tensor_type"):
-            continue
-        tensor_type = info.type.tensor_type
-        if value.type is None and tensor_type.elem_type:
-            value.type = ir.TensorType(ir.DataType(tensor_type.elem_type))
-        if value.shape is None and tensor_type.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
-            value.shape = ir.Shape(dims)
