@@ -158,7 +158,9 @@ class _OutsideReaders:
     arithmetic stay in the graph, a mean or inverse std becomes an output of the fused op, anything else makes
     the match a near-miss."""
 
-    def __init__(self, nodes, y, x, statistic: Statistic, layout: Layout, eps_sum: ir.Value) -> None:
+    def __init__(
+        self, nodes: list[ir.Node], y: ir.Value, x: ir.Value, statistic: Statistic, layout: Layout, eps_sum: ir.Value
+    ) -> None:
         self.nodes = list(nodes)
         self.node_set = set(nodes)
         self.y, self.x, self.statistic, self.layout, self.eps_sum = y, x, statistic, layout, eps_sum
