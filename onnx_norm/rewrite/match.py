@@ -594,8 +594,7 @@ def _build(
         multiply_type=rounding.multiply_type,
         output_type=rounding.output_type,
     )
-    affine = params.scale is not None or params.bias is not None
-    op = casts.op_rounding(rounding, int(x.dtype or 0), affine=affine)
+    op = casts.op_rounding(rounding)
     attrs = dataclasses.replace(
         graph_attrs, normalized_type=op.normalized_type, multiply_type=op.multiply_type, output_type=op.output_type
     )
