@@ -514,7 +514,7 @@ POSITIVE = {
     "skip_format1_graph_output_with_cast": (lambda: _skip_with_cast(1, "graph_output"), None),
     "skip_format2_graph_output_with_cast": (lambda: _skip_with_cast(2, "graph_output"), None),
     "skip_format3_graph_output_with_cast": (lambda: _skip_with_cast(3, "graph_output"), None),
-    # A bias Add in front: the residual Add stays too (docs/ops.md, output_type), the fp32 norm is fused.
+    # One Skip op on the fp16 addends with output_type float32 (a bias Add in front stays; docs/ops.md).
     "skip_format1_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, ""), {"SkipLayerNorm": 1}),
     "skip_format2_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, ""), {"SkipLayerNorm": 1}),
     "skip_format3_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(3, ""), {"SkipLayerNorm": 1}),
