@@ -84,3 +84,22 @@ def test_a_float32_norm_has_nothing_to_name():
     (norm,) = report.norms
     assert norm.numerics is not None and norm.numerics.problems == []
     assert norm.numerics.fused_max_error < 1e-4
+
+
+def test_a_norm_on_its_input_widened_in_front_is_one_norm_with_its_input_mapped():
+    """An fp16 norm whose result the graph Casts to fp32 is fused as the op on X cast to fp32 (the Cast is the
+    rewrite's, not a norm): --per-node lists the one norm, maps its X through the Cast (inputs match), and still
+    names the original's overflow."""
+    model = _layer_norm(TensorProto.FLOAT16, 1e-12)
+    graph = model.graph
+    graph.node[-1].output[0] = "y16"
+    graph.node.append(helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT))
+    graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    optimized, _ = onnx_norm.optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Cast", "LayerNorm"]
+    report = onnx_norm.verify(model, optimized, inputs=[_inputs(np.float16)], per_node=True, atol=1e-2, rtol=1e-2)
+    assert report.passed, [o.message for o in report.outputs]
+    (norm,) = report.norms
+    assert norm.op_type == "LayerNorm" and norm.inputs_match is True and norm.status == "ok"
+    assert not any("no original value" in w for w in report.warnings), report.warnings
+    assert norm.numerics is not None and any("overflow to inf/NaN" in p for p in norm.numerics.problems)
