@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
-from test_rewrite_support import FLOAT, FLOAT16, const, layer_nodes, make_model, random_feeds, rms_nodes, run
+from test_rewrite_support import BFLOAT16, FLOAT, FLOAT16, const, layer_nodes, make_model, random_feeds, rms_nodes, run
 
 import onnx_norm
 from onnx_norm.accuracy import ulp
@@ -23,10 +23,10 @@ D = 16
 SHAPES = {"x": [2, 3, D], "a": [2, 3, D], "b": [2, 3, D]}
 
 
-def _island(kind: str, *, residual: bool = False) -> onnx.ModelProto:
+def _island(kind: str, *, residual: bool = False, dtype: int = FLOAT16) -> onnx.ModelProto:
     """fp16 x (or an fp16 residual sum a + b), Cast to fp32, the norm and its fp32 scale/bias in fp32, fp32 out."""
     nodes = [helper.make_node("Cast", ["x"], ["x32"], to=FLOAT)]
-    inputs = [("x", FLOAT16, ["b", "s", D])]
+    inputs = [("x", dtype, ["b", "s", D])]
     if residual:  # the sum rounded to fp16 by the graph's own Add, then widened
         nodes.insert(0, helper.make_node("Add", ["a", "b"], ["x"]))
         inputs = [("a", FLOAT16, ["b", "s", D]), ("b", FLOAT16, ["b", "s", D])]
@@ -84,6 +84,21 @@ def test_ort_rms_reads_fp16_and_writes_fp32() -> None:
     assert [n.op_type for n in optimized.graph.node] == ["SimplifiedLayerNormalization"], report.near_misses
     feeds = random_feeds(model, SHAPES)
     np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_ort_rms_of_a_bf16_input_casts_it_to_fp32_first() -> None:
+    """ONNX Runtime's CPU SimplifiedLayerNormalization has no kernel for a bf16 X with an fp32 scale (it has one
+    for fp16): the bf16 island's X is cast to fp32 in front (exact), so the written model loads and runs."""
+    model = _island("rms", dtype=BFLOAT16)
+    # ONNX Runtime's Python API takes no bf16 arrays: the bf16 X comes from an fp32 input.
+    model.graph.node.insert(0, helper.make_node("Cast", ["x_in"], ["x"], to=BFLOAT16))
+    model.graph.input[0].name = "x_in"
+    model.graph.input[0].type.tensor_type.elem_type = FLOAT
+    optimized, report = optimize(model, target="ort")
+    ops = [n.op_type for n in optimized.graph.node]
+    assert ops == ["Cast", "Cast", "SimplifiedLayerNormalization"], report.near_misses
+    x = np.random.default_rng(0).standard_normal(SHAPES["x"]).astype(np.float32)
+    np.testing.assert_allclose(run(optimized, {"x_in": x})[0], run(model, {"x_in": x})[0], rtol=1e-5, atol=1e-5)
 
 
 def test_an_fp16_residual_sum_is_one_skip_op_with_a_float32_output(tmp_path) -> None:

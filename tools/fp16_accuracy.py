@@ -161,14 +161,11 @@ def _source(item: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray], str]:
     return model, source.inputs(), f"bf16 ops: {', '.join(ran)}"
 
 
-def measure(item: str) -> list[str]:
+def measure(item: str, target: str = "onnx-norm") -> list[str]:
     original, feeds, note = _source(item)
-    optimized, fusion = onnx_norm.optimize(original, take_over_native=True)
-    fused: dict[str, int] = {}
-    for node in optimized.graph.node:
-        if node.domain == "onnx_norm":
-            fused[node.op_type] = fused.get(node.op_type, 0) + 1
-    note = "; ".join(filter(None, [note, f"fused {fused}, {len(fusion.near_misses)} near-misses"]))
+    optimized, fusion = onnx_norm.optimize(original, target=target, take_over_native=True)
+    fused = f"{len(fusion.norms)} norms fused ({target}), {len(fusion.near_misses)} near-misses"
+    note = "; ".join(filter(None, [note, fused]))
     report = onnx_norm.verify(original, optimized, inputs=[feeds])
     basic = onnx_norm.verify(original, optimized, inputs=[feeds], original_optimization="basic")
     rows = [f"{item} {note}"]
@@ -194,8 +191,10 @@ def _ratio(golden: Any) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="NAME:EXPORTER:DTYPE, e.g. gpt2:torchscript-14:fp16-converted")
-    for item in parser.parse_args().models:
-        for row in measure(item):
+    parser.add_argument("--target", default="onnx-norm", help="the rewrite's target (onnx-norm, onnx, ort)")
+    args = parser.parse_args()
+    for item in args.models:
+        for row in measure(item, args.target):
             print(row, flush=True)
     return 0
 
