@@ -412,10 +412,10 @@ def _skip_with_cast(fmt: int, variant: str) -> onnx.ModelProto:
 def _skip_fp16_sum_cast(fmt: int, variant: str) -> onnx.ModelProto:
     """The *_with_cast SkipLayerNorm models with the Cast after the residual sum: fp16 A, B (and bias) added in fp16,
     the sum cast to fp32 and normalised in fp32, fp32 out (ORT also keeps 3 Casts for formats 1/2, 2 for format 3,
-    moving them in front of its fused op). Format 3 is fused as the Skip op on the fp16 addends with output_type
-    float32; with a bias Add in front, or the sum read elsewhere, the Adds stay and the fp32 norm is fused (the
-    Skip op would round what ONNX Runtime's CPU run of the original does not). `variant` as for _skip_with_cast
-    (the other sums stay fp16)."""
+    moving them in front of its fused op). Every format is fused as the Skip op on the fp16 addends with
+    output_type float32 (a bias Add in front stays): on the CPU it runs in float32 between ONNX Runtime's Casts,
+    reading the addends unrounded as the original's Add does. `variant` as for _skip_with_cast (the other sums
+    stay fp16)."""
     model = _skip(fmt, variant == "partial")
     graph = model.graph
     for node in graph.node:
@@ -514,9 +514,9 @@ POSITIVE = {
     "skip_format1_graph_output_with_cast": (lambda: _skip_with_cast(1, "graph_output"), None),
     "skip_format2_graph_output_with_cast": (lambda: _skip_with_cast(2, "graph_output"), None),
     "skip_format3_graph_output_with_cast": (lambda: _skip_with_cast(3, "graph_output"), None),
-    # A bias Add in front: the residual Add stays too (docs/ops.md, output_type), the fp32 norm is fused.
-    "skip_format1_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, ""), {"LayerNorm": 1}),
-    "skip_format2_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, ""), {"LayerNorm": 1}),
+    # One Skip op on the fp16 addends with output_type float32 (a bias Add in front stays; docs/ops.md).
+    "skip_format1_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, ""), {"SkipLayerNorm": 1}),
+    "skip_format2_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, ""), {"SkipLayerNorm": 1}),
     "skip_format3_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(3, ""), {"SkipLayerNorm": 1}),
     "skip_format1_partial_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(1, "partial"), None),
     "skip_format2_partial_fp16_sum_cast": (lambda: _skip_fp16_sum_cast(2, "partial"), None),

@@ -67,3 +67,74 @@ def test_ort_fusion_cases_counts_every_positive_case() -> None:
     lines = done.stdout.strip().splitlines()
     assert lines[-1].startswith(f"{len(lines) - 1} positive cases; onnx-norm fuses all"), lines[-1]
     assert all("extended=" in line and "all=" in line for line in lines[:-1])
+
+
+def _fp16_accuracy():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp16_accuracy", ROOT / "tools" / "fp16_accuracy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bf16_conversion_runs_every_op_onnx_runtime_cannot_run_in_bf16_in_fp32() -> None:
+    """tools/fp16_accuracy.py's bf16 conversion: weights rounded from fp32 to bf16, ops without a bf16 CPU kernel
+    in fp32 between Casts, a ConstantOfShape valid at opset 14; its LayerNorm fused on a bf16 X and no farther
+    from float64 than the original (which rounds every op's result to bf16)."""
+    import ml_dtypes
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import onnx_norm
+    from onnx_norm.accuracy import ulp
+
+    rng = np.random.default_rng(0)
+    d = 32
+    steps = [
+        ("Shape", ["x"], "shape"),
+        ("ConstantOfShape", ["shape"], "quarter"),
+        ("Add", ["x", "quarter"], "h"),
+        ("MatMul", ["h", "w"], "m"),
+        ("ReduceMean", ["m"], "mu"),
+        ("Sub", ["m", "mu"], "d"),
+        ("Pow", ["d", "two"], "sq"),
+        ("ReduceMean", ["sq"], "var"),
+        ("Add", ["var", "eps"], "ve"),
+        ("Sqrt", ["ve"], "s"),
+        ("Div", ["d", "s"], "n"),
+        ("Mul", ["n", "g"], "y"),
+    ]
+    nodes = [helper.make_node(op, ins, [out]) for op, ins, out in steps]
+    nodes[1].attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.array([0.25], np.float32))))
+    for node in nodes:
+        if node.op_type == "ReduceMean":
+            node.attribute.append(helper.make_attribute("axes", [-1]))
+    weights = {"w": rng.standard_normal((d, d)) / 4, "two": np.array(2.0), "eps": np.array(1e-5), "g": rng.random(d)}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8, d]) for n in ("x", "y")]
+    fp32 = helper.make_model(
+        helper.make_graph(nodes, "g", io[:1], io[1:], inits), opset_imports=[helper.make_opsetid("", 14)]
+    )
+    fp32.ir_version = 8
+
+    model, ran = _fp16_accuracy().to_bf16(fp32)
+    onnx.checker.check_model(model, full_check=True)  # ConstantOfShape takes no bf16 value at opset 14
+    assert "Cast" in ran and not {"MatMul", "ReduceMean", "Add", "Sqrt"} & set(ran), ran
+    stored = {t.name: t for t in model.graph.initializer}
+    assert stored["w"].data_type == TensorProto.BFLOAT16
+    expected = weights["w"].astype(np.float32).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(numpy_helper.to_array(stored["w"]), expected)
+
+    optimized, report = onnx_norm.optimize(model)
+    norms = [n for n in optimized.graph.node if n.domain == "onnx_norm"]
+    assert [n.op_type for n in norms] == ["LayerNorm"], report.near_misses
+    feeds = {"x": rng.standard_normal((2, 8, d)).astype(np.float32)}
+    # fp32 outputs of a model computing in bf16: bf16's tolerance.
+    parity = onnx_norm.verify(model, optimized, inputs=[feeds], atol=5e-2, rtol=5e-2)
+    assert parity.passed, [o.message for o in parity.outputs]
+    golden = parity.outputs[0].golden
+    assert golden is not None
+    assert golden.optimized_mean_abs <= golden.original_mean_abs + ulp(ml_dtypes.bfloat16, 1.0), golden

@@ -84,3 +84,58 @@ def test_a_float32_norm_has_nothing_to_name():
     (norm,) = report.norms
     assert norm.numerics is not None and norm.numerics.problems == []
     assert norm.numerics.fused_max_error < 1e-4
+
+
+def test_a_norm_on_its_input_widened_in_front_is_one_norm_with_its_input_mapped():
+    """An fp16 norm whose result the graph Casts to fp32 is fused as the op on X cast to fp32 (the Cast is the
+    rewrite's, not a norm): --per-node lists the one norm, maps its X through the Cast (inputs match), and still
+    names the original's overflow."""
+    model = _layer_norm(TensorProto.FLOAT16, 1e-12)
+    graph = model.graph
+    graph.node[-1].output[0] = "y16"
+    graph.node.append(helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT))
+    graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    optimized, _ = onnx_norm.optimize(model)
+    assert [n.op_type for n in optimized.graph.node] == ["Cast", "LayerNorm"]
+    report = onnx_norm.verify(model, optimized, inputs=[_inputs(np.float16)], per_node=True, atol=1e-2, rtol=1e-2)
+    assert report.passed, [o.message for o in report.outputs]
+    (norm,) = report.norms
+    assert norm.op_type == "LayerNorm" and norm.inputs_match is True and norm.status == "ok"
+    assert not any("no original value" in w for w in report.warnings), report.warnings
+    assert norm.numerics is not None and any("overflow to inf/NaN" in p for p in norm.numerics.problems)
+
+
+def test_a_bf16_rounding_that_underflows_is_named():
+    """A bf16 model as ONNX Runtime's CPU provider runs one (each op in fp32, its result rounded to bf16 by a Cast,
+    tools/fp16_accuracy.py's conversion): the squares of a row of tiny values underflow to 0 at the bf16 rounding,
+    not in fp32, and --per-node names that Cast in bf16."""
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16, name="to_bf16")]
+    wide = {"xb": "xw", "sq": "sqw", "var": "varw"}
+    for name, widened in wide.items():
+        if name != "xb":
+            nodes.append(helper.make_node("Cast", [name + "32"], [name], to=TensorProto.BFLOAT16, name=f"round_{name}"))
+        nodes.append(helper.make_node("Cast", [name], [widened], to=TensorProto.FLOAT, name=f"widen_{name}"))
+    nodes += [
+        helper.make_node("Mul", ["xw", "xw"], ["sq32"], name="square"),
+        helper.make_node("ReduceMean", ["sqw"], ["var32"], axes=[-1], name="variance"),
+        helper.make_node("Add", ["varw", "eps"], ["ve"], name="add_eps"),
+        helper.make_node("Sqrt", ["ve"], ["std"], name="std"),
+        helper.make_node("Div", ["xw", "std"], ["y"], name="normalise"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", H])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", H])],
+        [numpy_helper.from_array(np.array(1e-30, np.float32), "eps")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    x = np.random.default_rng(0).standard_normal((2, H))
+    x[1] *= 2.0**-70  # squares near 2^-140: fp32 subnormals, below bf16's smallest subnormal (2^-133)
+    optimized, report = onnx_norm.optimize(model)
+    assert [n.op_type for n in optimized.graph.node if n.domain == "onnx_norm"] == ["RMSNorm"], report.near_misses
+    verified = onnx_norm.verify(model, optimized, inputs=[{"x": x.astype(np.float32)}], per_node=True)
+    (norm,) = verified.norms
+    assert norm.numerics is not None
+    problems = " | ".join(norm.numerics.problems)
+    assert "Cast 'round_sq' (bf16):" in problems and "underflow to 0" in problems, problems

@@ -78,9 +78,14 @@ def find_fused_norms(original: onnx.ModelProto, optimized: onnx.ModelProto) -> l
     map_value = _ValueMap(original, optimized)
     norms: list[FusedNorm] = []
     mapped_y: dict[str, str | None] = {}
-    for node in optimized.graph.node:
+    tagged = [n for n in optimized.graph.node if RULE_KEY in _metadata(n) or (n.domain == DOMAIN and n.op_type in OPS)]
+    read_by_tagged = {name for node in tagged for name in node.input}
+    for node in tagged:
         meta = _metadata(node)
-        if RULE_KEY not in meta and not (node.domain == DOMAIN and node.op_type in OPS):
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output[0] in read_by_tagged:
+            # A Cast the rewrite put in front of the op (X widened to fp32, exactly) is no norm: its output
+            # stands for the value it casts, so that the op's X still maps to the original's.
+            mapped_y[node.output[0]] = mapped_y.get(node.input[0]) or map_value(node.input[0])
             continue
         y = node.output[_y_index(node)]
         original_y = mapped_y[y] = map_value(y)

@@ -266,7 +266,7 @@ def _build(state: MatchState, reading: StatReading, factors: Factors | None = No
         multiply_type=rounding.multiply_type,
         output_type=rounding.output_type,
     )
-    op = casts.op_rounding(rounding, int(x.dtype or 0), affine=params.scale is not None or params.bias is not None)
+    op = casts.op_rounding(rounding)
     attrs = dataclasses.replace(
         graph_attrs, normalized_type=op.normalized_type, multiply_type=op.multiply_type, output_type=op.output_type
     )

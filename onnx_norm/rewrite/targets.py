@@ -79,6 +79,9 @@ class CoreOp:
     takes_bias: bool = True
     axis_attrs: bool = True  # takes axis and stash_type (the Skip ops normalise the last dim only)
     takes_skip: bool = False
+    #: Narrow X types the op's CPU kernels take with a float32 scale and Y (not `single_type` ops); another X is
+    #: cast to float32 in front, exactly, so that the written model loads on ONNX Runtime's CPU provider.
+    narrow_x_with_float_y: frozenset[int] = frozenset({int(ir.DataType.FLOAT16), int(ir.DataType.BFLOAT16)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,17 +333,16 @@ def _honours_output_type(spec: NormSpec) -> bool:
     shape inference gives Y, which it can only where X's rank is in the model (docs/ops.md). The Cast(X) + op form
     stays where it is exact: it runs on every runtime.
 
-    A Skip op only where X and Skip are float16/bfloat16 before the model runs (graph or body inputs,
-    initializers) and the sum has no other reader: a value an op computes is float32 on ONNX Runtime's CPU
-    provider, which runs float16 ops in float32, until an op with a float16 kernel (ours) reads it, so the Skip op
-    would round its inputs, and its Sum output, where the original graph, an Add computed in float32 and a Cast,
-    does not (ONNX Runtime's format-1 SkipLayerNorm case with a bias Add in front: 0.0047 from the float64 result
-    against the original's 7.2e-7; with the sum also read by a Neg, 0.0039 there against 0)."""
+    A Skip op with a float16 X and a float32 Y reads its addends as the original's residual Add does on each
+    provider: on the CPU the library has no float16 X, so ONNX Runtime runs the op in float32 and the addends an op
+    computed arrive unrounded, as they reach the original's Add (ONNX Runtime's format-1 SkipLayerNorm-with-Cast
+    case with a bias Add in front: 8.4e-7 from the float64 result against the original's 7.2e-7; 0.0047, measured
+    when the CPU kernels took float16 and rounded them)."""
     if _rank_of(spec.x) is None:
         return False
     if spec.skip is None:
         return spec.attrs.output_type != _FLOAT
-    return spec.sum is None and spec.x.producer() is None and spec.skip.producer() is None
+    return True
 
 
 def _output_cast(spec: NormSpec) -> int:
@@ -366,7 +368,16 @@ _LAYER_NORMALIZATION = CoreOp("LayerNormalization", "", 17, True, {"mean": 1, "i
 #: The only built-in op without an inverse-std output.
 _RMS_NORMALIZATION = CoreOp("RMSNormalization", "", 23, True, {}, takes_bias=False)
 _ORT_LAYER_NORMALIZATION = CoreOp("LayerNormalization", "", 1, False, {"mean": 1, "inv_std": 2})
-_ORT_RMS_NORMALIZATION = CoreOp("SimplifiedLayerNormalization", "", 1, False, {"inv_std": 1}, takes_bias=False)
+#: ONNX Runtime 1.31's CPU SimplifiedLayerNormalization has no kernel for a bfloat16 X with a float32 scale.
+_ORT_RMS_NORMALIZATION = CoreOp(
+    "SimplifiedLayerNormalization",
+    "",
+    1,
+    False,
+    {"inv_std": 1},
+    takes_bias=False,
+    narrow_x_with_float_y=frozenset({int(ir.DataType.FLOAT16)}),
+)
 _SKIP_OUTPUTS = {"mean": 1, "inv_std": 2, "sum": 3}
 _ORT_SKIP_OPS = {
     "layer": CoreOp("SkipLayerNormalization", MS_DOMAIN, 1, True, _SKIP_OUTPUTS, axis_attrs=False, takes_skip=True),
@@ -440,8 +451,16 @@ def _fold(spec: NormSpec, core: CoreOp, rounds, fused_skip: bool) -> _Plan | Non
             if _exact(spec, core, rounds, folded=folded, core_type=core_type):
                 separate_add = spec.skip is not None and not fused_skip
                 cast_x = (core.single_type and x_type != core_type) or (separate_add and _widen_sum(x_type, core_type))
+                cast_x = cast_x or _no_kernel_for_x(core, x_type, core_type)
                 return _Plan(core, core_type, cast_x, folded, separate_add, fused_skip)
     return None
+
+
+def _no_kernel_for_x(core: CoreOp, x_type: int, core_type: int) -> bool:
+    """A narrow X that the op keeps beside a float32 Y, where its CPU kernels take no such pair (a bfloat16 X of
+    ONNX Runtime's SimplifiedLayerNormalization): X is cast to float32 in front instead, exactly."""
+    narrow = x_type not in (_FLOAT, *core.narrow_x_with_float_y)
+    return not core.single_type and core_type == _FLOAT and narrow
 
 
 def _widen_sum(x_type: int, core_type: int) -> bool:
