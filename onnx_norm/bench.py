@@ -66,6 +66,7 @@ from onnx_norm.sessions import (
     RuntimeUnavailableError,
     SessionError,
     create_session,
+    half_weights_policy,
     model_label,
     preallocate_outputs,
     static_output_shapes,
@@ -463,11 +464,7 @@ def _fewer(models: _Models, fit: int, count: int, per_round: int, available: int
 def _said(models: _Models, fit: int, per_run: int) -> int:
     """Adds the half-precision weights' handling to `models.policy`, logs it, and returns `fit`."""
     if models.half_at_run:
-        models.policy += (
-            "; half-precision weights kept in their type in every variant alike and cast to fp32 where used, "
-            f"at most about {per_run / GIB:.2f} GiB at once (not folded into fp32 copies at load by ONNX Runtime's "
-            "CPU provider: twice the weights per session), priority-based execution order, CPU memory arena off"
-        )
+        models.policy += "; " + half_weights_policy("in every variant alike", per_run)
     logger.info("%s", models.policy)
     return fit
 
