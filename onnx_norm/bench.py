@@ -66,6 +66,7 @@ from onnx_norm.sessions import (
     RuntimeUnavailableError,
     SessionError,
     create_session,
+    half_weights_policy,
     model_label,
     preallocate_outputs,
     static_output_shapes,
@@ -364,13 +365,18 @@ class _Models:
     given: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the caller passed, by variant
 
 
-def _load_models(original: Any, optimized: Any, include_unoptimized: bool) -> _Models:
+def _load_models(original: Any, optimized: Any, include_unoptimized: bool, provider: str) -> _Models:
     original_proto = model_inputs.load_model(original, resolve_external=True)
     in_memory = optimized is None
     labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
     labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
     if optimized is None:
         from onnx_norm.rewrite import optimize
+
+        # Refused before the rewrite's work when not even the original's one session fits: a lower bound of what
+        # `_weights_policy` checks (its weights once, the fewest fp32 copies of half-precision ones a session holds).
+        least = weights.weight_bytes(original_proto) + weights.session_copies(original_proto, provider, at_run=True)
+        weights.check_memory(least, "bench")
 
         # From the path when there is one: the rewrite memory-maps the weights instead of reading them.
         optimized, _ = optimize(original if isinstance(original, (str, Path)) else original_proto)
@@ -396,9 +402,10 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
     session of every variant reads one memory-mapped copy (`weights.SharedWeights`; the optimized model's tensors
     that hold the same bytes as the original's are the original's), with ORT's pre-packing off in all of them alike,
     so that the variants stay comparable. What each session still holds of its own (`weights.session_copies`)
-    decides how many sessions per variant fit; InputError (one line, nothing allocated) when not even one does.
-    Half-precision weights whose fp32 copies pass HALF_COPIES_LIMIT are cast where used in every variant alike
-    (`models.half_at_run`): their fp32 copies then exist only while a run lasts, one run at a time."""
+    decides how many sessions per variant fit; InputError (one line, before any session is made) when not even one
+    of each variant does, as verify refuses. Half-precision weights whose fp32 copies pass HALF_COPIES_LIMIT are
+    cast where used in every variant alike (`models.half_at_run`): their fp32 copies then exist only while a run
+    lasts, one run at a time."""
     protos = [proto for proto, _ in models.variants.values()]
     models.half_at_run = weights.half_weights_at_run(protos, provider)
     sizes = {name: weights.weight_bytes(proto) for name, (proto, _) in models.variants.items()}
@@ -414,41 +421,50 @@ def _weights_policy(models: _Models, count: int, provider: str) -> int:
     # model optimized in memory has none), else one would be pre-packed and the other not.
     paths = all(isinstance(models.given[name], (str, Path)) for name in models.variants)
     if not external or (paths and copies <= min(PER_SESSION_WEIGHTS_LIMIT, available // 2)):
-        weights.check_memory(copies + per_run, "bench")
+        per_round = sum(sizes.values()) + sum(own.values())  # one session of every variant, each its own copy
+        fit = _sessions_that_fit(count, per_round, 0, per_run)
         if external:
             for name, (_, level) in list(models.variants.items()):
                 models.variants[name] = (models.given[name], level)
-        sessions = count * len(models.variants)
-        models.policy = f"weights: {sessions} sessions, each with its own copy ({copies / GIB:.2f} GiB in all)"
-        return _said(models, count, per_run)
+        sessions, held = fit * len(models.variants), fit * per_round / GIB
+        models.policy = f"weights: {sessions} sessions, each with its own copy ({held:.2f} GiB in all)"
+        return _said(models, _fewer(models, fit, count, per_round, available), per_run)
     shared_bytes = _share(models)
-    per_round = sum(own.values())  # one session of every variant
-    fit = count if per_round == 0 else (available - weights.HEADROOM - shared_bytes) // per_round
-    if fit < 1 or models.half_at_run:
-        weights.check_memory(shared_bytes + per_round + per_run, "bench")
-    fit = max(1, min(count, int(fit)))
+    fit = _sessions_that_fit(count, sum(own.values()), shared_bytes, per_run)
     models.policy = (
         f"weights: one memory-mapped copy ({shared_bytes / GIB:.2f} GiB) shared by all {fit * len(models.variants)} "
         f"sessions, ONNX Runtime's weight pre-packing off in every variant (per-session copies would take "
         f"{copies / GIB:.2f} GiB)"
     )
+    return _said(models, _fewer(models, fit, count, sum(own.values()), available), per_run)
+
+
+def _sessions_that_fit(count: int, per_round: int, once: int, per_run: int) -> int:
+    """How many sessions per variant (at most `count`) fit the memory available: `once` bytes held for all of them,
+    `per_round` by one session of every variant, `per_run` while a run lasts. InputError (`weights.check_memory`:
+    one line, the memory needed and available) when not even one session of each variant fits."""
+    weights.check_memory(once + per_round + per_run, "bench")
+    if per_round == 0:
+        return count
+    room = weights.available_memory() - per_run - weights.HEADROOM - once
+    return max(1, min(count, room // per_round))
+
+
+def _fewer(models: _Models, fit: int, count: int, per_round: int, available: int) -> int:
+    """Says in `models.policy` why there are `fit` sessions per variant, not `count`; returns `fit`."""
     if fit < count:
         models.policy += (
-            f"; {fit} session(s) per variant, not {count}: each also holds {max(own.values()) / GIB:.2f} GiB of fp32 "
-            f"copies of its half-precision weights (ONNX Runtime's CPU provider), and "
-            f"{available / GIB:.1f} GiB is available"
+            f"; {fit} session(s) per variant, not {count}: one session of each variant holds {per_round / GIB:.2f} "
+            f"GiB of its own (fp32 copies of half-precision weights on ONNX Runtime's CPU provider, or the weights), "
+            f"and {available / GIB:.1f} GiB is available"
         )
-    return _said(models, fit, per_run)
+    return fit
 
 
 def _said(models: _Models, fit: int, per_run: int) -> int:
     """Adds the half-precision weights' handling to `models.policy`, logs it, and returns `fit`."""
     if models.half_at_run:
-        models.policy += (
-            "; half-precision weights kept in their type in every variant alike and cast to fp32 where used, "
-            f"at most about {per_run / GIB:.2f} GiB at once (not folded into fp32 copies at load by ONNX Runtime's "
-            "CPU provider: twice the weights per session), priority-based execution order, CPU memory arena off"
-        )
+        models.policy += "; " + half_weights_policy("in every variant alike", per_run)
     logger.info("%s", models.policy)
     return fit
 
@@ -668,7 +684,7 @@ def bench(
     options or inputs that do not fit, SessionError when a model cannot run."""
     options = BenchOptions.build(options, "bench", **kwargs)
     measure, runtime = options.measure, options.runtime
-    models = _load_models(original, optimized, measure.include_unoptimized)
+    models = _load_models(original, optimized, measure.include_unoptimized, runtime.provider)
     count = _weights_policy(models, measure.sessions_per_variant, runtime.provider)
     points = _points(models.original, inputs, options.input, measure.sweep)
     config = RuntimeConfig(runtime.provider, runtime.threads, "all", runtime.device_id, spinning=False)

@@ -192,6 +192,17 @@ def providers(config: RuntimeConfig) -> list[str | tuple[str, dict[str, str]]]:
     return [PROVIDERS["cpu"]]
 
 
+def half_weights_policy(where: str, at_once: int) -> str:
+    """What sessions with `RuntimeConfig.half_weights_at_run` do, for the reports of verify and the bench (`where`:
+    which sessions; `at_once`: the most bytes of fp32 copies that exist at once, `weights.session_copies`)."""
+    return (
+        f"half-precision weights kept in their type {where} and cast to fp32 where used, at most about "
+        f"{at_once / weights.GIB:.2f} GiB at once (ONNX Runtime's fp16-initializer fusion, {_HALF_WEIGHTS_FOLDER}, "
+        "off: on the CPU provider it folds them into fp32 copies at load, twice the weights per session), "
+        "priority-based execution order, CPU memory arena off"
+    )
+
+
 def disabled_optimizers(config: RuntimeConfig) -> list[str]:
     """ONNX Runtime transformers `config` turns off (InferenceSession's `disabled_optimizers`)."""
     return [_HALF_WEIGHTS_FOLDER] if config.half_weights_at_run and config.provider == "cpu" else []

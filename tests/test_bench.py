@@ -398,7 +398,7 @@ def test_a_variant_ort_cannot_capture_is_left_out_only_when_it_is_the_unoptimize
     """The policy for ORT's refusal (here raised in place of ORT's, since capture needs a GPU): original-noopt is
     reported and skipped; the original or the optimized model refusing leaves no speedup, so it is an error."""
     original, optimized = _ln_models()
-    models = bench._load_models(original, optimized, include_unoptimized=True)
+    models = bench._load_models(original, optimized, include_unoptimized=True, provider="cpu")
     point = bench._Point({}, None, {"x": np.zeros((1, 4, HIDDEN), np.float32)})
     config = sessions.RuntimeConfig(provider="cuda", cuda_graph=True)
     refused = set()

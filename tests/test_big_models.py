@@ -204,6 +204,43 @@ def test_too_big_to_fit_is_one_line_exit_2(tmp_path: Path, monkeypatch, capsys) 
         assert len(err.splitlines()) == 1 and "needs about" in err and "GiB is available" in err, err
 
 
+def test_bench_refuses_before_any_session_or_rewrite(tmp_path: Path, monkeypatch, capsys) -> None:
+    """bench refuses up front as verify does, whatever way it gets its weights: the original optimized in memory
+    (one shared copy: fp32 sessions hold nothing of their own, which once let it through with 9 sessions on 1 MiB)
+    and a model without external data (a copy per session). No session is made, the rewrite does not run."""
+    from onnx_norm import bench, rewrite
+
+    external, inline = tmp_path / "m.onnx", tmp_path / "inline.onnx"
+    memory_check.build(external, _args())
+    memory_check.build(inline, _args(layout="inline"))
+    monkeypatch.setattr(weights, "available_memory", lambda: 2**20)
+    made: list[object] = []
+    monkeypatch.setattr(bench, "create_session", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(rewrite, "optimize", lambda *a, **k: made.append(a))
+    for argv in (["bench", str(external)], ["bench", str(inline)], ["bench", str(inline), str(inline)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("onnx-norm bench: error: bench needs about"), err
+        assert "GiB is available" in err
+    assert made == []
+
+
+def test_bench_fits_fewer_sessions_of_a_model_without_external_data(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Without external data every session holds its own copy of the weights: where one session of each variant
+    fits and three do not, the bench makes one and says why (it refused before, as if none fitted)."""
+    source = tmp_path / "inline.onnx"
+    memory_check.build(source, _args(layout="inline"))
+    per_round = 3 * weights.weight_bytes(inputs.load_model(source))  # the original, optimized and unoptimized
+    monkeypatch.setattr(weights, "available_memory", lambda: weights.HEADROOM + int(1.5 * per_round))
+    report = tmp_path / "b.json"
+    argv = ["bench", str(source), "--shape", "sequence:4", "--repeat", "2", "--warmup", "0", "--report", str(report)]
+    assert main(argv) == 0
+    policy = json.loads(report.read_text())["weights_policy"]
+    assert json.loads(report.read_text())["sessions_per_variant"] == 1
+    assert "3 sessions, each with its own copy" in policy and "1 session(s) per variant, not 3" in policy
+    assert "1 session(s) per variant, not 3" in capsys.readouterr().out
+
+
 def test_missing_external_data_is_named(tmp_path: Path, capsys) -> None:
     source = tmp_path / "m.onnx"
     memory_check.build(source, _args())

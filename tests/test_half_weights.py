@@ -74,13 +74,16 @@ def test_casting_half_weights_at_run_changes_no_value(tmp_path: Path) -> None:
             np.testing.assert_array_equal(result[name].view(np.uint16), value.view(np.uint16))
 
 
-def test_verify_casting_at_run_reports_the_same_numbers(fp16_model: Path, tmp_path: Path, monkeypatch) -> None:
+def test_verify_casting_at_run_reports_the_same_numbers(fp16_model: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     """verify casts the weights where used once the fp32 copies pass HALF_COPIES_LIMIT; its report (every error
-    statistic, per node too) is the same as with ORT's folded copies."""
+    statistic, per node too) is the same as with ORT's folded copies, and it says which way the sessions ran (the
+    text report and the JSON), as the bench's weights policy does."""
     out = tmp_path / "opt.onnx"
     assert main(["optimize", str(fp16_model), "-o", str(out), "--external-data", "always"]) == 0
     argv = ["verify", str(fp16_model), str(out), "--per-node", "--shape", "sequence:8", "--report"]
+    capsys.readouterr()
     assert main([*argv, str(tmp_path / "folded.json")]) == 0
+    assert "FuseFp16InitializerToFp32NodeTransformer" not in capsys.readouterr().out
     monkeypatch.setattr(weights, "HALF_COPIES_LIMIT", 0)
     seen: list[bool] = []
     create = sessions.create_session
@@ -92,9 +95,17 @@ def test_verify_casting_at_run_reports_the_same_numbers(fp16_model: Path, tmp_pa
     monkeypatch.setattr("onnx_norm.parity.gate.create_session", spy)
     assert main([*argv, str(tmp_path / "at_run.json")]) == 0
     assert seen == [True, True]  # the original and the optimized model
+    text = capsys.readouterr().out
     folded, at_run = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("folded", "at_run"))
     for key in ("outputs", "norms", "passed"):
         assert folded[key] == at_run[key]
+    assert (folded["half_weights_at_run"], folded["weights_policy"]) == (False, "")
+    assert at_run["half_weights_at_run"] is True
+    policy = at_run["weights_policy"]
+    assert "cast to fp32 where used" in policy and "FuseFp16InitializerToFp32NodeTransformer" in policy
+    assert "in both models alike" in policy
+    # One line of the text report, before the verdict (140 columns may wrap it: compare without the line breaks).
+    assert policy in " ".join(text.split()), text
 
 
 def test_bench_casts_half_weights_at_run_in_every_variant(fp16_model: Path, tmp_path: Path, monkeypatch) -> None:

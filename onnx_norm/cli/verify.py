@@ -211,6 +211,8 @@ def print_report(report: ParityReport, console: Console) -> None:
     for output in report.outputs:
         table.add_row(*_row(output), _status(output.passed))
     console.print(table)
+    if report.weights_policy:
+        console.print(report.weights_policy, highlight=False, markup=False)
     if report.norms:
         norms = Table(title="Fused norms against the subgraphs they replaced", title_justify="left")
         for column in ("norm", "op", "rule", "replaces", "max abs", "mean abs", "inputs match", "status"):

@@ -26,6 +26,7 @@ from onnx_norm.sessions import (
     RuntimeUnavailableError,
     SessionError,
     create_session,
+    half_weights_policy,
     model_label,
     run_model,
 )
@@ -108,6 +109,7 @@ class _Models:
     original_source: onnx.ModelProto | str | Path | None = None
     optimized_source: onnx.ModelProto | str | Path | None = None
     golden_form: str = ""
+    weights_policy: str = ""  # how the sessions held the weights, when not as ONNX Runtime does by default
 
 
 def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onnx.ModelProto | str | Path:
@@ -132,6 +134,9 @@ def _set_sources(
     at_run = half_weights_at_run([original_proto, optimized_proto], provider)
     resident = [weight_bytes(p) + session_copies(p, provider, at_run=at_run) for p in (original_proto, optimized_proto)]
     check_memory(max(resident), "verify")
+    if at_run:
+        at_once = max(session_copies(p, provider, at_run=True) for p in (original_proto, optimized_proto))
+        models.weights_policy = "weights: " + half_weights_policy("in both models alike", at_once)
     return at_run
 
 
@@ -316,6 +321,8 @@ def verify(
         original_optimization=level,
         golden=runs.golden_method,
         golden_form=models.golden_form if runs.golden_method != "none" else "",
+        half_weights_at_run=at_run,
+        weights_policy=models.weights_policy,
         seed=options.input.seed,
         elapsed_s=time.perf_counter() - start,
         warnings=_warnings(sample_list, runs, norm_results),

@@ -45,6 +45,11 @@ class ParityReport:
     warnings: list[str] = dataclasses.field(default_factory=list)
     #: Which form of the float64 evaluation ran (onnx_norm.parity.golden.FORM_*), "" without one.
     golden_form: str = ""
+    #: Whether the sessions kept half-precision weights in their type and cast them to fp32 where used, with ONNX
+    #: Runtime's fp16-initializer fusion off (`RuntimeConfig.half_weights_at_run`), and that policy in words ("" when
+    #: the sessions ran with ONNX Runtime's defaults). The values are the folded copies' bar pre-packing's sum order.
+    half_weights_at_run: bool = False
+    weights_policy: str = ""
 
     @property
     def first_divergent_norm(self) -> NormComparison | None:
