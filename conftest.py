@@ -36,11 +36,10 @@ HEAVY_FIRST = (
     "tests/test_integrations_olive.py",  # ~45 s: Olive runs
     "zoo-t5",  # ~40 s cold: encoder and decoder, each export of them twice as long as another model's
     "tests/test_gpu_models.py",  # ~25 s: tools/device/run_gpu.sh's models stage, dry run
-    "cuda-emulator",  # ~25 s: the emulator of the norm kernels, and the cases it runs
+    "cuda-emulator",  # ~35 s: the kernels' emulator (built once), the cases of test_cuda_build and test_adaln_cuda
     "tests/test_tools.py",  # ~22 s: tools/bench_models.py exports and benchmarks
     "zoo-gemma2",  # ~20 s cold
     "zoo-whisper",  # ~20 s cold
-    "tests/test_adaln_cuda.py",  # ~18 s: the emulator of the modulated kernels
     "cuda-emulator-mutant",  # ~16 s: an emulator built from an altered copy of the kernels
     "tests/test_ops_kernels.py",  # ~16 s: the kernels again in a process without SIMD
 )

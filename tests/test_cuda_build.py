@@ -59,8 +59,11 @@ REGISTER_ROW_KERNELS = 3 * 3 * 8
 SHARED_ROW_KERNELS = 3 * 2
 CLUSTER_ROW_KERNELS = 3  # one per X type: the cluster size is a launch attribute
 
-# pytest-xdist units (conftest.py): the tests of each module fixture below run on one worker, and the three builds
-# (cubins, emulator, altered emulator) on different workers at once.
+# `emulator_library`: the emulator, built once per run for this module and tests/test_adaln_cuda.py.
+pytest_plugins = ("emulator_fixtures",)
+
+# pytest-xdist units (conftest.py): the tests of each fixture run on one worker, and the builds (sm_80 cubins, with
+# sm_90's where no current library build has them; the emulator; the altered emulator) on different workers at once.
 on_sm90_cubins = pytest.mark.xdist_group("cuda-sm90-cubins")
 on_emulator = pytest.mark.xdist_group("cuda-emulator")
 
@@ -207,12 +210,6 @@ def test_loads_in_flight_counts_loads_until_their_first_use() -> None:
     assert sass_report.describe("_ZN9onnx_norm4cuda17RegisterRowKernelI6__halfLi2ELi5EEEvNS0_8NormArgsE") == (
         "RegisterRowKernel<float16, vpt=2, skip+native>"
     )
-
-
-@pytest.fixture(scope="module")
-def emulator_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    assert CUDA_INCLUDE is not None
-    return gpu_check.build_emulator(CUDA_INCLUDE, tmp_path_factory.mktemp("emulator"))
 
 
 @pytest.fixture(scope="module")
