@@ -31,17 +31,16 @@ import pytest
 # scaled down): a unit started last holds the run open on one core. A name no test carries any more orders nothing.
 HEAVY_FIRST = (
     "tests/test_cli_routes.py",  # ~65 s in many short tests: a process per CLI call
-    "cuda-sm90-cubins",  # ~60 s on both cores: the sm_90 and sm_80 cubins with ptxas's report, their SASS read
+    "cuda-sm90-cubins",  # ~35 s on both cores: the sm_80 cubins with ptxas's report (sm_90's from the build), SASS
     "tests/test_big_models.py",  # ~50 s: a 2.06 GiB model written and run by the CLI, the API and GenAI's folder
     "tests/test_integrations_olive.py",  # ~45 s: Olive runs
     "zoo-t5",  # ~40 s cold: encoder and decoder, each export of them twice as long as another model's
     "tests/test_gpu_models.py",  # ~25 s: tools/device/run_gpu.sh's models stage, dry run
-    "cuda-emulator",  # ~25 s: the emulator of the norm kernels, and the cases it runs
+    "cuda-emulator",  # ~30 s: the kernels' emulator (built once), the cases of test_cuda_build and test_adaln_cuda
     "tests/test_tools.py",  # ~22 s: tools/bench_models.py exports and benchmarks
     "zoo-gemma2",  # ~20 s cold
     "zoo-whisper",  # ~20 s cold
-    "tests/test_adaln_cuda.py",  # ~18 s: the emulator of the modulated kernels
-    "cuda-emulator-mutant",  # ~16 s: an emulator built from an altered copy of the kernels
+    "cuda-emulator-mutant",  # ~8 s: an emulator built from an altered copy of the kernels
     "tests/test_ops_kernels.py",  # ~16 s: the kernels again in a process without SIMD
 )
 

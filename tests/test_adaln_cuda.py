@@ -22,11 +22,15 @@ needs_emulator = pytest.mark.skipif(
 )
 
 
+# `emulator_library`: the emulator of the kernels, built once per run for this module and tests/test_cuda_build.py,
+# whose emulator tests share this module's pytest-xdist unit (conftest.py): one worker builds it and runs both.
+pytest_plugins = ("emulator_fixtures",)
+pytestmark = pytest.mark.xdist_group("cuda-emulator")
+
+
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory: pytest.TempPathFactory) -> check.HostRunner:
-    include = check.cuda_include()
-    assert include is not None
-    return check.HostRunner(check.Harness(check.build_emulator(include, tmp_path_factory.mktemp("emulator"))))
+def emulated(emulator_library: Path) -> check.HostRunner:
+    return check.HostRunner(check.Harness(emulator_library))
 
 
 # One case per kernel variant and per feature of the epilogue, small enough for the emulator (one coroutine per

@@ -1,6 +1,8 @@
 """The CLI as a user types it (a subprocess of the `onnx-norm` script): --version, -v/-q anywhere, reports that name
 their models and versions, readable output when piped, one line when nothing was found, the hint for native norms,
-Ctrl-C, and third-party log records without tracebacks."""
+Ctrl-C, and third-party log records without tracebacks. Where the process itself proves nothing (what is printed on
+stdout, the exit code, a report's content), the same `main` runs in the test's process: each `onnx-norm` process
+pays ~2 CPU-s of imports before its work."""
 
 from __future__ import annotations
 
@@ -33,6 +35,18 @@ def cli(*argv: str | Path, cwd: Path | None = None, timeout: float = 300) -> sub
     return subprocess.run(command, check=False, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+def in_process(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    """`main(ARGV)` in this process: (exit code, stdout, stderr), both captured (not a terminal, as when piped)."""
+    from onnx_norm.cli import main
+
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("COLUMNS", raising=False)  # as `cli` runs it
+        code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_version_names_onnx_norm_and_onnxruntime() -> None:
     import onnxruntime
 
@@ -42,6 +56,33 @@ def test_version_names_onnx_norm_and_onnxruntime() -> None:
     assert done.returncode == 0
     assert f"onnx-norm {onnx_norm.__version__}" in done.stdout
     assert f"onnxruntime {onnxruntime.__version__}" in done.stdout
+
+
+HEAVY_MODULES = ("onnx", "onnxruntime", "onnx_norm.rewrite", "onnx_norm.parity")
+
+
+@pytest.mark.parametrize(
+    ("argv", "imported"),
+    [
+        (["--version"], []),
+        (["--help"], []),
+        (["verify", "--help"], []),
+        (["inspect", "--help"], ["onnx", "onnx_norm.rewrite"]),  # its --target and rule names come from the rewrite
+    ],
+)
+def test_the_cli_imports_only_what_the_named_subcommand_needs(argv: list[str], imported: list[str]) -> None:
+    """Every CLI process would otherwise pay ~1.8 CPU-s importing the rewrite and ONNX before parsing its flags."""
+    script = (
+        "import sys\n"
+        "from onnx_norm.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print([m for m in {HEAVY_MODULES!r} if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, *argv], check=True, capture_output=True, text=True)
+    assert json.loads(done.stdout.splitlines()[-1].replace("'", '"')) == imported
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -63,22 +104,19 @@ def test_inspect_piped_keeps_rule_names_whole() -> None:
     assert sum(1 for row in rows if "skip_rms_norm" in row) == 4
 
 
-def _optimized(tmp_path: Path) -> Path:
-    out = tmp_path / "llama.opt.onnx"
-    assert cli("optimize", LLAMA, "-o", out).returncode == 0
-    return out
-
-
-def test_nothing_found_is_one_line_and_our_function_bodies_are_not_near_misses(tmp_path: Path) -> None:
-    optimized = _optimized(tmp_path)
+def test_nothing_found_is_one_line_and_our_function_bodies_are_not_near_misses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    optimized = tmp_path / "llama.opt.onnx"
+    assert in_process(capsys, "optimize", LLAMA, "-o", optimized)[0] == 0
     # The optimized model carries our ops' function bodies (decomposed norms); they are ours, not the model's.
     assert any(function.domain == "onnx_norm" for function in onnx.load(str(optimized)).functions)
-    done = cli("inspect", optimized, "--explain")
-    assert done.returncode == 0
-    assert done.stdout.strip() == "no decomposed norm and no near-miss found"
-    again = cli("optimize", optimized, "-o", tmp_path / "again.onnx")
-    assert again.returncode == 0
-    assert again.stdout.splitlines() == ["no decomposed norm found", f"wrote {tmp_path / 'again.onnx'}"]
+    code, out, _ = in_process(capsys, "inspect", optimized, "--explain")
+    assert code == 0
+    assert out.strip() == "no decomposed norm and no near-miss found"
+    code, out, _ = in_process(capsys, "optimize", optimized, "-o", tmp_path / "again.onnx")
+    assert code == 0
+    assert out.splitlines() == ["no decomposed norm found", f"wrote {tmp_path / 'again.onnx'}"]
 
 
 def test_reports_name_their_models_and_versions(tmp_path: Path) -> None:
@@ -106,9 +144,10 @@ def test_reports_name_their_models_and_versions(tmp_path: Path) -> None:
         assert run["command"][:2] == ["onnx-norm", command]
 
 
-def test_optimize_verify_report_names_the_kept_output(tmp_path: Path) -> None:
+def test_optimize_verify_report_names_the_kept_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, report = tmp_path / "bert.opt.onnx", tmp_path / "parity.json"
-    assert cli("optimize", BERT, "-o", out, "--verify", "--verify-report", report, "--samples", "1").returncode == 0
+    argv = ("optimize", BERT, "-o", out, "--verify", "--verify-report", report, "--samples", "1")
+    assert in_process(capsys, *argv)[0] == 0
     assert json.loads(report.read_text())["run"]["models"] == {"original": str(BERT), "optimized": str(out)}
 
 
@@ -264,20 +303,24 @@ def _half_model(path: Path, *, nudged: bool = False) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
 
 
-def test_float16_model_with_float32_outputs_names_the_tolerance_and_the_flag(tmp_path: Path) -> None:
+def test_float16_model_with_float32_outputs_names_the_tolerance_and_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     original, changed = tmp_path / "half.onnx", tmp_path / "half.changed.onnx"
     _half_model(original)
     _half_model(changed, nudged=True)
-    done = cli("verify", original, changed)
-    assert done.returncode == 1
-    out = " ".join(done.stdout.split())
+    code, stdout, _ = in_process(capsys, "verify", original, changed)
+    assert code == 1
+    out = " ".join(stdout.split())
     assert "output 'y' (float32) was compared with atol=0.0001 rtol=0.0001" in out
     assert "The model computes in float16 (1 float16/bfloat16 weights)" in out
     assert "(--atol y:0.01 --rtol y:0.01)" in out
-    assert cli("verify", original, changed, "--atol", "y:0.01", "--rtol", "y:0.01").returncode == 0
+    assert in_process(capsys, "verify", original, changed, "--atol", "y:0.01", "--rtol", "y:0.01")[0] == 0
 
 
-def test_an_original_that_does_not_reproduce_itself_is_said_as_such(tmp_path: Path) -> None:
+def test_an_original_that_does_not_reproduce_itself_is_said_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Here: NaN everywhere (sqrt(-|x| - 1)), as T5 in float16 overflows; the same exit for outputs that change from
     run to run."""
     original, copy = tmp_path / "nan.onnx", tmp_path / "copy.onnx"
@@ -298,10 +341,10 @@ def test_an_original_that_does_not_reproduce_itself_is_said_as_such(tmp_path: Pa
     onnx.save(model, str(original))
     onnx.save(model, str(copy))
     report = tmp_path / "parity.json"
-    done = cli("verify", original, copy, "--report", report)
-    assert done.returncode == 2
-    assert done.stderr.startswith("onnx-norm verify: error: the original model does not reproduce itself")
-    assert "FAILED" not in done.stdout  # the optimized model is not blamed
+    code, out, err = in_process(capsys, "verify", original, copy, "--report", report)
+    assert code == 2
+    assert err.startswith("onnx-norm verify: error: the original model does not reproduce itself")
+    assert "FAILED" not in out  # the optimized model is not blamed
     assert not report.exists()
 
 
@@ -317,10 +360,10 @@ def dynamo_bert() -> Path:
         pytest.skip(f"exporter failure: {err}")
 
 
-def test_native_norms_point_at_take_over_native(dynamo_bert: Path) -> None:
-    done = cli("inspect", dynamo_bert, "--explain")
-    assert done.returncode == 0
-    assert done.stdout.strip() == (
+def test_native_norms_point_at_take_over_native(dynamo_bert: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = in_process(capsys, "inspect", dynamo_bert, "--explain")
+    assert code == 0
+    assert out.strip() == (
         "no decomposed norm and no near-miss found; the model already has native norm ops (5 LayerNormalization), "
         "left as they are; `onnx-norm optimize --take-over-native` moves them onto onnx-norm's kernels"
     )

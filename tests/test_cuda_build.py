@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 from types import ModuleType
@@ -51,28 +53,45 @@ def _load_sass_report() -> ModuleType:
 
 sass_report = _load_sass_report()
 NVDISASM = sass_report.find_nvdisasm(NVCC)
+CUOBJDUMP = sass_report.find_cuda_tool("cuobjdump", NVCC)
 # 3 X types x 3 vectors-per-thread x 8 flag combinations (skip, rms, native), and 2 shared-row variants per type.
 REGISTER_ROW_KERNELS = 3 * 3 * 8
 SHARED_ROW_KERNELS = 3 * 2
 CLUSTER_ROW_KERNELS = 3  # one per X type: the cluster size is a launch attribute
 
-# pytest-xdist units (conftest.py): the tests of each module fixture below run on one worker, and the three builds
-# (cubins, emulator, altered emulator) on different workers at once.
+# `emulator_library`: the emulator, built once per run for this module and tests/test_adaln_cuda.py.
+pytest_plugins = ("emulator_fixtures",)
+
+# pytest-xdist units (conftest.py): the tests of each fixture run on one worker, and the builds (sm_80 cubins, with
+# sm_90's where no current library build has them; the emulator; the altered emulator) on different workers at once.
 on_sm90_cubins = pytest.mark.xdist_group("cuda-sm90-cubins")
 on_emulator = pytest.mark.xdist_group("cuda-emulator")
 
 
 @pytest.fixture(scope="module")
-def sm90_cubins(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], str]:
+def sm90_cubins(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], dict]:
+    """The sm_90 cubins and each kernel's report: those of the library's own build where it is current
+    (tools/setup.sh compiled them; their registers and stack frames as cuobjdump reads them), else compiled here
+    (with ptxas's report)."""
     assert NVCC is not None
-    return sass_report.compile_cubins(NVCC, "90", tmp_path_factory.mktemp("sm90"))
+    out = tmp_path_factory.mktemp("sm90")
+    cubins = sass_report.built_cubins("90", CUOBJDUMP, out) if CUOBJDUMP else None
+    if cubins is not None:
+        assert CUOBJDUMP is not None
+        return cubins, {k: v for c in cubins for k, v in sass_report.resource_usage(CUOBJDUMP, c).items()}
+    cubins, log = sass_report.compile_cubins(NVCC, "90", out)
+    return cubins, sass_report.parse_ptxas(log)
 
 
 def _check_no_spills(reports: dict, arch: str) -> None:
+    """No spill bytes and no stack frame (a spill needs one; cuobjdump's reading of a built cubin has only the
+    frame) in any kernel, and every kernel there."""
     spilling = {
-        r.name: (r.spill_stores, r.spill_loads) for r in reports.values() if (r.spill_stores, r.spill_loads) != (0, 0)
+        r.name: (r.spill_stores, r.spill_loads, r.stack_frame)
+        for r in reports.values()
+        if (r.spill_stores, r.spill_loads, r.stack_frame) != (0, 0, 0)
     }
-    assert not spilling, f"{arch} kernels with register spills (stores, loads bytes): {spilling}"
+    assert not spilling, f"{arch} kernels with register spills (stores, loads, stack frame bytes): {spilling}"
     names = [r.name for r in reports.values()]
     assert sum(n.startswith("RegisterRowKernel") for n in names) == REGISTER_ROW_KERNELS, names
     assert sum(n.startswith("SharedRowKernel") for n in names) == SHARED_ROW_KERNELS, names
@@ -82,9 +101,9 @@ def _check_no_spills(reports: dict, arch: str) -> None:
 @needs_nvcc
 @on_sm90_cubins
 def test_cuda_kernels_compile_for_sm80_and_sm90_without_spills(
-    sm90_cubins: tuple[list[Path], str], tmp_path: Path
+    sm90_cubins: tuple[list[Path], dict], tmp_path: Path
 ) -> None:
-    _check_no_spills(sass_report.parse_ptxas(sm90_cubins[1]), "sm_90")
+    _check_no_spills(sm90_cubins[1], "sm_90")
     _, sm80_log = sass_report.compile_cubins(NVCC, "80", tmp_path)
     _check_no_spills(sass_report.parse_ptxas(sm80_log), "sm_80")
 
@@ -100,7 +119,7 @@ def test_launcher_compiles(tmp_path: Path) -> None:
 @needs_nvcc
 @on_sm90_cubins
 @pytest.mark.skipif(NVDISASM is None, reason="nvdisasm not found (pip install nvidia-cuda-nvdisasm; setup.sh does)")
-def test_register_row_kernels_keep_all_of_a_rows_loads_in_flight(sm90_cubins: tuple[list[Path], str]) -> None:
+def test_register_row_kernels_keep_all_of_a_rows_loads_in_flight(sm90_cubins: tuple[list[Path], dict]) -> None:
     """In the sm_90 SASS, each register-row kernel issues all its X (and Skip) 16-byte loads before the first
     instruction that reads any of them: a thread that used each load before issuing the next (one LDG.E.128
     in flight) would leave an H200 far from its memory bandwidth."""
@@ -135,6 +154,45 @@ def test_register_row_kernels_keep_all_of_a_rows_loads_in_flight(sm90_cubins: tu
     assert not too_few, "16-byte loads in flight below the expected count:\n" + "\n".join(too_few)
 
 
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="ninja not found")
+def test_built_cubins_are_taken_only_from_a_current_build_of_this_checkout(tmp_path: Path) -> None:
+    """The sm_90 checks read the library build's cubins only where its objects are newer than the sources and
+    headers Ninja recorded for them: a changed header or another checkout's build sends them back to compiling."""
+    sources, build = tmp_path / "src", tmp_path / "build" / "py3-none-linux_x86_64"
+    sources.mkdir()
+    build.mkdir(parents=True)
+    header = sources / "common.cuh"
+    header.write_text("")
+    # The compiler's dependency file names the header, as nvcc's does: Ninja keeps it in its deps log.
+    rules = ["rule cc\n  command = cp $in $out && echo '$out: $in " + str(header) + "' > $out.d\n"]
+    rules.append("  depfile = $out.d\n  deps = gcc\n")
+    for name in sass_report.KERNEL_SOURCES:
+        (sources / name).write_text(name)
+        rules.append(f"build CMakeFiles/onnx_norm_ops.dir/src/cuda/{name}.o: cc {sources / name}\n")
+    (build / "build.ninja").write_text("".join(rules))
+    ninja = shutil.which("ninja")
+    cache = f"CMAKE_HOME_DIRECTORY:INTERNAL={REPO / 'custom_ops'}\nCMAKE_MAKE_PROGRAM:FILEPATH={ninja}\n"
+    (build / "CMakeCache.txt").write_text(cache)
+    subprocess.run([str(ninja), "-C", str(build)], check=True, capture_output=True)
+    # A cuobjdump that "extracts" an sm_90 cubin holding the object's text.
+    cuobjdump = tmp_path / "cuobjdump"
+    cuobjdump.write_text('#!/bin/sh\ncp "$3" "$(basename "$3" .cu.o).sm_90.cubin"\n')
+    cuobjdump.chmod(0o755)
+
+    cubins = sass_report.built_cubins("90", str(cuobjdump), tmp_path / "out1", tmp_path / "build")
+    assert cubins is not None
+    assert [c.read_text() for c in cubins] == list(sass_report.KERNEL_SOURCES)
+    assert sass_report.built_cubins("80", str(cuobjdump), tmp_path / "out2", tmp_path / "build") is None  # no sm_80
+    header.write_text("// edited")
+    later = time.time() + 10  # newer than the objects, whatever the file system's time resolution
+    os.utime(header, (later, later))
+    assert sass_report.built_cubins("90", str(cuobjdump), tmp_path / "out3", tmp_path / "build") is None
+    os.utime(header, (later - 20, later - 20))  # as if the edit was undone
+    assert sass_report.built_cubins("90", str(cuobjdump), tmp_path / "out4", tmp_path / "build") is not None
+    (build / "CMakeCache.txt").write_text(cache.replace(str(REPO / "custom_ops"), str(tmp_path)))  # not ours
+    assert sass_report.built_cubins("90", str(cuobjdump), tmp_path / "out5", tmp_path / "build") is None
+
+
 def test_loads_in_flight_counts_loads_until_their_first_use() -> None:
     """The SASS reading itself: two loads then a use is 2 in flight; load, use, load, use is 1."""
     batched = [
@@ -152,12 +210,6 @@ def test_loads_in_flight_counts_loads_until_their_first_use() -> None:
     assert sass_report.describe("_ZN9onnx_norm4cuda17RegisterRowKernelI6__halfLi2ELi5EEEvNS0_8NormArgsE") == (
         "RegisterRowKernel<float16, vpt=2, skip+native>"
     )
-
-
-@pytest.fixture(scope="module")
-def emulator_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    assert CUDA_INCLUDE is not None
-    return gpu_check.build_emulator(CUDA_INCLUDE, tmp_path_factory.mktemp("emulator"))
 
 
 @pytest.fixture(scope="module")

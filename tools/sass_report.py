@@ -32,7 +32,7 @@ SOURCES = REPO / "custom_ops" / "src" / "cuda"
 KERNEL_SOURCES = ("norm_float32.cu", "norm_float16.cu", "norm_bfloat16.cu")
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
-_PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
 _SASS_FUNCTION = re.compile(r"^\.text\.(\w+):")
 _SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
@@ -47,6 +47,7 @@ class KernelReport:
     registers: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
+    stack_frame: int = 0  # bytes of local memory per thread; a spill needs one, so 0 means no spills
     loads_128: int = 0
     loads_in_flight: int = 0
 
@@ -77,19 +78,25 @@ def register_row_parameters(symbol: str) -> tuple[int, int] | None:
 
 def find_nvdisasm(nvcc: str | None) -> str | None:
     """nvdisasm next to nvcc, on PATH, under CUDA_HOME, or from the nvidia-cuda-nvdisasm wheel."""
+    return find_cuda_tool("nvdisasm", nvcc)
+
+
+def find_cuda_tool(name: str, nvcc: str | None) -> str | None:
+    """A CUDA binary tool (nvdisasm, cuobjdump) next to nvcc, on PATH, under CUDA_HOME, or from its nvidia-cuda-*
+    wheel."""
     candidates = []
     if nvcc:
-        candidates.append(Path(nvcc).resolve().parent / "nvdisasm")
-    if found := shutil.which("nvdisasm"):
+        candidates.append(Path(nvcc).resolve().parent / name)
+    if found := shutil.which(name):
         candidates.append(Path(found))
     for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
         if root:
-            candidates.append(Path(root) / "bin" / "nvdisasm")
+            candidates.append(Path(root) / "bin" / name)
     try:
         import nvidia  # the namespace package of the nvidia-* wheels
 
         for base in map(Path, nvidia.__path__):
-            candidates += sorted(base.glob("*/bin/nvdisasm"))
+            candidates += sorted(base.glob(f"*/bin/{name}"))
     except ImportError:
         pass
     return next((str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
@@ -114,6 +121,65 @@ def compile_cubins(nvcc: str, arch: str, out_dir: Path) -> tuple[list[Path], str
     return [c for c, _ in results], "\n".join(log for _, log in results)
 
 
+def built_cubins(arch: str, cuobjdump: str, out_dir: Path, build_root: Path = REPO / "build") -> list[Path] | None:
+    """The sm_<arch> cubins of the three X-type sources taken from the library's build (the objects tools/setup.sh
+    compiled, extracted with cuobjdump), or None where no build can vouch for them: no Ninja build of this
+    checkout's sources under `build_root`, an object missing or older than one of its sources and headers, or no
+    sm_<arch> code in it. Compiling them again costs ~20 CPU-s per source and arch."""
+    objects = [f"CMakeFiles/onnx_norm_ops.dir/src/cuda/{name}.o" for name in KERNEL_SOURCES]
+    for build, ninja in _ninja_builds(build_root):
+        if not all(_is_current(build, ninja, obj) for obj in objects):
+            continue
+        cubins = []
+        for name, obj in zip(KERNEL_SOURCES, objects, strict=True):
+            target = out_dir / name
+            target.mkdir(parents=True, exist_ok=True)
+            command = [cuobjdump, "-xelf", "all", str(build / obj)]
+            subprocess.run(command, check=True, cwd=target, capture_output=True)
+            cubins += sorted(target.glob(f"*.sm_{arch}.cubin"))
+        if len(cubins) == len(KERNEL_SOURCES):
+            return cubins
+    return None
+
+
+def _is_current(build: Path, ninja: str, target: str) -> bool:
+    """Whether `target` of a Ninja build is newer than every file it was compiled from, its headers (toolkit ones
+    included) as the compiler listed them in Ninja's deps log. (`ninja -n` cannot say: a CMake build with
+    CONFIGURE_DEPENDS globs always has its manifest check to run first, and a dry run stops there.)"""
+    listed = subprocess.run(
+        [ninja, "-C", str(build), "-t", "deps", target], check=False, capture_output=True, text=True
+    )
+    lines = listed.stdout.splitlines()
+    output = build / target
+    if listed.returncode != 0 or not lines or not lines[0].endswith("(VALID)") or not output.is_file():
+        return False  # no deps recorded, or recorded for an older output
+    built = output.stat().st_mtime_ns
+    inputs = [build / line.strip() for line in lines[1:] if line.strip()]
+    return bool(inputs) and all(path.is_file() and path.stat().st_mtime_ns <= built for path in inputs)
+
+
+def _ninja_builds(build_root: Path) -> list[tuple[Path, str]]:
+    """(build directory, ninja) of each CMake build of this checkout's custom_ops under `build_root`."""
+    found = []
+    for cache in sorted(build_root.glob("*/CMakeCache.txt")):
+        pattern = r"^(CMAKE_HOME_DIRECTORY|CMAKE_MAKE_PROGRAM):\w+=(.*)$"
+        entries = dict(re.findall(pattern, cache.read_text(errors="replace"), re.MULTILINE))
+        home, ninja = entries.get("CMAKE_HOME_DIRECTORY"), entries.get("CMAKE_MAKE_PROGRAM", "")
+        if home and Path(home).resolve() == SOURCES.parents[1] and Path(ninja).name == "ninja" and shutil.which(ninja):
+            found.append((cache.parent, ninja))
+    return found
+
+
+def resource_usage(cuobjdump: str, cubin: Path) -> dict[str, KernelReport]:
+    """Registers and stack frame of each kernel in a cubin (`cuobjdump -res-usage`, the values ptxas reported
+    when it compiled them; the spill byte counts themselves are not kept in the cubin)."""
+    text = subprocess.run([cuobjdump, "-res-usage", str(cubin)], check=True, capture_output=True, text=True).stdout
+    reports: dict[str, KernelReport] = {}
+    for symbol, registers, stack in re.findall(r"Function (\w+):\s+REG:(\d+) STACK:(\d+)", text):
+        reports[symbol] = KernelReport(symbol, registers=int(registers), stack_frame=int(stack))
+    return reports
+
+
 def parse_ptxas(log: str) -> dict[str, KernelReport]:
     reports: dict[str, KernelReport] = {}
     current: KernelReport | None = None
@@ -121,7 +187,7 @@ def parse_ptxas(log: str) -> dict[str, KernelReport]:
         if m := _PTXAS_ENTRY.search(line):
             current = reports.setdefault(m.group(1), KernelReport(m.group(1)))
         elif current is not None and (m := _PTXAS_SPILLS.search(line)):
-            current.spill_stores, current.spill_loads = int(m.group(1)), int(m.group(2))
+            current.stack_frame, current.spill_stores, current.spill_loads = map(int, m.groups())
         elif current is not None and (m := _PTXAS_REGISTERS.search(line)):
             current.registers = int(m.group(1))
     return reports

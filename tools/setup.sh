@@ -99,8 +99,12 @@ python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_
 if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   step "CUDA kernels: register spills"
   bash tools/check_spills.sh "$log"
-  # tests/test_cuda_build.py reads the kernels' SASS with nvdisasm; nvcc-only toolkits lack it (5 MB wheel, ~3 s).
-  if ! command -v nvdisasm >/dev/null && [[ ! -x "$(dirname "$(command -v nvcc)")/nvdisasm" ]]; then
-    python -m pip install -q nvidia-cuda-nvdisasm
-  fi
+  # tests/test_cuda_build.py reads the kernels' SASS with nvdisasm, from the sm_90 cubins that cuobjdump extracts
+  # from this build's objects (compiling them again would cost ~60 CPU-s); nvcc-only toolkits lack both (small
+  # wheels, seconds).
+  for tool in nvdisasm cuobjdump; do
+    if ! command -v "$tool" >/dev/null && [[ ! -x "$(dirname "$(command -v nvcc)")/$tool" ]]; then
+      python -m pip install -q "nvidia-cuda-$tool"
+    fi
+  done
 fi

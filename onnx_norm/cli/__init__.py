@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 # Each module defines `add_parser(subparsers) -> argparse.ArgumentParser` and sets `func` on it
@@ -64,15 +65,27 @@ def _add_verbosity(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument("-q", "--quiet", action="count", default=default, help="errors only (no warnings)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] = _SUBCOMMANDS) -> argparse.ArgumentParser:
+    """The whole command line; only the subcommands in `commands` get their flags (building those of `inspect` and
+    `optimize` imports the rewrite, for its rule and target names), the others just their name and help line."""
     parser = _Parser(prog="onnx-norm", description="Fuse decomposed LayerNorm/RMSNorm subgraphs in ONNX models.")
     text = ", ".join(f"{name} {version}" for name, version in versions().items())
     parser.add_argument("--version", action="version", version=text)
     _add_verbosity(parser, top=True)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
-        _add_verbosity(importlib.import_module(f"onnx_norm.cli.{name}").add_parser(subparsers), top=False)
+        module = importlib.import_module(f"onnx_norm.cli.{name}")
+        if name in commands:
+            _add_verbosity(module.add_parser(subparsers), top=False)
+        else:
+            subparsers.add_parser(name, help=module.HELP)
     return parser
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand a command line names: its first word that is not an option (the top-level options take no
+    value), None for `--version`, `--help` or nothing."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 #: Library errors that mean bad input, a bad output path or a machine that cannot do what was asked: one line
@@ -155,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Only the named subcommand's flags are built: `onnx-norm --version` or `verify` pays for no rewrite import.
+    args = build_parser([_command(argv) or ""]).parse_args(argv)
     _configure_output(args.verbose, args.quiet)
     try:
         return int(args.func(args))

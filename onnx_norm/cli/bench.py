@@ -36,10 +36,14 @@ CUDA_GRAPH = common.CudaGraphArgs()
 MEASUREMENT = common.BenchSessionArgs(variants=True)
 
 
+#: The line `onnx-norm --help` shows (given without building this command's parser).
+HELP = "measure the speedup of the optimized model over the original"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "bench",
-        help="measure the speedup of the optimized model over the original",
+        help=HELP,
         description="Time the original model (ONNX Runtime with all its optimizations, and with none) against the "
         "optimized one, interleaved, on the same inputs, provider and threads. With one model, it is optimized "
         "in memory first.",

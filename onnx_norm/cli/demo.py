@@ -31,10 +31,14 @@ RUNTIME = common.RuntimeArgs()
 MEASUREMENT = common.BenchSessionArgs(title="bench", warmup=10, repeat=300)
 
 
+#: The line `onnx-norm --help` shows (given without building this command's parser).
+HELP = "run inspect, optimize, verify and bench on the bundled example models"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "demo",
-        help="run inspect, optimize, verify and bench on the bundled example models",
+        help=HELP,
         description="The whole flow on small LLaMA-style (RMSNorm, fp32 and fp16, TorchScript and dynamo exports) "
         "and BERT-style (LayerNorm, opset 13) models shipped with onnx-norm.",
     )

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
-from onnx_norm.rewrite import OptimizeReport
+
+if TYPE_CHECKING:  # the rewrite is imported when the command runs: `onnx-norm --version` need not pay for it
+    from onnx_norm.rewrite import OptimizeReport
+
+
+#: The line `onnx-norm --help` shows (given without building this command's parser).
+HELP = "list the decomposed norms of a model (dry run)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "inspect",
-        help="list the decomposed norms of a model (dry run)",
+        help=HELP,
         description="List every decomposed LayerNorm/RMSNorm that `optimize` would fuse: nodes, kind, dtype, "
         "epsilon, axes, cast placement, residual. --explain also lists the near-misses and why they are left.",
     )

@@ -6,6 +6,7 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -13,13 +14,21 @@ from rich.table import Table
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
-from onnx_norm.rewrite import RULE_NAMES, OptimizeReport
+
+if TYPE_CHECKING:  # the rewrite is imported when this command's parser is built or it runs
+    from onnx_norm.rewrite import OptimizeReport
+
+
+#: The line `onnx-norm --help` shows (given without building this command's parser).
+HELP = "fuse the decomposed norms of a model"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from onnx_norm.rewrite import RULE_NAMES
+
     parser = subparsers.add_parser(
         "optimize",
-        help="fuse the decomposed norms of a model",
+        help=HELP,
         description="Replace every decomposed LayerNorm/RMSNorm with a fused op and write the model. Each match is "
         "proven on random inputs before it is rewritten; near-misses are left as they are.",
     )

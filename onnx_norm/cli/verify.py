@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from onnx_norm.cli import args as common
-from onnx_norm.parity import Comparison, ParityReport
+
+if TYPE_CHECKING:  # the parity module is imported when the command runs
+    from onnx_norm.parity import Comparison, ParityReport
 
 if TYPE_CHECKING:
     from onnx_norm.options import VerifyOptions
@@ -26,10 +28,14 @@ INPUTS = common.InputArgs()
 RUNTIME = common.RuntimeArgs()
 
 
+#: The line `onnx-norm --help` shows (given without building this command's parser).
+HELP = "check that an optimized model computes what the original computes"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "verify",
-        help="check that an optimized model computes what the original computes",
+        help=HELP,
         description="Run both models on the same inputs and compare every output, against each other and against a "
         "float64 evaluation of the original. Exit 0 passed, 1 parity failed, 2 usage or input error.",
     )
