@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -88,8 +89,35 @@ OrtStatusPtr MakeError(const OpSignature& op, const std::string& message, OrtErr
   return Ort::GetApi().CreateStatus(code, text.c_str());
 }
 
+bool OpSignature::HasAttribute(const char* attribute) const {
+  for (const char* name : attributes) {
+    if (name != nullptr && std::strcmp(name, attribute) == 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// The attributes of GroupNorm beyond the shared ones, read when the op declares them.
+std::string ParseGroupAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
+  if (!op.HasAttribute("num_groups")) return {};
+  int64_t value = 0;
+  if (!GetIntAttribute(info, "num_groups", &value) || value < 1) {
+    return "attribute num_groups must be set to the number of groups (>= 1)";
+  }
+  attrs->num_groups = value;
+  value = 0;
+  GetIntAttribute(info, "activation", &value);
+  if (value != 0 && value != 1) {
+    return "attribute activation=" + std::to_string(value) + " is not supported: use 0 (none) or 1 (SiLU)";
+  }
+  attrs->activation = static_cast<int>(value);
+  return {};
+}
+
+}  // namespace
+
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
-  (void)op;
   int64_t value = 0;
   if (GetIntAttribute(info, kAttributeNames[0], &value)) attrs->axis = value;
   float eps = 0.0f;
@@ -111,7 +139,7 @@ std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, No
     }
     *attr.field = static_cast<int>(value);
   }
-  return {};
+  return ParseGroupAttributes(info, op, attrs);
 }
 
 std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,

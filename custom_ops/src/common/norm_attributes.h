@@ -16,6 +16,11 @@ inline constexpr int kOpsetVersion = 1;
 
 inline constexpr size_t kMaxInputs = 5;
 inline constexpr size_t kMaxOutputs = 3;
+inline constexpr size_t kMaxAttributes = 8;
+
+// The attributes the norms take, in NormAttributes' order (ParseAttributes reads these, and an op's own ones).
+inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
+                                                  "output_type"};
 
 // One fused op as it is declared to ONNX Runtime (names as in docs/ops.md). The ops themselves are listed in one
 // place, register.cc's kOps table; tests/test_op_table.py checks that list against onnx_norm/ops/schema.py.
@@ -28,13 +33,14 @@ struct OpSignature {
   const char* inputs[kMaxInputs];    // X first
   const char* outputs[kMaxOutputs];  // Y first; the others are optional
   unsigned optional_inputs;          // bit i set: input i may be left out (Scale, Bias)
+  // The attributes a node of the op may carry (null-terminated), as the Python record lists them; an op with
+  // attributes of its own (GroupNorm's num_groups, activation) lists them here, ParseAttributes reads those too.
+  const char* attributes[kMaxAttributes] = {kAttributeNames[0], kAttributeNames[1], kAttributeNames[2],
+                                            kAttributeNames[3], kAttributeNames[4]};
 
   constexpr bool OptionalInput(size_t i) const { return ((optional_inputs >> i) & 1u) != 0; }
+  bool HasAttribute(const char* attribute) const;
 };
-
-// The attributes every op takes, in NormAttributes' order (ParseAttributes reads exactly these).
-inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
-                                                  "output_type"};
 
 struct NormAttributes {
   int64_t axis = -1;
@@ -42,6 +48,8 @@ struct NormAttributes {
   int normalized_type = 0;
   int multiply_type = 0;
   int output_type = 0;
+  int64_t num_groups = 0;  // GroupNorm: groups the channels (dim 1) are split into
+  int activation = 0;      // GroupNorm: 0 none, 1 SiLU after the affine
 };
 
 // Everything a kernel needs for one call, validated; pointers into ORT-owned buffers.
