@@ -201,8 +201,16 @@ def test_a_group_count_that_does_not_divide_the_channels_is_not_matched() -> Non
     assert "GroupNorm" not in fused_ops(optimized)
 
 
-def test_bad_nodes_get_one_line_errors_from_the_kernel() -> None:
-    node = helper.make_node("GroupNorm", ["x", "s"], ["y"], domain="onnx_norm", num_groups=3, epsilon=1e-5)
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ({"num_groups": 3}, "num_groups 3 does not divide the 8 channels"),
+        ({}, "attribute num_groups must be set"),
+        ({"num_groups": 2, "activation": 2}, "activation=2 is not supported"),
+    ],
+)
+def test_bad_nodes_get_one_line_errors_from_the_kernel(attrs: dict[str, int], message: str) -> None:
+    node = helper.make_node("GroupNorm", ["x", "s"], ["y"], domain="onnx_norm", epsilon=1e-5, **attrs)
     graph = helper.make_graph(
         [node],
         "g",
@@ -212,8 +220,9 @@ def test_bad_nodes_get_one_line_errors_from_the_kernel() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("onnx_norm", 1)])
     model.ir_version = 10
     feeds = {"x": _x(), "s": np.ones(C, np.float32)}
-    with pytest.raises(Exception, match="num_groups 3 does not divide the 8 channels"):
+    with pytest.raises(Exception, match=message) as error:
         _with_library(model, feeds)
+    assert "\n" not in str(error.value).strip()
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])

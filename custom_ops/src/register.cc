@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "common/group_norm.h"
 #include "common/modulation.h"
 #include "common/norm_op.h"
 #include "cpu/group_norm_cpu.h"
@@ -76,7 +77,8 @@ const OpEntry kOps[] = {
     {{"ModulatedRMSNorm", true, false, 4, 1, {"X", "Scale", "ModScale", "ModShift"}, {"Y"}, kInput1},
      &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
     {{"GroupNorm", false, false, 3, 1, {"X", "Scale", "Bias"}, {"Y"}, kInput1 | kInput2,
-      {"epsilon", "normalized_type", "multiply_type", "output_type", "num_groups", "activation"}},
+      {"epsilon", "normalized_type", "multiply_type", "output_type", "num_groups", "activation"},
+      &ParseGroupNormAttributes},
      &cpu::ComputeGroupNorm, nullptr},
 };
 

@@ -27,6 +27,21 @@ std::string CheckChannelParameter(const char* name, const Ort::ConstValue& value
 
 }  // namespace
 
+std::string ParseGroupNormAttributes(const OrtKernelInfo* info, NormAttributes* attrs) {
+  int64_t value = 0;
+  if (!GetIntAttribute(info, "num_groups", &value) || value < 1) {
+    return "attribute num_groups must be set to the number of groups (>= 1)";
+  }
+  attrs->num_groups = value;
+  value = 0;
+  GetIntAttribute(info, "activation", &value);
+  if (value != 0 && value != 1) {
+    return "attribute activation=" + std::to_string(value) + " is not supported: use 0 (none) or 1 (SiLU)";
+  }
+  attrs->activation = static_cast<int>(value);
+  return {};
+}
+
 std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attrs, GroupNormProblem* g) {
   *g = GroupNormProblem{};
   const Ort::ConstValue x = ctx.GetInput(0);

@@ -22,6 +22,9 @@ struct GroupNormProblem {
   int activation = 0;
 };
 
+// num_groups (required, >= 1) and activation (0 or 1): OpSignature::parse_attributes of GroupNorm.
+std::string ParseGroupNormAttributes(const OrtKernelInfo* info, NormAttributes* attrs);
+
 // Reads and checks X, Scale, Bias and the attributes, allocates Y and fills `problem`; returns an empty string or
 // an error message naming the offending input.
 std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attrs, GroupNormProblem* problem);

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,13 +20,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
   out << "]";
   return out.str();
-}
-
-bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, value);
-  if (status == nullptr) return true;
-  Ort::GetApi().ReleaseStatus(status);
-  return false;
 }
 
 bool GetFloatAttribute(const OrtKernelInfo* info, const char* name, float* value) {
@@ -63,6 +55,13 @@ std::string CheckParameterShape(const char* name, const std::vector<int64_t>& sh
 
 }  // namespace
 
+bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, value);
+  if (status == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
 const char* ElemTypeName(int type) {
   switch (type) {
     case 0: return "UNDEFINED";
@@ -89,34 +88,6 @@ OrtStatusPtr MakeError(const OpSignature& op, const std::string& message, OrtErr
   return Ort::GetApi().CreateStatus(code, text.c_str());
 }
 
-bool OpSignature::HasAttribute(const char* attribute) const {
-  for (const char* name : attributes) {
-    if (name != nullptr && std::strcmp(name, attribute) == 0) return true;
-  }
-  return false;
-}
-
-namespace {
-
-// The attributes of GroupNorm beyond the shared ones, read when the op declares them.
-std::string ParseGroupAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
-  if (!op.HasAttribute("num_groups")) return {};
-  int64_t value = 0;
-  if (!GetIntAttribute(info, "num_groups", &value) || value < 1) {
-    return "attribute num_groups must be set to the number of groups (>= 1)";
-  }
-  attrs->num_groups = value;
-  value = 0;
-  GetIntAttribute(info, "activation", &value);
-  if (value != 0 && value != 1) {
-    return "attribute activation=" + std::to_string(value) + " is not supported: use 0 (none) or 1 (SiLU)";
-  }
-  attrs->activation = static_cast<int>(value);
-  return {};
-}
-
-}  // namespace
-
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
   int64_t value = 0;
   if (GetIntAttribute(info, kAttributeNames[0], &value)) attrs->axis = value;
@@ -139,7 +110,7 @@ std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, No
     }
     *attr.field = static_cast<int>(value);
   }
-  return ParseGroupAttributes(info, op, attrs);
+  return op.parse_attributes == nullptr ? std::string() : op.parse_attributes(info, attrs);
 }
 
 std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,

@@ -22,6 +22,8 @@ inline constexpr size_t kMaxAttributes = 8;
 inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
                                                   "output_type"};
 
+struct NormAttributes;
+
 // One fused op as it is declared to ONNX Runtime (names as in docs/ops.md). The ops themselves are listed in one
 // place, register.cc's kOps table; tests/test_op_table.py checks that list against onnx_norm/ops/schema.py.
 struct OpSignature {
@@ -37,9 +39,11 @@ struct OpSignature {
   // attributes of its own (GroupNorm's num_groups, activation) lists them here, ParseAttributes reads those too.
   const char* attributes[kMaxAttributes] = {kAttributeNames[0], kAttributeNames[1], kAttributeNames[2],
                                             kAttributeNames[3], kAttributeNames[4]};
+  // Reads and checks the op's own attributes after the shared ones (empty string or an error message); null when
+  // it has none. Lives with the op's validation (common/<op>.cc), so that a new op does not edit this file.
+  std::string (*parse_attributes)(const OrtKernelInfo* info, NormAttributes* attrs) = nullptr;
 
   constexpr bool OptionalInput(size_t i) const { return ((optional_inputs >> i) & 1u) != 0; }
-  bool HasAttribute(const char* attribute) const;
 };
 
 struct NormAttributes {
@@ -75,6 +79,9 @@ struct NormProblem {
 };
 
 const char* ElemTypeName(int type);
+
+// An int attribute of the node; false when it is not set.
+bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value);
 
 // Reads and checks the attributes; returns an empty string or an error message.
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs);

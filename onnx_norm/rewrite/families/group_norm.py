@@ -14,9 +14,10 @@ that splits the channels into groups:
 GroupNorm(1) is a LayerNorm over C, H, W: this family runs in an earlier sweep than the LayerNorm family, so the
 whole chain (with its per-channel affine, which a LayerNorm over the grouped tensor cannot take) becomes one
 GroupNorm; the LayerNorm family then only sees norms this family did not take (and fuses the grouped LayerNorm
-alone where a target cannot emit GroupNorm). Not recognised (no GroupNorm is fused there): NHWC graphs
-(tf2onnx's Keras GroupNormalization transposes to and from NCHW around its own Reshapes; the Transposes are left)
-and the native ONNX GroupNormalization (its take-over is not built).
+alone where a target cannot emit GroupNorm). Not recognised (no GroupNorm is fused there): channels-last (NHWC)
+graphs, as Keras' GroupNormalization computes it (the groups split off the last dim: the Reshape's dim 1 is not G;
+no tf2onnx export was tested, tf2onnx is not installed here), and the native ONNX GroupNormalization (its
+take-over is not built).
 
 Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
 per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
