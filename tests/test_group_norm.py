@@ -5,6 +5,9 @@ its per-channel affine), the near-misses and the other targets say why, and torc
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -18,6 +21,8 @@ from onnx_norm.rewrite import optimize
 
 N, C, H, W = 2, 8, 3, 5
 SHAPE = [N, C, H, W]
+FIXTURES = Path(__file__).resolve().parent / "data" / "group_norm"
+_MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
 
 def _grouped_norm(how: str, eps: str = "eps") -> list[onnx.NodeProto]:
@@ -275,37 +280,48 @@ def _export_and_check(module, x, tmp_path, dynamo: bool, expected_group_norms: i
     return optimized
 
 
+@pytest.mark.parametrize("entry", _MANIFEST, ids=[e["file"].removesuffix(".onnx") for e in _MANIFEST])
+def test_diffusers_blocks_fuse(entry: dict) -> None:
+    """diffusers' ResnetBlock2D (GroupNorm + SiLU twice) and a VAE decoder's UpDecoderBlock2D (four), built from
+    their constructors with tiny sizes and random weights, exported by TorchScript and dynamo
+    (tests/group_norm_fixtures.py): every GroupNorm fused with its SiLU, the numbers ONNX Runtime's."""
+    model = onnx.load(str(FIXTURES / entry["file"]))
+    optimized, report = optimize(model)
+    nodes = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
+    assert len(nodes) == entry["group_norms"], report
+    assert all(helper.get_attribute_value(a) == 1 for n in nodes for a in n.attribute if a.name == "activation")
+    assert not {"InstanceNormalization", "Sigmoid"} & {n.op_type for n in optimized.graph.node}
+    x = np.random.default_rng(0).standard_normal(entry["shape"]).astype(np.float32)
+    feeds = {model.graph.input[0].name: x}
+    np.testing.assert_allclose(_with_library(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-@pytest.mark.parametrize("block", ["resnet", "vae-up-decoder"])
-def test_diffusers_blocks_fuse(tmp_path, block: str, dynamo: bool) -> None:
-    """diffusers' ResnetBlock2D (GroupNorm + SiLU twice) and a VAE decoder's UpDecoderBlock2D, from their
-    constructors with tiny sizes and random weights."""
+def test_poolformer_block_with_group_norm_1(tmp_path, dynamo: bool) -> None:
+    """A PoolFormer/MetaFormer block as timm builds it with its GroupNorm1 (`nn.GroupNorm(1, C)`, whose forward is
+    `F.group_norm(x, 1, ...)`, exported like any GroupNorm): the norms read residual sums, and are fused whole."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("diffusers")
-    from diffusers.models.resnet import ResnetBlock2D
-    from diffusers.models.unets.unet_2d_blocks import UpDecoderBlock2D
+
+    class PoolFormerBlock(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.GroupNorm(1, C), torch.nn.GroupNorm(1, C)
+            self.pool = torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+            self.mlp = torch.nn.Sequential(torch.nn.Conv2d(C, 2 * C, 1), torch.nn.GELU(), torch.nn.Conv2d(2 * C, C, 1))
+
+        def forward(self, x):
+            y = self.norm1(x)
+            x = x + (self.pool(y) - y)
+            return x + self.mlp(self.norm2(x))
 
     torch.manual_seed(0)
-    if block == "resnet":
-
-        class Resnet(torch.nn.Module):  # forward(x) without the time embedding
-            def __init__(self) -> None:
-                super().__init__()
-                self.block = ResnetBlock2D(in_channels=16, out_channels=16, temb_channels=None, groups=4)
-
-            def forward(self, x):
-                return self.block(x, None)
-
-        module, count = Resnet(), 2
-    else:
-        module = UpDecoderBlock2D(in_channels=16, out_channels=16, num_layers=2, resnet_groups=4, add_upsample=True)
-        count = 4
-    module.eval()
+    block = PoolFormerBlock().eval()
     with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, torch.nn.GroupNorm):
-                m.weight.normal_(1.0, 0.3)
-                m.bias.normal_(0.0, 0.3)
-    optimized = _export_and_check(module, torch.randn(2, 16, 4, 4), tmp_path, dynamo, count)
-    group_nodes = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
-    assert all(helper.get_attribute_value(a) == 1 for n in group_nodes for a in n.attribute if a.name == "activation")
+        for norm in (block.norm1, block.norm2):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    optimized = _export_and_check(block, torch.randn(*SHAPE), tmp_path, dynamo, 2)
+    assert {
+        helper.get_attribute_value(a) for n in optimized.graph.node for a in n.attribute if a.name == "num_groups"
+    } == {1}
