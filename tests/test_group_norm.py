@@ -325,3 +325,38 @@ def test_poolformer_block_with_group_norm_1(tmp_path, dynamo: bool) -> None:
     assert {
         helper.get_attribute_value(a) for n in optimized.graph.node for a in n.attribute if a.name == "num_groups"
     } == {1}
+
+
+def _native_model(opset: int, silu: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("GroupNormalization", ["x", "gamma", "beta"], ["gn"], epsilon=1e-5, num_groups=4)]
+    nodes.append(helper.make_node("Identity", ["gn"], ["y"]))
+    inits = [
+        const("gamma", (1 + 0.5 * rng.standard_normal(C if opset >= 21 else 4)).astype(np.float32)),
+        const("beta", (0.5 * rng.standard_normal(C if opset >= 21 else 4)).astype(np.float32)),
+    ]
+    if opset >= 21:
+        return make_model(nodes, [("x", FLOAT, SHAPE)], [("y", FLOAT, None)], inits, opset=opset)
+    # The checker refuses the deprecated GroupNormalization-18; ONNX Runtime still runs it.
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", FLOAT, SHAPE)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def test_native_group_normalization_21_is_taken_over_and_18_is_not() -> None:
+    model = _native_model(21)
+    kept, _ = optimize(model)  # without --take-over-native a native op stays
+    assert fused_ops(kept) == []
+    optimized, report = optimize(model, take_over_native=True)
+    assert fused_ops(optimized) == ["GroupNorm"], report.native_taken_over
+    feeds = {"x": _x()}
+    np.testing.assert_allclose(_with_library(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    old, report = optimize(_native_model(18), take_over_native=True)
+    assert fused_ops(old) == []
+    (record,) = report.native_taken_over
+    assert "per group" in record["reason"]

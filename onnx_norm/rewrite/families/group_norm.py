@@ -16,8 +16,9 @@ whole chain (with its per-channel affine, which a LayerNorm over the grouped ten
 GroupNorm; the LayerNorm family then only sees norms this family did not take (and fuses the grouped LayerNorm
 alone where a target cannot emit GroupNorm). Not recognised (no GroupNorm is fused there): channels-last (NHWC)
 graphs, as Keras' GroupNormalization computes it (the groups split off the last dim: the Reshape's dim 1 is not G;
-no tf2onnx export was tested, tf2onnx is not installed here), and the native ONNX GroupNormalization (its
-take-over is not built).
+no tf2onnx export was tested, tf2onnx is not installed here). The native ONNX GroupNormalization-21 is taken over
+with `--take-over-native` (read_native; a SiLU after it stays as it is), GroupNormalization-18 (scale per group,
+deprecated) is not.
 
 Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
 per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
@@ -289,6 +290,30 @@ def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
     return None
 
 
+def read_native(node: ir.Node, opset: int) -> NormSpec:
+    """ONNX GroupNormalization-21 (per-channel scale and bias) as the take-over reads it: statistics in float32,
+    Y rounded once (its function body rounds after the normalisation and each affine step; ONNX Runtime's kernel
+    and ours round once, never less accurate). ValueError says why a node is left as it is."""
+    if opset and opset < _ONNX_OPSET:
+        raise ValueError(f"GroupNormalization before opset {_ONNX_OPSET} scales per group (deprecated); not taken over")
+    x = node.inputs[0] if node.inputs else None
+    if x is None or len(node.inputs) != 3 or None in node.inputs:
+        raise ValueError("it does not have its three inputs")
+    if x.dtype is None or int(x.dtype) not in (_FLOAT, *NARROW_TYPES):
+        raise ValueError(f"input element type {type_name(x.dtype)} is not fp32, fp16 or bf16")
+    if x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
+        raise ValueError("its input's rank or channel count is unknown (run shape inference first)")
+    stash = node.attributes.get("stash_type")
+    if stash is not None and stash.value != _FLOAT:
+        raise ValueError(f"stash_type {stash.value} computes the statistics in another type than float32")
+    groups, eps = node.attributes.get("num_groups"), node.attributes.get("epsilon")
+    if groups is None or groups.value < 1 or x.shape[1] % groups.value:
+        raise ValueError("its num_groups is missing or does not divide the channels")
+    epsilon = 1e-5 if eps is None else float(eps.value)
+    attrs = GroupNormAttributes(axis=1 - len(x.shape), epsilon=epsilon, num_groups=int(groups.value))
+    return NormSpec(KIND, x, None, node.inputs[1], node.inputs[2], attrs, node.outputs[0])
+
+
 _ORT_REASON = (
     "ONNX Runtime's com.microsoft.GroupNorm takes NHWC input (channels_last) and has CUDA kernels only; an NCHW "
     "graph would need Transposes around it and could not run on the CPU provider"
@@ -307,6 +332,7 @@ FAMILY = NormFamily(
     find=find,
     anchor_ops=frozenset({"Reshape"}),
     sweep=-1,  # before the LayerNorm family fuses the grouped norm inside
+    native={_ONNX_OP: read_native},
 )
 
 
