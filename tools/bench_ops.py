@@ -27,6 +27,7 @@ Sum) written and Scale/Bias read once.
     python tools/bench_ops.py            # the full table (a few minutes)
     python tools/bench_ops.py --quick    # small shapes, few rounds
     python tools/bench_ops.py --shapes 128x64 --threads 1 --rounds 200   # a bundled model's tiny rows
+    python tools/bench_ops.py --shapes 2x320x32x32 --rounds 31            # GroupNorm(32) + SiLU only
 """
 
 from __future__ import annotations
@@ -333,26 +334,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument(
-        "--shapes", nargs="+", metavar="ROWSxCOLS", help="shapes to run instead of the defaults, e.g. 128x64 8192x768"
+        "--shapes",
+        nargs="+",
+        metavar="SHAPE",
+        help="shapes to run instead of the defaults: ROWSxCOLS for the norms (128x64), NxCxHxW for GroupNorm",
     )
-    parser.add_argument("--no-group-norm", action="store_true", help="leave out the GroupNorm [N, C, H, W] cases")
+    parser.add_argument("--no-group-norm", action="store_true", help="leave out the default GroupNorm cases")
     args = parser.parse_args(argv)
-    shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
+    shapes: tuple[tuple[int, ...], ...] = QUICK_SHAPES if args.quick else FULL_SHAPES
+    if not args.no_group_norm:
+        shapes += QUICK_GROUP_SHAPES if args.quick else GROUP_SHAPES
     if args.shapes:
         try:
-            shapes = tuple(tuple(int(n) for n in text.lower().split("x", 1)) for text in args.shapes)
+            shapes = tuple(tuple(int(n) for n in text.lower().split("x")) for text in args.shapes)
         except ValueError:
-            parser.error(f"--shapes takes ROWSxCOLS, e.g. 128x64; got {' '.join(args.shapes)}")
-        if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
-            parser.error(f"--shapes takes ROWSxCOLS with positive sizes; got {' '.join(args.shapes)}")
+            parser.error(f"--shapes takes ROWSxCOLS or NxCxHxW, e.g. 128x64; got {' '.join(args.shapes)}")
+        if any(len(shape) not in (2, 4) or min(shape) < 1 for shape in shapes):
+            parser.error(f"--shapes takes ROWSxCOLS or NxCxHxW with positive sizes; got {' '.join(args.shapes)}")
+        if any(len(shape) == 4 and shape[1] % GROUPS for shape in shapes):
+            parser.error(f"a GroupNorm shape NxCxHxW needs C divisible by {GROUPS}")
     rounds = args.rounds or (5 if args.quick else 15)
     warmup = 2
 
     print(f"onnxruntime {ort.__version__}, CPU, median of {rounds} interleaved rounds after {warmup} warm-up rounds\n")
     print("| shape | dtype | threads | variant | median ms | GB/s | ours / this |")
     print("|---|---|---|---|---|---|---|")
-    group_shapes = QUICK_GROUP_SHAPES if args.quick else GROUP_SHAPES
-    for shape in (*shapes, *([] if args.no_group_norm else group_shapes)):
+    for shape in shapes:
         for dtype in args.dtypes:
             for threads in args.threads:
                 _print_rows(shape, dtype, threads, bench_case(shape, dtype, threads, rounds, warmup))

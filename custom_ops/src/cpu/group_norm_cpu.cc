@@ -63,14 +63,15 @@ inline __attribute__((always_inline)) float ExpForSigmoid(float x) {
 // y = v * s + b, then y * sigmoid(y) with `silu`, in place. Compiled for AVX2 too, chosen at load time (GCC's
 // target_clones): the sigmoid is arithmetic-bound, and twice as wide a vector halves its cost (no FMA: the same
 // roundings on every machine).
-__attribute__((target_clones("avx2", "default"))) void AffineSilu(float* v, int64_t n, float s, float b, bool silu) {
+__attribute__((target_clones("avx2", "default"))) void AffineSilu(const float* v, float* out, int64_t n, float s,
+                                                                    float b, bool silu) {
   if (silu) {
     for (int64_t j = 0; j < n; ++j) {
       const float y = v[j] * s + b;
-      v[j] = y * (1.0f / (1.0f + ExpForSigmoid(-y)));
+      out[j] = y * (1.0f / (1.0f + ExpForSigmoid(-y)));
     }
   } else {
-    for (int64_t j = 0; j < n; ++j) v[j] = v[j] * s + b;
+    for (int64_t j = 0; j < n; ++j) out[j] = v[j] * s + b;
   }
 }
 
@@ -85,9 +86,10 @@ void RoundTo(float* v, int64_t n, int type) {
 // One channel of a group, normalised in `v`: y = round_m(y * scale), round_m(y + bias), then SiLU as
 // round_m(y * round_m(sigmoid(y))); loops without branches inside, each one vectorised (-ffp-contract=off: the
 // multiply and the add stay two roundings, as in the graph).
-void ChannelEpilogue(float* v, int64_t n, const float* scale, const float* bias, int activation, int m) {
+// `out`: where the result goes (Y itself when it is float32 and nothing is rounded; else `v`, in place).
+void ChannelEpilogue(float* v, float* out, int64_t n, const float* scale, const float* bias, int activation, int m) {
   if (m == 0) {  // nothing rounded in between: one pass (a missing Scale is 1, a missing Bias 0: exact)
-    AffineSilu(v, n, scale ? *scale : 1.0f, bias ? *bias : 0.0f, activation == 1);
+    AffineSilu(v, out, n, scale ? *scale : 1.0f, bias ? *bias : 0.0f, activation == 1);
     return;
   }
   if (scale != nullptr) {
@@ -113,8 +115,8 @@ void ChannelEpilogue(float* v, int64_t n, const float* scale, const float* bias,
   }
 }
 
-// One group's row, normalised in `v`: the affine of each of its channels and the activation.
-void Epilogue(const GroupJob& job, int64_t group_row, float* v) {
+// One group's row, normalised in `v`: the affine of each of its channels and the activation, into `out`.
+void Epilogue(const GroupJob& job, int64_t group_row, float* v, float* out) {
   const GroupNormProblem& g = *job.g;
   const int m = g.rows.multiply_type == kFloat ? 0 : g.rows.multiply_type;
   const int64_t groups = g.channels / g.group_channels;
@@ -122,7 +124,7 @@ void Epilogue(const GroupJob& job, int64_t group_row, float* v) {
   for (int64_t c = 0; c < g.group_channels; ++c) {
     const float* scale = job.scale ? job.scale + first_channel + c : nullptr;
     const float* bias = job.bias ? job.bias + first_channel + c : nullptr;
-    ChannelEpilogue(v + c * g.spatial, g.spatial, scale, bias, g.activation, m);
+    ChannelEpilogue(v + c * g.spatial, out + c * g.spatial, g.spatial, scale, bias, g.activation, m);
   }
 }
 
@@ -148,9 +150,14 @@ void RunChunk(void* data, size_t index) {
     job.failed = true;
     return;
   }
-  for (int64_t r = 0; r < count; ++r) Epilogue(job, first + r, rows.data() + r * p.cols);
   void* y = static_cast<char*>(p.y) + static_cast<size_t>(first * p.cols) * ElemSize(p.y_type);
-  Store(rows.data(), count * p.cols, p.y_type, y);
+  // A float32 Y without rounding points is written by the epilogue itself: one pass less.
+  const bool direct = p.y_type == kFloat && (p.multiply_type == 0 || p.multiply_type == kFloat);
+  for (int64_t r = 0; r < count; ++r) {
+    float* v = rows.data() + r * p.cols;
+    Epilogue(job, first + r, v, direct ? static_cast<float*>(y) + r * p.cols : v);
+  }
+  if (!direct) Store(rows.data(), count * p.cols, p.y_type, y);
 }
 
 std::vector<float> AsFloat(const void* data, int type, int64_t n) {
@@ -183,8 +190,9 @@ OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, co
   job.g = &g;
   job.scale = g.scale ? scale.data() : nullptr;
   job.bias = g.bias ? bias.data() : nullptr;
-  // Chunks of about 64K elements (one group at least), as cpu::Run's own blocks: the float buffer stays in cache.
-  constexpr int64_t kChunkElements = 1 << 16;
+  // Chunks of about 16K elements (one group at least): the float buffer stays in the L2 cache between cpu::Run
+  // and the epilogue (64K, cpu::Run's own block, was slower on the development machine).
+  constexpr int64_t kChunkElements = 1 << 14;
   job.chunk_rows = std::max<int64_t>(1, kChunkElements / p.cols);
   const size_t total = static_cast<size_t>((p.rows + job.chunk_rows - 1) / job.chunk_rows);
   if (total == 1) {
