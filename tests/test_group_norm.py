@@ -360,3 +360,23 @@ def test_native_group_normalization_21_is_taken_over_and_18_is_not() -> None:
     assert fused_ops(old) == []
     (record,) = report.native_taken_over
     assert "per group" in record["reason"]
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_dynamic_batch_and_spatial_dims_fuse(tmp_path, dynamo: bool) -> None:
+    """N, H and W symbolic: the Reshape back to Shape(X) is read as X's shape; run at another size than exported."""
+    torch = pytest.importorskip("torch")
+    module = torch.nn.Sequential(torch.nn.GroupNorm(4, C), torch.nn.SiLU()).eval()
+    path = tmp_path / "dynamic.onnx"
+    if dynamo:
+        dims = {0: torch.export.Dim("n"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")}
+        kwargs = {"dynamo": True, "dynamic_shapes": (dims,)}
+    else:
+        kwargs = {"dynamo": False, "opset_version": 17, "dynamic_axes": {"x": {0: "n", 2: "h", 3: "w"}}}
+    torch.onnx.export(module, (torch.randn(*SHAPE),), str(path), input_names=["x"], **kwargs)
+    model = onnx.load(str(path))
+    optimized, report = optimize(model)
+    assert fused_ops(optimized) == ["GroupNorm"], report.near_misses
+    x = np.random.default_rng(4).standard_normal([3, C, 6, 7]).astype(np.float32)
+    feeds = {model.graph.input[0].name: x}
+    np.testing.assert_allclose(_with_library(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
