@@ -42,6 +42,7 @@ namespace cuda {
 // Defined in cuda/cuda_ops.cc.
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
 OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
 }  // namespace cuda
 }  // namespace onnx_norm
 #define ONNX_NORM_CUDA_COMPUTE(fn) &cuda::fn
@@ -79,7 +80,7 @@ const OpEntry kOps[] = {
     {{"GroupNorm", false, false, 3, 1, {"X", "Scale", "Bias"}, {"Y"}, kInput1 | kInput2,
       {"epsilon", "normalized_type", "multiply_type", "output_type", "num_groups", "activation"},
       &ParseGroupNormAttributes},
-     &cpu::ComputeGroupNorm, nullptr},
+     &cpu::ComputeGroupNorm, ONNX_NORM_CUDA_COMPUTE(ComputeGroupNorm)},
 };
 
 constexpr int kTypes[] = {kFloat, kFloat16, kBFloat16};

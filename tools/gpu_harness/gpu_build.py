@@ -96,7 +96,7 @@ class Harness:
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32]
-        fn.argtypes += [p, p, i64, i64, p, ctypes.POINTER(ctypes.c_char_p)]
+        fn.argtypes += [p, p, i64, i64, i64, i64, i32, p, ctypes.POINTER(ctypes.c_char_p)]
         fn.restype = i32
         self._fn = fn
         last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)
@@ -136,15 +136,19 @@ class Harness:
         mod_shift: int | None = None,
         mod_batch: int = 0,
         rows_per_sample: int = 0,
+        num_groups: int = 0,
+        spatial: int = 0,
+        activation: int = 0,
     ) -> None:
         """device: the tensors' CUDA device, -1 to let LaunchNorm read it from X's pointer attributes; clusters:
         False keeps one block per row (never a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift
-        (of scale_type), [mod_batch, cols], one row per rows_per_sample rows of X."""
+        (of scale_type), [mod_batch, cols], one row per rows_per_sample rows of X; num_groups > 0: GroupNorm, rows
+        N * num_groups, cols (C / num_groups) * spatial, Scale/Bias [C], activation 1 for SiLU."""
         error = ctypes.c_char_p()
         rc = self._fn(
             x, skip, scale, bias, y, sum_out, mean, inv_std, rows, cols, scale_size, epsilon, int(rms), x_type,
             scale_type, y_type, normalized_type, multiply_type, device, int(clusters), mod_scale, mod_shift,
-            mod_batch, rows_per_sample, stream, ctypes.byref(error),
+            mod_batch, rows_per_sample, num_groups, spatial, activation, stream, ctypes.byref(error),
         )  # fmt: skip
         if rc != 0:
             message = error.value.decode() if error.value else "no message"

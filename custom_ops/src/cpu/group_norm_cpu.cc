@@ -133,18 +133,15 @@ void RunChunk(void* data, size_t index) {
   const NormProblem& p = job.g->rows;
   const int64_t first = static_cast<int64_t>(index) * job.chunk_rows;
   const int64_t count = std::min(job.chunk_rows, p.rows - first);
-  // No exception may leave this function (it runs on ORT's thread pool).
-  thread_local std::vector<float> rows;
-  try {
-    rows.resize(static_cast<size_t>(count * p.cols));
-  } catch (...) {
+  float* rows = ThreadRows(count * p.cols);
+  if (rows == nullptr) {
     job.failed = true;
     return;
   }
   NormProblem chunk = p;
   chunk.rows = count;
   chunk.x = static_cast<const char*>(p.x) + static_cast<size_t>(first * p.cols) * ElemSize(p.x_type);
-  chunk.y = rows.data();
+  chunk.y = rows;
   chunk.y_type = kFloat;
   if (!Run(chunk, nullptr, nullptr)) {
     job.failed = true;
@@ -154,10 +151,10 @@ void RunChunk(void* data, size_t index) {
   // A float32 Y without rounding points is written by the epilogue itself: one pass less.
   const bool direct = p.y_type == kFloat && (p.multiply_type == 0 || p.multiply_type == kFloat);
   for (int64_t r = 0; r < count; ++r) {
-    float* v = rows.data() + r * p.cols;
+    float* v = rows + r * p.cols;
     Epilogue(job, first + r, v, direct ? static_cast<float*>(y) + r * p.cols : v);
   }
-  if (!direct) Store(rows.data(), count * p.cols, p.y_type, y);
+  if (!direct) Store(rows, count * p.cols, p.y_type, y);
 }
 
 std::vector<float> AsFloat(const void* data, int type, int64_t n) {

@@ -85,21 +85,18 @@ void RunChunk(void* data, size_t index) {
     if (!Run(chunk, nullptr, nullptr)) job.failed = true;
     return;
   }
-  // No exception may leave this function (it runs on ORT's thread pool).
-  thread_local std::vector<float> rows;
-  try {
-    rows.resize(static_cast<size_t>(count * p.cols));
-  } catch (...) {
+  float* rows = ThreadRows(count * p.cols);
+  if (rows == nullptr) {
     job.failed = true;
     return;
   }
-  chunk.y = rows.data();
+  chunk.y = rows;
   chunk.y_type = kFloat;
   if (!Run(chunk, nullptr, nullptr)) {
     job.failed = true;
     return;
   }
-  ModulateRows(p, rows.data(), count, y, job.factors + offset, job.shifts + offset);
+  ModulateRows(p, rows, count, y, job.factors + offset, job.shifts + offset);
 }
 
 }  // namespace

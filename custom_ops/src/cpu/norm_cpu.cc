@@ -334,6 +334,16 @@ void ParallelForWithContext(void* ctx, size_t total, void (*fn)(void*, size_t), 
 
 }  // namespace
 
+float* ThreadRows(int64_t count) {
+  thread_local std::vector<float> rows;
+  try {
+    rows.resize(static_cast<size_t>(count));
+  } catch (...) {
+    return nullptr;
+  }
+  return rows.data();
+}
+
 bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
   if (p.rows == 0 || p.cols == 0) return true;
   std::vector<float> scale_storage;

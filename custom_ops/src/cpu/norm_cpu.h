@@ -15,5 +15,10 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormA
 using ParallelForFn = void (*)(void* ctx, size_t total, void (*fn)(void*, size_t), void* data);
 bool Run(const NormProblem& problem, ParallelForFn parallel_for, void* parallel_ctx);
 
+// A float buffer of `count` elements owned by the calling thread (reused by its next call), or nullptr when it
+// cannot be allocated: for the ops built on Run (modulated, GroupNorm), whose chunks run on ORT's thread pool,
+// which no exception may leave.
+float* ThreadRows(int64_t count);
+
 }  // namespace cpu
 }  // namespace onnx_norm
