@@ -141,9 +141,7 @@ void RunChunk(void* data, size_t index) {
   NormProblem chunk = p;
   chunk.rows = count;
   chunk.x = static_cast<const char*>(p.x) + static_cast<size_t>(first * p.cols) * ElemSize(p.x_type);
-  chunk.y = rows;
-  chunk.y_type = kFloat;
-  if (!Run(chunk, nullptr, nullptr)) {
+  if (!RunIntoFloats(chunk, rows)) {
     job.failed = true;
     return;
   }
@@ -192,13 +190,7 @@ OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, co
   constexpr int64_t kChunkElements = 1 << 14;
   job.chunk_rows = std::max<int64_t>(1, kChunkElements / p.cols);
   const size_t total = static_cast<size_t>((p.rows + job.chunk_rows - 1) / job.chunk_rows);
-  if (total == 1) {
-    RunChunk(&job, 0);
-  } else {
-    ctx.ParallelFor(&RunChunk, total, 0, &job);
-  }
-  if (job.failed) return MakeError(op, "out of memory for the row buffers", ORT_RUNTIME_EXCEPTION);
-  return nullptr;
+  return RunChunks(ctx, op, total, &RunChunk, &job, job.failed);
 }
 
 }  // namespace cpu
