@@ -252,7 +252,7 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
         "y": ctypes.addressof(buffers["y"]), "sum": None, "mean": None, "inv_std": None, "rows": 4, "cols": 16,
         "scale_size": 16, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
         "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "mod_scale": None, "mod_shift": None,
-        "mod_batch": 0, "rows_per_sample": 0, "stream": None,
+        "mod_batch": 0, "rows_per_sample": 0, "num_groups": 0, "spatial": 0, "activation": 0, "stream": None,
     }  # fmt: skip
     args.update(overrides)
     error = ctypes.c_char_p()

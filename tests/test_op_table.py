@@ -38,6 +38,7 @@ def test_each_op_has_the_python_signature(described: dict[str, Any], name: str) 
     assert tuple(op["inputs"]) == record.inputs
     assert frozenset(op["optional_inputs"]) == record.optional_inputs
     assert tuple(op["outputs"]) == record.outputs
+    assert tuple(op["attributes"]) == record.attribute_names
 
 
 def test_attributes_and_element_types_are_the_python_ones(described: dict[str, Any]) -> None:

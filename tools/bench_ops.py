@@ -16,6 +16,10 @@ Variants per (shape, dtype, threads):
   SkipLayerNorm / SkipRMSNorm (residual add fused, Sum = X + S also written): ours; ORT's contrib
              `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`; Add followed by the
              decomposed graph as above.
+  GroupNorm(32) + SiLU on [N, C, H, W] (GROUP_SHAPES): ours; the graph torch's exporters write (Reshape,
+             InstanceNormalization, Reshape, Mul, Add, Sigmoid, Mul); ONNX `GroupNormalization` (opset 21) then
+             Sigmoid and Mul; the decomposed graph (Reshape, ReduceMean, Sub, Pow, ..., Div, Reshape, affine, SiLU);
+             all with ORT_ENABLE_ALL (ORT's best for each).
 
 Ratios are "ours / theirs" in time: below 1.0 means ours is faster. GB/s counts X (and S) read, Y (and
 Sum) written and Scale/Bias read once.
@@ -23,6 +27,7 @@ Sum) written and Scale/Bias read once.
     python tools/bench_ops.py            # the full table (a few minutes)
     python tools/bench_ops.py --quick    # small shapes, few rounds
     python tools/bench_ops.py --shapes 128x64 --threads 1 --rounds 200   # a bundled model's tiny rows
+    python tools/bench_ops.py --shapes 2x320x32x32 --rounds 31            # GroupNorm(32) + SiLU only
 """
 
 from __future__ import annotations
@@ -69,16 +74,22 @@ class Variant:
 
 
 def _model(
-    nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], elem: int, opset: int, skip: bool = False
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+    elem: int,
+    opset: int,
+    skip: bool = False,
+    dims: list[str | int] | None = None,
 ) -> onnx.ModelProto:
-    """X (and S, the residual, for Skip variants) in; Y (and Sum = X + S) out."""
+    """X (and S, the residual, for Skip variants) in; Y (and Sum = X + S) out; of `dims` (default [rows, cols])."""
     names = ["X", "S"] if skip else ["X"]
     outputs = ["Y", "Sum"] if skip else ["Y"]
+    dims = dims or ["rows", "cols"]
     graph = helper.make_graph(
         nodes,
         "bench",
-        [helper.make_tensor_value_info(n, elem, ["rows", "cols"]) for n in names],
-        [helper.make_tensor_value_info(n, elem, ["rows", "cols"]) for n in outputs],
+        [helper.make_tensor_value_info(n, elem, dims) for n in names],
+        [helper.make_tensor_value_info(n, elem, dims) for n in outputs],
         initializer=inits,
     )
     opsets = [
@@ -170,6 +181,69 @@ _ROWS = (
 )  # fmt: skip
 
 
+GROUP_SHAPES = ((2, 320, 32, 32), (1, 128, 128, 128))  # an SD UNet block's GroupNorm(32), a VAE decoder's
+QUICK_GROUP_SHAPES = ((1, 64, 32, 32),)
+GROUPS = 32
+
+
+def _group_norm_tail(n: str) -> list[onnx.NodeProto]:
+    """The grouped norm `n` back in X's shape, the per-channel affine and SiLU, as torch exports them."""
+    mk = helper.make_node
+    return [
+        mk("Shape", ["X"], ["xshape"]),
+        mk("Reshape", [n, "xshape"], ["back"]),
+        mk("Mul", ["back", "gamma"], ["ns"]),
+        mk("Add", ["ns", "beta"], ["af"]),
+        mk("Sigmoid", ["af"], ["sg"]),
+        mk("Mul", ["af", "sg"], ["Y"]),
+    ]
+
+
+def _group_rows() -> list[tuple[str | None, list[onnx.NodeProto], tuple[str, ...], int]]:
+    """(label or None for ours, nodes, initializers, opset) of GroupNorm(32) + SiLU; ORT_ENABLE_ALL for all."""
+    mk = helper.make_node
+    split = mk("Reshape", ["X", "split"], ["g"])
+    decomposed = [split, *_decomposed_ln("g")[:7], *_group_norm_tail("n")]
+    instance = [split, mk("InstanceNormalization", ["g", "ones", "zeros"], ["n"], epsilon=EPS), *_group_norm_tail("n")]
+    native = [
+        mk("GroupNormalization", ["X", "scale", "bias"], ["gn"], epsilon=EPS, num_groups=GROUPS),
+        mk("Sigmoid", ["gn"], ["sg"]),
+        mk("Mul", ["gn", "sg"], ["Y"]),
+    ]
+    ours = mk("GroupNorm", ["X", "scale", "bias"], ["Y"], domain=DOMAIN, epsilon=EPS, num_groups=GROUPS, activation=1)
+    return [
+        (None, [ours], ("scale", "bias"), 21),
+        ("InstanceNormalization route (TorchScript/dynamo export)", instance, ("split", "ones", "zeros", "gamma",
+         "beta"), 18),
+        ("GroupNormalization-21 + Sigmoid/Mul", native, ("scale", "bias"), 21),
+        ("decomposed (ReduceMean, Pow, Sqrt, Div)", decomposed, ("split", "axes", "eps", "two", "gamma", "beta"), 18),
+    ]  # fmt: skip
+
+
+def build_group_variants(channels: int, elem: int, np_dtype: type) -> list[Variant]:
+    rng = np.random.default_rng(0)
+    scale = (1 + 0.1 * rng.standard_normal(channels)).astype(np_dtype)
+    bias = (0.1 * rng.standard_normal(channels)).astype(np_dtype)
+    consts = {
+        "scale": _const("scale", scale),
+        "bias": _const("bias", bias),
+        "gamma": _const("gamma", scale.reshape(channels, 1, 1)),
+        "beta": _const("beta", bias.reshape(channels, 1, 1)),
+        "split": _const("split", np.array([0, GROUPS, -1], np.int64)),
+        "axes": _const("axes", np.array([-1], np.int64)),
+        "eps": _const("eps", np.array(EPS, np_dtype)),
+        "two": _const("two", np.array(2.0, np_dtype)),
+        "ones": _const("ones", np.ones(GROUPS, np_dtype)),
+        "zeros": _const("zeros", np.zeros(GROUPS, np_dtype)),
+    }
+    variants = []
+    for label, nodes, inits, opset in _group_rows():
+        dims: list[str | int] = ["n", channels, "h", "w"]
+        model = _model(nodes, [consts[name] for name in inits], elem, opset, dims=dims)
+        variants.append(Variant("GroupNorm", label or "onnx_norm.GroupNorm (SiLU)", model, ours=label is None))
+    return variants
+
+
 def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     rng = np.random.default_rng(0)
     consts = {
@@ -219,14 +293,20 @@ def make_runner(session: ort.InferenceSession, x: np.ndarray, residual: np.ndarr
 
 
 def bench_case(
-    rows: int, cols: int, dtype: str, threads: int, rounds: int, warmup: int
+    shape: tuple[int, ...], dtype: str, threads: int, rounds: int, warmup: int
 ) -> list[tuple[Variant, float | None, str]]:
+    """Every variant of `shape`'s table (the norms' for [rows, cols], GroupNorm's for [N, C, H, W]), timed."""
     elem, np_dtype = DTYPES[dtype]
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((rows, cols)).astype(np_dtype)
-    residual = rng.standard_normal((rows, cols)).astype(np_dtype)
+    x = rng.standard_normal(shape).astype(np_dtype)
+    residual = rng.standard_normal(shape).astype(np_dtype)
+    variants = (
+        build_variants(shape[1], elem, np_dtype)
+        if len(shape) == 2
+        else build_group_variants(*shape[1:2], elem, np_dtype)
+    )
     runners: list[tuple[Variant, Callable[[], None] | None, str]] = []
-    for variant in build_variants(cols, elem, np_dtype):
+    for variant in variants:
         try:
             runner = make_runner(make_session(variant, threads), x, residual)
             runner()
@@ -254,42 +334,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument(
-        "--shapes", nargs="+", metavar="ROWSxCOLS", help="shapes to run instead of the defaults, e.g. 128x64 8192x768"
+        "--shapes",
+        nargs="+",
+        metavar="SHAPE",
+        help="shapes to run instead of the defaults: ROWSxCOLS for the norms (128x64), NxCxHxW for GroupNorm",
     )
+    parser.add_argument("--no-group-norm", action="store_true", help="leave out the default GroupNorm cases")
     args = parser.parse_args(argv)
-    shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
+    shapes: tuple[tuple[int, ...], ...] = QUICK_SHAPES if args.quick else FULL_SHAPES
+    if not args.no_group_norm:
+        shapes += QUICK_GROUP_SHAPES if args.quick else GROUP_SHAPES
     if args.shapes:
         try:
-            shapes = tuple(tuple(int(n) for n in text.lower().split("x", 1)) for text in args.shapes)
+            shapes = tuple(tuple(int(n) for n in text.lower().split("x")) for text in args.shapes)
         except ValueError:
-            parser.error(f"--shapes takes ROWSxCOLS, e.g. 128x64; got {' '.join(args.shapes)}")
-        if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
-            parser.error(f"--shapes takes ROWSxCOLS with positive sizes; got {' '.join(args.shapes)}")
+            parser.error(f"--shapes takes ROWSxCOLS or NxCxHxW, e.g. 128x64; got {' '.join(args.shapes)}")
+        if any(len(shape) not in (2, 4) or min(shape) < 1 for shape in shapes):
+            parser.error(f"--shapes takes ROWSxCOLS or NxCxHxW with positive sizes; got {' '.join(args.shapes)}")
+        if any(len(shape) == 4 and shape[1] % GROUPS for shape in shapes):
+            parser.error(f"a GroupNorm shape NxCxHxW needs C divisible by {GROUPS}")
     rounds = args.rounds or (5 if args.quick else 15)
     warmup = 2
 
     print(f"onnxruntime {ort.__version__}, CPU, median of {rounds} interleaved rounds after {warmup} warm-up rounds\n")
     print("| shape | dtype | threads | variant | median ms | GB/s | ours / this |")
     print("|---|---|---|---|---|---|---|")
-    for rows, cols in shapes:
+    for shape in shapes:
         for dtype in args.dtypes:
-            elem_size = np.dtype(DTYPES[dtype][1]).itemsize
             for threads in args.threads:
-                results = bench_case(rows, cols, dtype, threads, rounds, warmup)
-                ours = {v.family: t for v, t, _ in results if v.ours and t}
-                for variant, seconds, note in results:
-                    label = f"| [{rows}, {cols}] | {dtype} | {threads} | {variant.name} |"
-                    if seconds is None:
-                        print(f"{label} n/a | | {note} |")
-                        continue
-                    op = OPS[variant.family]
-                    params = len(op.optional_inputs)  # Scale (and Bias)
-                    tensors = 4 if op.skip else 2  # X (+ S) read, Y (+ Sum) written
-                    traffic = (tensors * rows * cols + params * cols) * elem_size
-                    ratio = "" if variant.ours else f"{ours[variant.family] / seconds:.2f}"
-                    print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")
+                _print_rows(shape, dtype, threads, bench_case(shape, dtype, threads, rounds, warmup))
                 sys.stdout.flush()
     return 0
+
+
+def _print_rows(shape: tuple[int, ...], dtype: str, threads: int, results) -> None:
+    """One case's table rows; GB/s counts X read and Y written (and S, Sum), and the parameters once."""
+    elem_size = np.dtype(DTYPES[dtype][1]).itemsize
+    ours = {v.family: t for v, t, _ in results if v.ours and t}
+    elements, channels = int(np.prod(shape)), shape[1]
+    for variant, seconds, note in results:
+        label = f"| {list(shape)} | {dtype} | {threads} | {variant.name} |"
+        if seconds is None:
+            print(f"{label} n/a | | {note} |")
+            continue
+        op = OPS[variant.family]
+        params = len(op.optional_inputs)  # Scale (and Bias)
+        tensors = 4 if op.skip else 2  # X (+ S) read, Y (+ Sum) written
+        traffic = (tensors * elements + params * channels) * elem_size
+        ratio = "" if variant.ours else f"{ours[variant.family] / seconds:.2f}"
+        print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -115,29 +116,38 @@ class Outcome:
             print(f"FAIL {what}", flush=True)
 
 
-def _modulated_check() -> Any:
-    """tools/gpu_harness/modulated_check.py, imported when used (it imports this module)."""
+def _op_check(name: str) -> Any:
+    """tools/gpu_harness/<name>.py (an op's cases), imported when used (it imports this module)."""
     if str(HARNESS.parent) not in sys.path:
         sys.path.insert(0, str(HARNESS.parent))
-    import modulated_check
+    return importlib.import_module(name)
 
-    return modulated_check
+
+def check_op_cases(name: str, harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
+    """The cases of an op's check module (`modulated_check`, `group_norm_check`) through `harness`: torch tensors
+    on the GPU, or host memory in the CPU emulator. Failures go to `outcome`; returns the summary line."""
+    check, runners = _op_check(name), _op_check("modulated_check")
+    runner = runners.TorchRunner(harness) if on_gpu else runners.HostRunner(harness)
+    cases = check.build_cases(quick)
+    started = time.perf_counter()
+    failures = runners.run_cases(runner, cases)
+    outcome.checked += len(cases) - len(failures)
+    label = name.removesuffix("_check")
+    for failure in failures:
+        outcome.fail(f"[{label}] {failure}")
+    seconds = time.perf_counter() - started
+    kernels = "".join(f", {k} x{n}" for k, n in sorted(runner.kernels.items()))
+    return f"{label} cases: {len(cases)}, {len(failures)} failures ({seconds:.0f} s){kernels}"
 
 
 def check_modulated(harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
-    """The modulated ops' cases (modulated_check.py) through `harness`: torch tensors on the GPU, or host memory
-    in the CPU emulator. Failures go to `outcome`; returns the summary line."""
-    check = _modulated_check()
-    runner = check.TorchRunner(harness) if on_gpu else check.HostRunner(harness)
-    cases = check.build_cases(quick)
-    started = time.perf_counter()
-    failures = check.run_cases(runner, cases)
-    outcome.checked += len(cases) - len(failures)
-    for failure in failures:
-        outcome.fail(f"[modulated] {failure}")
-    seconds = time.perf_counter() - started
-    kernels = "".join(f", {k} x{n}" for k, n in sorted(runner.kernels.items()))
-    return f"modulated ops: {len(cases)} cases, {len(failures)} failures ({seconds:.0f} s){kernels}"
+    """The modulated ops' cases (modulated_check.py)."""
+    return check_op_cases("modulated_check", harness, on_gpu, quick, outcome)
+
+
+def check_group_norm(harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
+    """GroupNorm's cases (group_norm_check.py)."""
+    return check_op_cases("group_norm_check", harness, on_gpu, quick, outcome)
 
 
 def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> None:
@@ -417,6 +427,7 @@ def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path | Non
             return False
     outcome = Outcome()
     print(f"self-test: {check_modulated(backend.harness, on_gpu=False, quick=True, outcome=outcome)}")
+    print(f"self-test: {check_group_norm(backend.harness, on_gpu=False, quick=True, outcome=outcome)}")
     if outcome.failures:
         return False
     plan = launch_plan(emulator)
@@ -560,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     results.say(capture_line)
     run_cases(backend, cases, "harness", outcome)
     results.say(check_modulated(harness, on_gpu=True, quick=args.quick, outcome=outcome))
+    results.say(check_group_norm(harness, on_gpu=True, quick=args.quick, outcome=outcome))
     check_other_device(harness, outcome)
     results.say(
         f"kernels: {outcome.checked} checks over {len(cases)} cases (every op x dtype x shape, layouts, in-place), "

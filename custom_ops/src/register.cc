@@ -29,8 +29,10 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "common/group_norm.h"
 #include "common/modulation.h"
 #include "common/norm_op.h"
+#include "cpu/group_norm_cpu.h"
 #include "cpu/modulated_cpu.h"
 #include "cpu/norm_cpu.h"
 
@@ -40,6 +42,7 @@ namespace cuda {
 // Defined in cuda/cuda_ops.cc.
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
 OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
 }  // namespace cuda
 }  // namespace onnx_norm
 #define ONNX_NORM_CUDA_COMPUTE(fn) &cuda::fn
@@ -74,6 +77,10 @@ const OpEntry kOps[] = {
      &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
     {{"ModulatedRMSNorm", true, false, 4, 1, {"X", "Scale", "ModScale", "ModShift"}, {"Y"}, kInput1},
      &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
+    {{"GroupNorm", false, false, 3, 1, {"X", "Scale", "Bias"}, {"Y"}, kInput1 | kInput2,
+      {"epsilon", "normalized_type", "multiply_type", "output_type", "num_groups", "activation"},
+      &ParseGroupNormAttributes},
+     &cpu::ComputeGroupNorm, ONNX_NORM_CUDA_COMPUTE(ComputeGroupNorm)},
 };
 
 constexpr int kTypes[] = {kFloat, kFloat16, kBFloat16};
@@ -145,19 +152,25 @@ std::string DescribeOp(const OpEntry& entry) {
   for (size_t i = 0; i < op.num_inputs; ++i) {
     if (op.OptionalInput(i)) optional.push_back(op.inputs[i]);
   }
+  std::vector<const char*> attributes;
+  for (const char* name : op.attributes) {
+    if (name != nullptr) attributes.push_back(name);
+  }
   std::vector<const char*> providers{kCpu};
   if (entry.cuda != nullptr) providers.push_back(kCuda);
   return std::string("{\"name\": \"") + op.name + "\", \"inputs\": " + JsonNames(op.inputs, op.num_inputs) +
          ", \"optional_inputs\": " + JsonNames(optional.data(), optional.size()) +
          ", \"outputs\": " + JsonNames(op.outputs, op.num_outputs) +
+         ", \"attributes\": " + JsonNames(attributes.data(), attributes.size()) +
          ", \"providers\": " + JsonNames(providers.data(), providers.size()) + "}";
 }
 
 }  // namespace
 }  // namespace onnx_norm
 
-// The op list as registered, as JSON: {"domain", "opset", "attributes", "types", "ops": [{"name", "inputs",
-// "optional_inputs", "outputs", "providers"}]}. For tests (ctypes); the string lives until unload.
+// The op list as registered, as JSON: {"domain", "opset", "attributes" (the norms' shared ones), "types", "ops":
+// [{"name", "inputs", "optional_inputs", "outputs", "attributes", "providers"}]}. For tests (ctypes); the string
+// lives until unload.
 extern "C" __attribute__((visibility("default"))) const char* OnnxNormDescribeOps() {
   using namespace onnx_norm;  // NOLINT(build/namespaces): a C entry point
   static const std::string text = [] {

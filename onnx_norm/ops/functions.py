@@ -29,7 +29,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_norm.dtypes import onnx_opset, type_name
-from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
+from onnx_norm.ops.schema import ACTIVATIONS, DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +107,12 @@ class FunctionSignature:
             return type_name(v) if v else "0"
 
         rank = f"_rank{self.rank}" if a.axis >= 0 and self.rank is not None else ""
+        # The attributes an op adds to the shared ones (GroupNorm's num_groups, activation), by name.
+        shared = {field.name for field in dataclasses.fields(NormAttributes)}
+        extra = "".join(f"_{k}{v}" for k, v in dataclasses.asdict(a).items() if k not in shared)
         return (
             f"{ins}__{outs}__x{t(self.x_type)}_axis{a.axis}{rank}_eps{float(np.float32(a.epsilon))!r}"
-            f"_n{t(a.normalized_type)}_m{t(a.multiply_type)}_o{t(a.output_type)}"
+            f"_n{t(a.normalized_type)}_m{t(a.multiply_type)}_o{t(a.output_type)}{extra}"
         )
 
     @classmethod
@@ -128,9 +131,9 @@ class FunctionSignature:
             raise ValueError(f"{where} has no input X")
         if x.dtype is None:
             raise ValueError(f"{where}: the element type of X ({x.name!r}) is unknown; run shape inference first")
-        defaults = NormAttributes()
+        defaults = schema.attributes()
         values = {}
-        for field in dataclasses.fields(NormAttributes):
+        for field in dataclasses.fields(schema.attributes):
             attr = node.attributes.get(field.name)
             values[field.name] = getattr(defaults, field.name) if attr is None else attr.value
         unknown = set(node.attributes) - set(values)
@@ -138,7 +141,7 @@ class FunctionSignature:
             raise ValueError(f"{where} has unknown attributes {sorted(unknown)}")
         rank = len(x.shape) if x.shape is not None and values["axis"] >= 0 else None
         try:
-            return cls(schema.name, inputs, outputs, int(x.dtype), NormAttributes(**values), opset, rank)
+            return cls(schema.name, inputs, outputs, int(x.dtype), schema.attributes(**values), opset, rank)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
 
@@ -312,13 +315,34 @@ def _outputs(body: _Body, results: dict[str, ir.Value], n_out: int) -> list[ir.V
     return outputs
 
 
-def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
-    """The model-local function for one signature, as an onnx-ir function of domain onnx_norm, with the
-    given overload name (by default the signature's own)."""
-    schema = OPS[sig.op]
-    body = _Body(sig)
-    formals, formal, n_out = _formals(sig)
-    results: dict[str, ir.Value] = {}
+def _group_norm(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value]) -> None:
+    """GroupNorm's Y: X as [N, G, -1] normalised over its last dim, then as [N, C, -1] for the per-channel affine
+    (Scale and Bias as [C, 1]) and the activation, then X's shape again; no rank needed."""
+    sig = body.sig
+    a = sig.attrs
+    num_groups = getattr(a, "num_groups", 1)
+    x = formal["X"]
+    groups = body.op("Reshape", [body.to_float(x, sig.x_type), body.i64(0, num_groups, -1)])
+    centred, _, inv = body.statistics(groups, [2], rms=False)
+    y = body.round_to(body.op("Mul", [centred, inv]), a.normalized_type)
+    x_shape = body.op("Shape", [x])
+    channels = body.op("Concat", [body.i64(0), body.slice(x_shape, [1], [2]), body.i64(-1)], {"axis": 0})
+    y = body.op("Reshape", [y, channels])
+    m = a.multiply_type
+    for name, op_type in (("Scale", "Mul"), ("Bias", "Add")):
+        if name in formal:
+            column = body.op("Reshape", [body.cast(formal[name], _FLOAT), body.i64(-1, 1)])
+            y = body.round_to(body.op(op_type, [y, column]), m)
+    if getattr(a, "activation", 0) == ACTIVATIONS["silu"]:
+        y = body.round_to(body.op("Mul", [y, body.round_to(body.op("Sigmoid", [y]), m)]), m)
+    y = body.op("Reshape", [y, x_shape])
+    out_type = a.output_type or sig.x_type
+    results["Y"] = y if out_type == _FLOAT else body.cast(y, out_type)
+
+
+def _norm(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], n_out: int) -> None:
+    """The norms' outputs: Y, the statistics of LayerNorm/RMSNorm and the Skip ops' Sum."""
+    sig, schema = body.sig, OPS[body.sig.op]
     xf, x_source = _input(body, formal, results)
     axis = sig.attrs.axis
     if axis >= 0 and sig.rank is not None:
@@ -334,6 +358,18 @@ def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Fu
         results["Mean"] = normalised.mean
     if not schema.modulated:
         results["InvRMS" if schema.rms else "InvStdDev"] = normalised.inv
+
+
+def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
+    """The model-local function for one signature, as an onnx-ir function of domain onnx_norm, with the
+    given overload name (by default the signature's own)."""
+    body = _Body(sig)
+    formals, formal, n_out = _formals(sig)
+    results: dict[str, ir.Value] = {}
+    if sig.op == "GroupNorm":
+        _group_norm(body, formal, results)
+    else:
+        _norm(body, formal, results, n_out)
     graph = ir.Graph(
         formals,
         _outputs(body, results, n_out),

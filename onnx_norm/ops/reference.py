@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper
 
-from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.ops.schema import ACTIVATIONS, GroupNormAttributes, NormAttributes
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -214,6 +214,49 @@ def modulated_rms_norm(
     return (modulated_norm(x, scale, None, mod_scale, mod_shift, NormAttributes(**attrs), rms=True),)
 
 
+def grouped(
+    x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None, attrs: GroupNormAttributes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GroupNorm in float64 before the output cast: (y, inverse std, mean), the statistics of shape [N, G, 1].
+
+    X is [N, C, ...]; its channels split into `num_groups` groups of C / G channels, each group of a sample
+    normalised over its channels and every dim after them; Scale and Bias are per channel ([C], or any shape of
+    C elements); then the activation. Rounding points as the other ops', the activation's steps at multiply_type."""
+    if x.ndim < 3:
+        raise ValueError(f"GroupNorm needs X of rank >= 3 ([N, C, ...]), got rank {x.ndim}")
+    n, c = x.shape[:2]
+    g = attrs.num_groups
+    if g < 1 or c % g:
+        raise ValueError(f"num_groups {g} does not divide the {c} channels")
+    rows = x.astype(np.float64).reshape(n, g, -1)
+    mean = rows.mean(axis=2, keepdims=True)
+    centred = rows - mean
+    var = np.mean(centred * centred, axis=2, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = 1.0 / np.sqrt(var + np.float64(np.float32(attrs.epsilon)))
+        y = _round_to(centred * inv, attrs.normalized_type).reshape(n, c, -1)
+    m = attrs.multiply_type
+    if scale is not None:
+        y = _round_to(y * scale.astype(np.float64).reshape(c, 1), m)
+    if bias is not None:
+        y = _round_to(y + bias.astype(np.float64).reshape(c, 1), m)
+    if attrs.activation == ACTIVATIONS["silu"]:
+        with np.errstate(over="ignore"):
+            y = _round_to(y * _round_to(1.0 / (1.0 + np.exp(-y)), m), m)
+    elif attrs.activation != ACTIVATIONS["none"]:
+        raise ValueError(f"unknown activation {attrs.activation}; expected one of {ACTIVATIONS}")
+    return y.reshape(x.shape), inv, mean
+
+
+def group_norm(
+    x: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None, **attrs: float
+) -> tuple[np.ndarray]:
+    """GroupNorm -> (Y,)."""
+    a = GroupNormAttributes(**attrs)  # type: ignore[arg-type]
+    y, _, _ = grouped(x, scale, bias, a)
+    return (_output(y, x, a),)
+
+
 REFERENCES = {
     "LayerNorm": layer_norm,
     "RMSNorm": rms_norm,
@@ -221,4 +264,5 @@ REFERENCES = {
     "SkipRMSNorm": skip_rms_norm,
     "ModulatedLayerNorm": modulated_layer_norm,
     "ModulatedRMSNorm": modulated_rms_norm,
+    "GroupNorm": group_norm,
 }

@@ -314,6 +314,14 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Slice": _slice,
 }
 
+
+def register_op(op_type: str, run: Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]) -> None:
+    """Teaches the proof an op a family's matches contain (GroupNorm's InstanceNormalization and Sigmoid): `run`
+    maps the node and its input arrays (float64 when widened) to its one output. Such ops are evaluated only, never
+    folded as constants (SUPPORTED_OPS keeps the built-in list)."""
+    _OPS.setdefault(op_type, run)
+
+
 #: Ops that may sit inside a matched norm or a folded constant: elementwise and per-row ops, layout ops, and the
 #: integer shape arithmetic that dynamo emits to restore a reduction's dims.
 SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}

@@ -99,6 +99,9 @@ class NormFamily:
     find: Callable[[ir.Node], Candidate | None] | None = None
     outputs: tuple[str, ...] = ()  # statistics its op can also return: "mean", "inv_std"
     sweep: int = 0  # lower sweeps run over the whole model first: a composite before the norm inside it
+    #: Native default-domain ops of this family the take-over (`--take-over-native`, native.py) converts: op type ->
+    #: reader `(node, opset) -> NormSpec`, raising ValueError with the reason a node is left as it is.
+    native: Mapping[str, Callable[[ir.Node, int], NormSpec]] = dataclasses.field(default_factory=dict)
 
     def lowering(self, target: str) -> Lowering | str:
         return self.lowerings.get(target, f"the {target} target has no op for a {self.summary}")

@@ -10,6 +10,9 @@ Converted, each with the semantics of its definition:
   as Sum, the norm rounded once. For float16/bfloat16 both ONNX Runtime's CPU kernel and ours normalise the unrounded
   float32 sum, both CUDA kernels the rounded one (docs/ops.md).
 
+Families add their own native ops (family.NormFamily.native: GroupNorm's ONNX GroupNormalization-21), read by the
+family.
+
 Skipped, with the reason in the record: statistics stashed in another type than float32, double inputs, the
 extra `bias` input of the Skip ops, their mean/inv_std_var outputs when used (our Skip ops have none), a residual
 that broadcasts, RMSNormalization with a scale of another type than X (its ONNX function is ill-typed then), and
@@ -18,6 +21,7 @@ unknown element types or ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -26,7 +30,7 @@ import onnx_ir as ir
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops import functions
 from onnx_norm.ops.schema import DOMAIN, NormAttributes
-from onnx_norm.rewrite import skip, targets
+from onnx_norm.rewrite import family, skip, targets
 from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec, elem_type
 
@@ -92,8 +96,21 @@ def _negative_axis(node: ir.Node, x: ir.Value, axis: int) -> int:
     return axis - rank
 
 
+def _family_reader(node: ir.Node) -> Any:
+    """The reader a registered family gives for `node`'s op (family.NormFamily.native), or None."""
+    if not is_onnx_domain(node.domain):
+        return None
+    return next((f.native[node.op_type] for f in family.families() if node.op_type in f.native), None)
+
+
 def _spec(node: ir.Node, opset: int) -> NormSpec:
     key = (_group(node.domain), node.op_type)
+    reader = _family_reader(node) if key not in _NATIVE else None
+    if reader is not None:
+        try:
+            return dataclasses.replace(reader(node, opset), rule=RULE)
+        except ValueError as error:
+            raise _Skip(str(error)) from None
     kind, skip = _NATIVE[key]  # type: ignore[index]
     x = _input(node, 0)
     if x is None:
@@ -191,7 +208,7 @@ def _owners(model: ir.Model) -> list[tuple[ir.Graph | ir.Function, ir.Node]]:
     graphs += [f for f in model.functions.values() if f.domain != DOMAIN]
     for graph in graphs:
         for node in ir.traversal.RecursiveGraphIterator(graph):
-            if (_group(node.domain), node.op_type) in _NATIVE:
+            if (_group(node.domain), node.op_type) in _NATIVE or _family_reader(node) is not None:
                 found.append((graph, node))
     return found
 

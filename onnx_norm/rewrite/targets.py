@@ -271,7 +271,7 @@ _LIBRARY_OPS: dict[tuple[str, bool], OpSignature] = {
     (kind, op.skip): op
     for op in OPS.values()
     for kind in ("layer", "rms")
-    if op.rms == (kind == "rms") and not op.modulated  # the modulated ops belong to their own family
+    if op.rms == (kind == "rms") and op.standard  # other ops belong to their own family module
 }
 #: Our ops' statistic outputs, by the NormSpec field each replaces.
 _LIBRARY_OUTPUTS = {"Sum": "sum", "Mean": "mean", "InvStdDev": "inv_std", "InvRMS": "inv_std"}

@@ -347,9 +347,10 @@ std::string KernelName(const KernelConfig& config) {
     case KernelKind::kClusterRow:
       return "cluster blocks=" + std::to_string(config.cluster) + " group=" + std::to_string(config.group);
     case KernelKind::kModulatedRow:
-      return std::string("modulated ") + ((config.flags & kVectorUnitsFlag) != 0 ? "vector" : "scalar") +
-             ((config.flags & kCachedRowFlag) != 0 ? " registers" : " reread") +
-             " group=" + std::to_string(config.group);
+    case KernelKind::kGroupNormRow:
+      return std::string(config.kind == KernelKind::kModulatedRow ? "modulated " : "group_norm ") +
+             ((config.flags & kVectorUnitsFlag) != 0 ? "vector" : "scalar") +
+             ((config.flags & kCachedRowFlag) != 0 ? " registers" : " reread") + " group=" + std::to_string(config.group);
   }
   return "?";
 }
@@ -369,7 +370,8 @@ cudaError_t Emulate(const Args& args, const KernelConfig& config) {
   }
   const int max_block = config.kind == KernelKind::kRegisterRow  ? RegisterRowMaxBlock(config.vectors_per_thread)
                         : config.kind == KernelKind::kClusterRow ? kClusterMaxBlock
-                        : config.kind == KernelKind::kModulatedRow ? kModulatedMaxBlock
+                        : config.kind == KernelKind::kModulatedRow || config.kind == KernelKind::kGroupNormRow
+                            ? kModulatedMaxBlock
                                                                  : 1024;
   if (config.block < 32 || config.block > max_block || config.block % 32 != 0 || config.grid == 0 ||
       config.block % config.group != 0) {

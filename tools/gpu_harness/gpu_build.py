@@ -96,7 +96,8 @@ class LaunchArgs:
     """The arguments of one onnx_norm_harness_launch call (device pointers as ints). device: the tensors' CUDA
     device, -1 to let LaunchNorm read it from X's pointer attributes; clusters: False keeps one block per row (never
     a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift (of scale_type), [mod_batch, cols], one row
-    per rows_per_sample rows of X."""
+    per rows_per_sample rows of X; num_groups > 0: GroupNorm, rows N * num_groups, cols (C / num_groups) * spatial,
+    Scale/Bias [C], activation 1 for SiLU."""
 
     x: int
     y: int
@@ -123,6 +124,9 @@ class LaunchArgs:
     mod_shift: int | None = None
     mod_batch: int = 0
     rows_per_sample: int = 0
+    num_groups: int = 0
+    spatial: int = 0
+    activation: int = 0
 
     def c_args(self) -> tuple[Any, ...]:
         """The C entry's arguments in its order, before the error out-parameter (tools/gpu_harness/harness.cu)."""
@@ -130,7 +134,8 @@ class LaunchArgs:
             self.x, self.skip, self.scale, self.bias, self.y, self.sum_out, self.mean, self.inv_std, self.rows,
             self.cols, self.scale_size, self.epsilon, int(self.rms), self.x_type, self.scale_type, self.y_type,
             self.normalized_type, self.multiply_type, self.device, int(self.clusters), self.mod_scale,
-            self.mod_shift, self.mod_batch, self.rows_per_sample, self.stream,
+            self.mod_shift, self.mod_batch, self.rows_per_sample, self.num_groups, self.spatial, self.activation,
+            self.stream,
         )  # fmt: skip
 
 
@@ -142,7 +147,7 @@ class Harness:
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32]
-        fn.argtypes += [p, p, i64, i64, p, ctypes.POINTER(ctypes.c_char_p)]
+        fn.argtypes += [p, p, i64, i64, i64, i64, i32, p, ctypes.POINTER(ctypes.c_char_p)]
         fn.restype = i32
         self._fn = fn
         last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)

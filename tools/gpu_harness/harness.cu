@@ -2,7 +2,7 @@
 // through ctypes (on torch tensors on a GPU, on host memory in the CPU emulator): the product library exports only
 // RegisterCustomOps and OnnxNormDescribeOps, and this checks the kernels on a machine without onnxruntime-gpu.
 // Built together with custom_ops/src/cuda/*.cu by gpu_check.py. Every op goes through it: mod_scale/mod_shift
-// null for the norms, given for the modulated ops.
+// null for the norms, given for the modulated ops; num_groups > 0 for GroupNorm.
 #include <cstdint>
 
 #include "launch.h"
@@ -11,7 +11,8 @@ extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
     const void* x, const void* skip, const void* scale, const void* bias, void* y, void* sum, float* mean,
     float* inv_std, int64_t rows, int64_t cols, int64_t scale_size, float epsilon, int rms, int x_type, int scale_type,
     int y_type, int normalized_type, int multiply_type, int device, int clusters, const void* mod_scale,
-    const void* mod_shift, int64_t mod_batch, int64_t rows_per_sample, void* stream, const char** error) {
+    const void* mod_shift, int64_t mod_batch, int64_t rows_per_sample, int64_t num_groups, int64_t spatial,
+    int activation, void* stream, const char** error) {
   onnx_norm::cuda::NormLaunchParams params;
   params.x = x;
   params.skip = skip;
@@ -37,5 +38,8 @@ extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
   params.mod_shift = mod_shift;
   params.mod_batch = mod_batch;
   params.rows_per_sample = rows_per_sample;
+  params.num_groups = num_groups;
+  params.spatial = spatial;
+  params.activation = activation;
   return onnx_norm::cuda::LaunchNorm(params, stream, error);
 }

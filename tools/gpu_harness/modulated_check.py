@@ -85,6 +85,22 @@ class Case:
             parts.append(f"y{TYPE_NAMES[self.output_type]}")
         return "-".join(parts)
 
+    # What the runners and run_cases ask of a case (GroupNorm's cases, group_norm_check.py, answer the same).
+    def inputs(self, rng: np.random.Generator) -> dict[str, np.ndarray | None]:
+        return make_inputs(self, rng)
+
+    def reference(self, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+        return reference(self, inputs)
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> str | None:
+        return compare(self, got, want)
+
+    def offset_of(self, name: str) -> int:
+        return _offset(self, name)
+
+    def launch(self, harness: Harness, pointers: dict[str, int | None], stream: int = 0, device: int = -1) -> None:
+        launch(harness, self, pointers, stream, device)
+
 
 def build_cases(quick: bool = False) -> list[Case]:
     """Row lengths reach every kernel variant: vector units in registers (1 to 4 per thread, 8 to 1024 threads per
@@ -170,20 +186,20 @@ class HostRunner:
         buf[...] = np.asarray(np.nan, np.float32).astype(dtype)
         return buf, view
 
-    def run(self, case: Case, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+    def run(self, case: Any, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
         keep, pointers = [], {}
         for name, a in inputs.items():
             if a is None:
                 pointers[name] = None
                 continue
-            buf, view = self._buffer(a.size, a.dtype, _offset(case, name))
+            buf, view = self._buffer(a.size, a.dtype, case.offset_of(name))
             view[...] = a.reshape(-1)
             keep.append(buf)
             pointers[name] = view.ctypes.data
         shape = inputs["x"].shape
-        y_buf, y = self._buffer(math.prod(shape), np_dtype(case.y_type), _offset(case, "y"))
+        y_buf, y = self._buffer(math.prod(shape), np_dtype(case.y_type), case.offset_of("y"))
         pointers["y"] = y.ctypes.data
-        launch(self.harness, case, pointers)
+        case.launch(self.harness, pointers)
         kernel = self.harness.last_kernel()
         if kernel:
             self.kernels[kernel.rsplit(" group=", 1)[0]] = self.kernels.get(kernel.rsplit(" group=", 1)[0], 0) + 1
@@ -212,14 +228,14 @@ class TorchRunner:
         buf[offset : offset + a.size].copy_(host)
         return buf, buf[offset:]
 
-    def run(self, case: Case, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+    def run(self, case: Any, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
         torch = self.torch
         keep, pointers = [], {}
         for name, a in inputs.items():
             if a is None:
                 pointers[name] = None
                 continue
-            buf, view = self._device(a, _offset(case, name))
+            buf, view = self._device(a, case.offset_of(name))
             keep.append(buf)
             pointers[name] = view.data_ptr()
         shape = inputs["x"].shape
@@ -227,9 +243,9 @@ class TorchRunner:
         y_dtype = np_dtype(case.y_type)
         sentinel = np.full(count + 2 * GUARD + 2, np.nan, np.float32).astype(y_dtype)
         y_buf, _ = self._device(sentinel, 0)
-        offset = GUARD + _offset(case, "y")
+        offset = GUARD + case.offset_of("y")
         pointers["y"] = y_buf[offset:].data_ptr()
-        launch(self.harness, case, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
+        case.launch(self.harness, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
         torch.cuda.synchronize()
         raw = y_buf.cpu().numpy()
         values = raw.view(np.uint16 if y_dtype.itemsize == 2 else np.uint32).view(y_dtype)
@@ -243,16 +259,17 @@ def cuda_include() -> Path | None:
     return find_cuda_include(find_nvcc(None))
 
 
-def run_cases(runner: Any, cases: list[Case]) -> list[str]:
+def run_cases(runner: Any, cases: list[Any]) -> list[str]:
+    """Each case (any op's: inputs, reference, compare, launch, offset_of) through `runner`; the failures."""
     failures = []
     for i, case in enumerate(cases):
-        inputs = make_inputs(case, np.random.default_rng(i))
+        inputs = case.inputs(np.random.default_rng(i))
         try:
             got = runner.run(case, inputs)
         except RuntimeError as exc:
             failures.append(f"{case.name()}: {exc}")
             continue
-        problem = compare(case, got, reference(case, inputs))
+        problem = case.compare(got, case.reference(inputs))
         if problem:
             failures.append(f"{case.name()}: {problem}")
     return failures

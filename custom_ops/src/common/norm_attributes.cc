@@ -22,13 +22,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
-bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, value);
-  if (status == nullptr) return true;
-  Ort::GetApi().ReleaseStatus(status);
-  return false;
-}
-
 bool GetFloatAttribute(const OrtKernelInfo* info, const char* name, float* value) {
   OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_float(info, name, value);
   if (status == nullptr) return true;
@@ -62,6 +55,13 @@ std::string CheckParameterShape(const char* name, const std::vector<int64_t>& sh
 
 }  // namespace
 
+bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, value);
+  if (status == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
 const char* ElemTypeName(int type) {
   switch (type) {
     case 0: return "UNDEFINED";
@@ -89,7 +89,6 @@ OrtStatusPtr MakeError(const OpSignature& op, const std::string& message, OrtErr
 }
 
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
-  (void)op;
   int64_t value = 0;
   if (GetIntAttribute(info, kAttributeNames[0], &value)) attrs->axis = value;
   float eps = 0.0f;
@@ -111,7 +110,7 @@ std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, No
     }
     *attr.field = static_cast<int>(value);
   }
-  return {};
+  return op.parse_attributes == nullptr ? std::string() : op.parse_attributes(info, attrs);
 }
 
 std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,

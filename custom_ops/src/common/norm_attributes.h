@@ -16,6 +16,13 @@ inline constexpr int kOpsetVersion = 1;
 
 inline constexpr size_t kMaxInputs = 5;
 inline constexpr size_t kMaxOutputs = 3;
+inline constexpr size_t kMaxAttributes = 8;
+
+// The attributes the norms take, in NormAttributes' order (ParseAttributes reads these, and an op's own ones).
+inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
+                                                  "output_type"};
+
+struct NormAttributes;
 
 // One fused op as it is declared to ONNX Runtime (names as in docs/ops.md). The ops themselves are listed in one
 // place, register.cc's kOps table; tests/test_op_table.py checks that list against onnx_norm/ops/schema.py.
@@ -28,13 +35,16 @@ struct OpSignature {
   const char* inputs[kMaxInputs];    // X first
   const char* outputs[kMaxOutputs];  // Y first; the others are optional
   unsigned optional_inputs;          // bit i set: input i may be left out (Scale, Bias)
+  // The attributes a node of the op may carry (null-terminated), as the Python record lists them; an op with
+  // attributes of its own (GroupNorm's num_groups, activation) lists them here, ParseAttributes reads those too.
+  const char* attributes[kMaxAttributes] = {kAttributeNames[0], kAttributeNames[1], kAttributeNames[2],
+                                            kAttributeNames[3], kAttributeNames[4]};
+  // Reads and checks the op's own attributes after the shared ones (empty string or an error message); null when
+  // it has none. Lives with the op's validation (common/<op>.cc), so that a new op does not edit this file.
+  std::string (*parse_attributes)(const OrtKernelInfo* info, NormAttributes* attrs) = nullptr;
 
   constexpr bool OptionalInput(size_t i) const { return ((optional_inputs >> i) & 1u) != 0; }
 };
-
-// The attributes every op takes, in NormAttributes' order (ParseAttributes reads exactly these).
-inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
-                                                  "output_type"};
 
 struct NormAttributes {
   int64_t axis = -1;
@@ -42,6 +52,8 @@ struct NormAttributes {
   int normalized_type = 0;
   int multiply_type = 0;
   int output_type = 0;
+  int64_t num_groups = 0;  // GroupNorm: groups the channels (dim 1) are split into
+  int activation = 0;      // GroupNorm: 0 none, 1 SiLU after the affine
 };
 
 // Everything a kernel needs for one call, validated; pointers into ORT-owned buffers.
@@ -67,6 +79,9 @@ struct NormProblem {
 };
 
 const char* ElemTypeName(int type);
+
+// An int attribute of the node; false when it is not set.
+bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value);
 
 // Reads and checks the attributes; returns an empty string or an error message.
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs);

@@ -85,21 +85,16 @@ void RunChunk(void* data, size_t index) {
     if (!Run(chunk, nullptr, nullptr)) job.failed = true;
     return;
   }
-  // No exception may leave this function (it runs on ORT's thread pool).
-  thread_local std::vector<float> rows;
-  try {
-    rows.resize(static_cast<size_t>(count * p.cols));
-  } catch (...) {
+  float* rows = ThreadRows(count * p.cols);
+  if (rows == nullptr) {
     job.failed = true;
     return;
   }
-  chunk.y = rows.data();
-  chunk.y_type = kFloat;
-  if (!Run(chunk, nullptr, nullptr)) {
+  if (!RunIntoFloats(chunk, rows)) {
     job.failed = true;
     return;
   }
-  ModulateRows(p, rows.data(), count, y, job.factors + offset, job.shifts + offset);
+  ModulateRows(p, rows, count, y, job.factors + offset, job.shifts + offset);
 }
 
 }  // namespace
@@ -127,13 +122,7 @@ OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, co
   job.chunks_per_sample = (m.rows_per_sample + job.chunk_rows - 1) / job.chunk_rows;
   const int64_t samples = p.rows / m.rows_per_sample;
   const size_t total = static_cast<size_t>(samples * job.chunks_per_sample);
-  if (total == 1) {
-    RunChunk(&job, 0);
-  } else {
-    ctx.ParallelFor(&RunChunk, total, 0, &job);
-  }
-  if (job.failed) return MakeError(op, "out of memory for the row buffers", ORT_RUNTIME_EXCEPTION);
-  return nullptr;
+  return RunChunks(ctx, op, total, &RunChunk, &job, job.failed);
 }
 
 }  // namespace cpu

@@ -334,6 +334,32 @@ void ParallelForWithContext(void* ctx, size_t total, void (*fn)(void*, size_t), 
 
 }  // namespace
 
+float* ThreadRows(int64_t count) {
+  thread_local std::vector<float> rows;
+  try {
+    rows.resize(static_cast<size_t>(count));
+  } catch (...) {
+    return nullptr;
+  }
+  return rows.data();
+}
+
+bool RunIntoFloats(NormProblem chunk, float* rows) {
+  chunk.y = rows;
+  chunk.y_type = kFloat;
+  return Run(chunk, nullptr, nullptr);
+}
+
+OrtStatusPtr RunChunks(Ort::KernelContext& ctx, const OpSignature& op, size_t total, void (*fn)(void*, size_t),
+                       void* job, const std::atomic<bool>& failed) {
+  if (total == 1) {
+    fn(job, 0);
+  } else {
+    ctx.ParallelFor(fn, total, 0, job);
+  }
+  return failed ? MakeError(op, "out of memory for the row buffers", ORT_RUNTIME_EXCEPTION) : nullptr;
+}
+
 bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
   if (p.rows == 0 || p.cols == 0) return true;
   std::vector<float> scale_storage;

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/group_norm.h"
 #include "common/modulation.h"
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
@@ -76,6 +77,22 @@ OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, co
   params.mod_shift = m.shift;
   params.mod_batch = m.batch;
   params.rows_per_sample = m.rows_per_sample;
+  return Launch(op, params, ctx);
+}
+
+// GroupNorm: the groups as rows (validated by PrepareGroupNorm, shared with the CPU op), Scale/Bias per channel.
+OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
+  GroupNormProblem g;
+  const std::string error = PrepareGroupNorm(ctx, attrs, &g);
+  if (!error.empty()) return MakeError(op, error);
+  if (g.rows.rows == 0 || g.rows.cols == 0) return nullptr;
+  NormLaunchParams params = LaunchParamsFor(g.rows, ctx);
+  params.scale = g.scale;
+  params.bias = g.bias;
+  params.scale_type = g.scale_type;
+  params.num_groups = g.channels / g.group_channels;
+  params.spatial = g.spatial;
+  params.activation = g.activation;
   return Launch(op, params, ctx);
 }
 

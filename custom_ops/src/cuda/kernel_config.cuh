@@ -12,7 +12,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow, kModulatedRow };
+enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow, kModulatedRow, kGroupNormRow };
 
 // Compile-time variants of the register-row kernel (RegisterRowKernel's kFlags): what would otherwise be
 // uniform runtime branches between a row's loads, which keep the compiler from issuing them back to back.
@@ -23,7 +23,7 @@ enum RegisterRowFlags : int {
   kFlagCombinations = 8,
 };
 
-// Variants of the modulated kernel (ModulatedNormKernel, modulated_kernels.cuh): the row read in units of one
+// Variants of the row kernels (ModulatedNormKernel, modulated_kernels.cuh; GroupNormKernel): the row read in units of one
 // 16-byte vector (else single elements), and held in registers, up to kModulatedUnits units per thread (else
 // read again from global memory, L2, for the variance and the output).
 enum ModulatedFlags : int {
@@ -51,7 +51,7 @@ constexpr int kMinSliceVectors = 128;
 struct KernelConfig {
   KernelKind kind = KernelKind::kRegisterRow;
   int vectors_per_thread = 1;  // kRegisterRow only: 1, 2 or 4
-  int flags = 0;               // kRegisterRow: RegisterRowFlags; kModulatedRow: ModulatedFlags
+  int flags = 0;               // kRegisterRow: RegisterRowFlags; kModulatedRow, kGroupNormRow: ModulatedFlags
   int group = 8;               // threads per row (NormArgs::group)
   int block = 128;
   unsigned grid = 1;
@@ -73,7 +73,8 @@ cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStrea
 // The argument blocks of the ops, each launched through LaunchKernel: an op with its own block adds it here.
 #define ONNX_NORM_INSTANTIATE_LAUNCH(x_type)                                                                   \
   template cudaError_t LaunchKernel<x_type, NormArgs>(const NormArgs&, const KernelConfig&, cudaStream_t);     \
-  template cudaError_t LaunchKernel<x_type, ModulatedArgs>(const ModulatedArgs&, const KernelConfig&, cudaStream_t);
+  template cudaError_t LaunchKernel<x_type, ModulatedArgs>(const ModulatedArgs&, const KernelConfig&, cudaStream_t); \
+  template cudaError_t LaunchKernel<x_type, GroupNormArgs>(const GroupNormArgs&, const KernelConfig&, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace onnx_norm

@@ -7,6 +7,7 @@
 
 #include "kernel_config.cuh"
 #include "cluster_row_kernel.cuh"
+#include "group_norm_kernels.cuh"
 #include "modulated_kernels.cuh"
 #include "norm_kernels.cuh"
 
@@ -45,7 +46,8 @@ NormKernel SelectNormKernel(const KernelConfig& config) {
     case KernelKind::kClusterRow:
       return &ClusterRowKernel<TX>;
     case KernelKind::kModulatedRow:
-      return nullptr;  // a kernel of ModulatedArgs (SelectKernel below)
+    case KernelKind::kGroupNormRow:
+      return nullptr;  // kernels of ModulatedArgs and GroupNormArgs (SelectKernel below)
   }
   return nullptr;
 }
@@ -59,6 +61,10 @@ NormKernel SelectKernel(const KernelConfig& config, const NormArgs* /*args*/) {
 template <typename TX>
 auto SelectKernel(const KernelConfig& config, const ModulatedArgs* /*args*/) -> void (*)(ModulatedArgs) {
   return config.kind == KernelKind::kModulatedRow ? SelectModulatedKernel<TX>(config) : nullptr;
+}
+template <typename TX>
+auto SelectKernel(const KernelConfig& config, const GroupNormArgs* /*args*/) -> void (*)(GroupNormArgs) {
+  return config.kind == KernelKind::kGroupNormRow ? SelectGroupNormKernel<TX>(config) : nullptr;
 }
 
 }  // namespace cuda

@@ -331,16 +331,18 @@ int PrepareModulated(const NormLaunchParams& p, ModulatedArgs* args, bool* vecto
   return 0;
 }
 
-// Up to kModulatedUnits units per thread in registers, 8 to 1024 threads per row (blocks of at least 128 threads);
-// rows longer than 1024 * kModulatedUnits units are re-read, one row per 1024-thread block.
-int ChooseModulatedConfig(bool vector, int element_size, int device, ModulatedArgs* args, KernelConfig* config,
-                          const char** error) {
+// The row kernels' configuration (the modulated ops' and GroupNorm's, `kind`): up to kModulatedUnits units per
+// thread in registers, 8 to 1024 threads per row (blocks of at least 128 threads); rows longer than
+// 1024 * kModulatedUnits units are re-read, one row per 1024-thread block.
+template <typename Args>
+int ChooseRowConfig(KernelKind kind, bool vector, int element_size, int device, Args* args, KernelConfig* config,
+                    const char** error) {
   const int64_t units = vector ? args->cols / (16 / element_size) : args->cols;
   const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((units + kModulatedUnits - 1) / kModulatedUnits));
   const bool cached = group <= kModulatedMaxBlock;
   args->group = cached ? static_cast<int>(group) : kModulatedMaxBlock;
   *config = KernelConfig{};
-  config->kind = KernelKind::kModulatedRow;
+  config->kind = kind;
   config->flags = (vector ? kVectorUnitsFlag : 0) | (cached ? kCachedRowFlag : 0);
   config->group = args->group;
   config->block = std::max(args->group, 128);
@@ -351,6 +353,51 @@ int ChooseModulatedConfig(bool vector, int element_size, int device, ModulatedAr
   const cudaError_t status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
   if (status != cudaSuccess) return FailCuda(status, error);
   CapGrid(config, sm_count);
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------- GroupNorm
+
+// Checks GroupNorm's parameters (rows == 0: types and sizes only) and fills `args`; `vector`: whether X and Y
+// can be read and written in 16-byte units (Scale/Bias are read per element).
+int PrepareGroupNorm(const NormLaunchParams& p, GroupNormArgs* args, bool* vector, const char** error) {
+  const int x_size = ElementSize(p.x_type);
+  const int y_size = ElementSize(OutputType(p));
+  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
+  const int param_size = has_parameters ? ElementSize(p.scale_type) : 4;
+  if (x_size == 0 || y_size == 0 || param_size == 0 || !IsRoundingType(p.normalized_type) ||
+      !IsRoundingType(p.multiply_type)) {
+    return Fail(kUnsupportedTypes, "LaunchNorm: GroupNorm: X, Y, Scale/Bias and the rounding types must be float32, "
+                "float16 or bfloat16", error);
+  }
+  const int64_t channels = p.spatial > 0 ? p.num_groups * (p.cols / p.spatial) : 0;
+  if (p.rows < 0 || p.rows > INT_MAX || p.cols <= 0 || p.cols > INT_MAX || p.spatial <= 0 ||
+      p.cols % p.spatial != 0 || p.rows % p.num_groups != 0 || channels > INT_MAX || p.activation < 0 ||
+      p.activation > 1) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: GroupNorm: rows must be N * num_groups, cols a multiple of "
+                "spatial, both below 2^31, and activation 0 or 1", error);
+  }
+  if (p.skip != nullptr || p.sum != nullptr || p.mean != nullptr || p.inv_std != nullptr || p.rms) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: GroupNorm: no Skip, Sum, statistics or RMS", error);
+  }
+  if (p.rows == 0) return 0;
+  const int64_t y_bytes = p.rows * p.cols * y_size;
+  if (p.x == nullptr || p.y == nullptr || Overlap(p.y, y_bytes, p.x, p.rows * p.cols * x_size) ||
+      Overlap(p.y, y_bytes, p.scale, channels * param_size) || Overlap(p.y, y_bytes, p.bias, channels * param_size)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: GroupNorm: X and Y are required and Y may not overlap an input",
+                error);
+  }
+  if (!UnitAligned(p.x, x_size, 1) || !UnitAligned(p.y, y_size, 1) || !UnitAligned(p.scale, param_size, 1) ||
+      !UnitAligned(p.bias, param_size, 1)) {
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
+  }
+  const int units = 16 / x_size;
+  *vector = p.cols % units == 0 && UnitAligned(p.x, x_size, units) && UnitAligned(p.y, y_size, units);
+  SetCommonArgs(p, args);
+  args->spatial = static_cast<int>(p.spatial);
+  args->groups = static_cast<int>(p.num_groups);
+  args->group_channels = static_cast<int>(p.cols / p.spatial);
+  args->activation = p.activation;
   return 0;
 }
 
@@ -387,13 +434,23 @@ int LaunchOnDevice(const NormLaunchParams& p, const Args& args, Choose&& choose,
 
 int LaunchNorm(const NormLaunchParams& p, void* stream, const char** error) {
   if (error != nullptr) *error = nullptr;
+  if (p.num_groups > 0) {
+    GroupNormArgs args{};
+    bool vector = false;
+    const int rc = PrepareGroupNorm(p, &args, &vector, error);
+    if (rc != 0 || p.rows == 0) return rc;
+    const auto choose = [&](int device, KernelConfig* config) {
+      return ChooseRowConfig(KernelKind::kGroupNormRow, vector, ElementSize(p.x_type), device, &args, config, error);
+    };
+    return LaunchOnDevice(p, args, choose, stream, error);
+  }
   if (p.mod_scale != nullptr || p.mod_shift != nullptr) {
     ModulatedArgs args{};
     bool vector = false;
     const int rc = PrepareModulated(p, &args, &vector, error);
     if (rc != 0 || p.rows == 0) return rc;
     const auto choose = [&](int device, KernelConfig* config) {
-      return ChooseModulatedConfig(vector, ElementSize(p.x_type), device, &args, config, error);
+      return ChooseRowConfig(KernelKind::kModulatedRow, vector, ElementSize(p.x_type), device, &args, config, error);
     };
     return LaunchOnDevice(p, args, choose, stream, error);
   }

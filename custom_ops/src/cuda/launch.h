@@ -42,6 +42,12 @@ struct NormLaunchParams {
   const void* mod_shift = nullptr;
   int64_t mod_batch = 0;
   int64_t rows_per_sample = 0;
+  // GroupNorm: num_groups > 0 selects its kernel. A row is one group of one sample: rows = N * num_groups,
+  // cols = (C / num_groups) * spatial (spatial: the elements of one channel); Scale/Bias are [C] of scale_type,
+  // either may be null; activation 1 applies SiLU after them. No Skip, Sum, statistics or modulation then.
+  int64_t num_groups = 0;
+  int64_t spatial = 0;
+  int activation = 0;
   // false: never split a row over a thread-block cluster (one block per row, as on a GPU without
   // clusters), for comparing the two on a GPU (tools/gpu_check.py).
   bool clusters = true;

@@ -95,107 +95,142 @@ __device__ __forceinline__ void ModulateAndStore(const ModulatedArgs& a, float m
   StoreTyped<N>(a.y, a.y_type, offset, v);
 }
 
-// `group` threads per row, blockDim.x / group rows per block, blocks looping over rows. Every thread runs the same
+// One row of a row kernel (a norm over each row, then an epilogue per unit): the units of X this thread holds
+// (kCached: up to kModulatedUnits in registers, else none: they are read again), and the row's statistics.
+template <typename TX, int N, bool kCached>
+struct RowState {
+  using U = Unit<TX, N>;
+  static constexpr int kSlots = kCached ? kModulatedUnits : 1;
+  uint32_t w[kSlots][U::kWords];
+  float mean = 0.0f;
+  float inv = 0.0f;
+  int live_units = 0;
+  int64_t base = 0;
+};
+
+// Reads row `row` (an empty row past the last one) and reduces it over its group of threads: mean (LayerNorm)
+// and 1 / sqrt(variance or mean square + epsilon), float32, LayerNorm's variance a second pass over the row held
+// in registers (or read again). Every thread of the block calls it the same number of times (block-wide sums).
+// Args: any argument block with x, rows, cols, epsilon and rms (ModulatedArgs, GroupNormArgs).
+template <typename TX, int N, bool kCached, typename Args>
+__device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& rows, int64_t row, ReduceScratch& scratch,
+                                              int& parity, RowState<TX, N, kCached>& s) {
+  using U = Unit<TX, N>;
+  constexpr int kSlots = RowState<TX, N, kCached>::kSlots;
+  const int group = rows.group;
+  const int rank = rows.rank;
+  const TX* x = static_cast<const TX*>(a.x);
+  s.live_units = row < a.rows ? a.cols / N : 0;
+  s.base = row * a.cols;
+  float sum = 0.0f;
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const int k = rank + i * group;
+      if (k < s.live_units) {
+        U::Load(x + s.base + k * N, s.w[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < U::kWords; ++j) s.w[i][j] = 0u;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      float v[N];
+      U::Unpack(s.w[i], v);
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
+    }
+  } else {
+    for (int k = rank; k < s.live_units; k += group) {
+      float v[N];
+      LoadVector<TX, N>(x + s.base + k * N, v);
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
+    }
+  }
+  s.mean = 0.0f;
+  if (a.rms) {
+    s.inv = 1.0f / sqrtf(GroupSum(sum, group, scratch, parity) / a.cols + a.epsilon);
+    return;
+  }
+  s.mean = GroupSum(sum, group, scratch, parity) / a.cols;
+  float squares = 0.0f;
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (rank + i * group < s.live_units) {
+        float v[N];
+        U::Unpack(s.w[i], v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
+      }
+    }
+  } else {
+    for (int k = rank; k < s.live_units; k += group) {
+      float v[N];
+      LoadVector<TX, N>(x + s.base + k * N, v);
+#pragma unroll
+      for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
+    }
+  }
+  // IEEE sqrt and division, not rsqrtf's approximation: once per row.
+  s.inv = 1.0f / sqrtf(GroupSum(squares, group, scratch, parity) / a.cols + a.epsilon);
+}
+
+// Calls epilogue(offset, col, v) for each unit of the row this thread owns, v its N values of X.
+template <typename TX, int N, bool kCached, typename Args, typename Epilogue>
+__device__ __forceinline__ void ForEachUnit(const Args& a, const RowGroups& rows, const RowState<TX, N, kCached>& s,
+                                            Epilogue&& epilogue) {
+  using U = Unit<TX, N>;
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < RowState<TX, N, kCached>::kSlots; ++i) {
+      const int k = rows.rank + i * rows.group;
+      if (k < s.live_units) {
+        float v[N];
+        U::Unpack(s.w[i], v);
+        epilogue(s.base + k * N, k * N, v);
+      }
+    }
+  } else {
+    for (int k = rows.rank; k < s.live_units; k += rows.group) {
+      float v[N];
+      LoadVector<TX, N>(static_cast<const TX*>(a.x) + s.base + k * N, v);
+      epilogue(s.base + k * N, k * N, v);
+    }
+  }
+}
+
+// The loop of a row kernel: `group` threads per row, blockDim.x / group rows per block, blocks looping over rows;
+// each row's statistics, then epilogue(row, rows, state) for a row that exists. Every thread runs the same
 // iterations (a row slot past the last row is an empty row), so block-wide sums (group > 32) miss no thread.
+template <typename TX, int N, bool kCached, typename Args, typename RowEpilogue>
+__device__ __forceinline__ void NormRows(const Args& a, ReduceScratch& scratch, RowEpilogue&& epilogue) {
+  int parity = 0;
+  const RowGroups rows(a.group);
+  for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
+    const int64_t row = first + rows.slot;
+    RowState<TX, N, kCached> s;
+    RowStatistics<TX, N, kCached>(a, rows, row, scratch, parity, s);
+    if (s.live_units != 0) epilogue(row, rows, s);
+  }
+}
+
 // Launch bounds: up to 1024 threads and at least one block per SM, i.e. 64 registers; without the minimum, ptxas
 // aimed at two 1024-thread blocks (32 registers) and spilled in the scalar-unit and re-reading variants.
 template <typename TX, int N, bool kCached>
 __global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(ModulatedArgs a) {
-  using U = Unit<TX, N>;
-  constexpr int kSlots = kCached ? kModulatedUnits : 1;
   __shared__ ReduceScratch scratch;
-  int parity = 0;
-  const RowGroups rows(a.group);
-  const int group = rows.group;
-  const int rank = rows.rank;
-  const int units = a.cols / N;
-  const TX* x = static_cast<const TX*>(a.x);
-  for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
-    const int64_t row = first + rows.slot;
-    const int live_units = row < a.rows ? units : 0;
-    const int64_t base = row * a.cols;
-
-    uint32_t w[kSlots][U::kWords];
-    float sum = 0.0f;
-    if constexpr (kCached) {
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        const int k = rank + i * group;
-        if (k < live_units) {
-          U::Load(x + base + k * N, w[i]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < U::kWords; ++j) w[i][j] = 0u;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        float v[N];
-        U::Unpack(w[i], v);
-#pragma unroll
-        for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
-      }
-    } else {
-      for (int k = rank; k < live_units; k += group) {
-        float v[N];
-        LoadVector<TX, N>(x + base + k * N, v);
-#pragma unroll
-        for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
-      }
-    }
-
-    float mean = 0.0f;
-    float inv;
-    if (a.rms) {
-      inv = 1.0f / sqrtf(GroupSum(sum, group, scratch, parity) / a.cols + a.epsilon);
-    } else {
-      mean = GroupSum(sum, group, scratch, parity) / a.cols;
-      float squares = 0.0f;
-      if constexpr (kCached) {
-#pragma unroll
-        for (int i = 0; i < kSlots; ++i) {
-          if (rank + i * group < live_units) {
-            float v[N];
-            U::Unpack(w[i], v);
-#pragma unroll
-            for (int j = 0; j < N; ++j) squares = fmaf(v[j] - mean, v[j] - mean, squares);
-          }
-        }
-      } else {
-        for (int k = rank; k < live_units; k += group) {
-          float v[N];
-          LoadVector<TX, N>(x + base + k * N, v);
-#pragma unroll
-          for (int j = 0; j < N; ++j) squares = fmaf(v[j] - mean, v[j] - mean, squares);
-        }
-      }
-      // IEEE sqrt and division, not rsqrtf's approximation: once per row.
-      inv = 1.0f / sqrtf(GroupSum(squares, group, scratch, parity) / a.cols + a.epsilon);
-    }
-    if (live_units == 0) continue;
-
+  NormRows<TX, N, kCached>(a, scratch, [&](int64_t row, const RowGroups& rows, const RowState<TX, N, kCached>& s) {
     // 32-bit division (the launcher keeps rows below 2^31): a 64-bit one is a subroutine call, whose calling
     // convention made ptxas spill.
     const int64_t sample = a.mod_broadcast ? 0 : static_cast<uint32_t>(row) / static_cast<uint32_t>(a.rows_per_sample);
     const int64_t mod_row = sample * a.cols;
-    if constexpr (kCached) {
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        const int k = rank + i * group;
-        if (k < live_units) {
-          float v[N];
-          U::Unpack(w[i], v);
-          ModulateAndStore<N>(a, mean, inv, mod_row, base + k * N, k * N, v);
-        }
-      }
-    } else {
-      for (int k = rank; k < live_units; k += group) {
-        float v[N];
-        LoadVector<TX, N>(x + base + k * N, v);
-        ModulateAndStore<N>(a, mean, inv, mod_row, base + k * N, k * N, v);
-      }
-    }
-  }
+    ForEachUnit<TX, N, kCached>(a, rows, s, [&](int64_t offset, int col, float(&v)[N]) {
+      ModulateAndStore<N>(a, s.mean, s.inv, mod_row, offset, col, v);
+    });
+  });
 }
 
 // The kernel a configuration of kind kModulatedRow names, for X of type TX (kernel_dispatch.cuh).

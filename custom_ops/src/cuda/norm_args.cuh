@@ -67,6 +67,29 @@ struct ModulatedArgs {
   int multiply_type;
 };
 
+// The arguments of GroupNorm's kernel (group_norm_kernels.cuh): a row is one group of one sample (rows = N * G,
+// cols = C / G * spatial); Scale and Bias, [C] of scale_type, are read at channel
+// (row % groups) * group_channels + col / spatial. The fields RowStatistics reads are named as in ModulatedArgs.
+struct GroupNormArgs {
+  const void* x;
+  const void* scale;
+  const void* bias;
+  void* y;
+  int64_t rows;
+  int cols;
+  int group;  // threads per row, a power of two >= 8; when > 32 the block size (one row per block)
+  float epsilon;
+  bool rms;  // false: RowStatistics' LayerNorm statistics
+  int scale_type;
+  int y_type;
+  int normalized_type;
+  int multiply_type;
+  int spatial;
+  int groups;
+  int group_channels;
+  int activation;  // 0 none, 1 SiLU
+};
+
 // Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one
 // barrier each (a thread past the barrier of reduction k+1 knows every thread has finished reading
 // the buffer of reduction k, which reduction k+2 overwrites).

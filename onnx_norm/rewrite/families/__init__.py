@@ -1,17 +1,23 @@
 """The norm families, one module each, registered here explicitly and in this order (family.py).
 
 The built-in LayerNorm and RMSNorm come first: the shared matcher asks the statistic recognisers in registration
-order. The modulated norms (adaLN) follow: their recogniser calls the shared matcher for the inner norm. Adding a
+order. The modulated norms (adaLN) follow: their recogniser calls the shared matcher for the inner norm; then
+GroupNorm (its recogniser too, for a decomposed grouped norm). Adding a
 family is adding its module and its entry in `BUILT_IN` (docs/adding_a_norm_family.md).
 """
 
 from onnx_norm.rewrite import family
-from onnx_norm.rewrite.families import layer_norm, modulated_norm, rms_norm
+from onnx_norm.rewrite.families import group_norm, layer_norm, modulated_norm, rms_norm
 
 #: Every built-in family, in registration order.
-BUILT_IN: tuple[family.NormFamily, ...] = (layer_norm.FAMILY, rms_norm.FAMILY, *modulated_norm.FAMILIES)
+BUILT_IN: tuple[family.NormFamily, ...] = (
+    layer_norm.FAMILY,
+    rms_norm.FAMILY,
+    *modulated_norm.FAMILIES,
+    group_norm.FAMILY,
+)
 
 for _built_in in BUILT_IN:
     family.register(_built_in)
 
-__all__ = ["BUILT_IN", "layer_norm", "modulated_norm", "rms_norm"]
+__all__ = ["BUILT_IN", "group_norm", "layer_norm", "modulated_norm", "rms_norm"]

@@ -1,0 +1,96 @@
+#include "common/group_norm.h"
+
+#include <vector>
+
+#include "common/float_convert.h"
+
+namespace onnx_norm {
+namespace {
+
+bool IsFloat(int type) { return type == kFloat || type == kFloat16 || type == kBFloat16; }
+
+// Scale or Bias: C elements, of a float type; `type` is the type the other one has (0: none yet).
+std::string CheckChannelParameter(const char* name, const Ort::ConstValue& value, int64_t channels, int* type) {
+  const auto info = value.GetTensorTypeAndShapeInfo();
+  const int t = static_cast<int>(info.GetElementType());
+  if (!IsFloat(t)) {
+    return std::string(name) + " has element type " + ElemTypeName(t) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+  }
+  if (*type != 0 && t != *type) return std::string(name) + " must have the element type of Scale";
+  if (static_cast<int64_t>(info.GetElementCount()) != channels) {
+    return std::string(name) + " has " + std::to_string(info.GetElementCount()) + " elements but X has " +
+           std::to_string(channels) + " channels (dim 1): it must hold one value per channel";
+  }
+  *type = t;
+  return {};
+}
+
+}  // namespace
+
+std::string ParseGroupNormAttributes(const OrtKernelInfo* info, NormAttributes* attrs) {
+  int64_t value = 0;
+  if (!GetIntAttribute(info, "num_groups", &value) || value < 1) {
+    return "attribute num_groups must be set to the number of groups (>= 1)";
+  }
+  attrs->num_groups = value;
+  value = 0;
+  GetIntAttribute(info, "activation", &value);
+  if (value != 0 && value != 1) {
+    return "attribute activation=" + std::to_string(value) + " is not supported: use 0 (none) or 1 (SiLU)";
+  }
+  attrs->activation = static_cast<int>(value);
+  return {};
+}
+
+std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attrs, GroupNormProblem* g) {
+  *g = GroupNormProblem{};
+  const Ort::ConstValue x = ctx.GetInput(0);
+  if (static_cast<const OrtValue*>(x) == nullptr) return "required input X is missing";
+  const auto x_info = x.GetTensorTypeAndShapeInfo();
+  const int x_type = static_cast<int>(x_info.GetElementType());
+  const std::vector<int64_t> shape = x_info.GetShape();
+  if (!IsFloat(x_type)) {
+    return std::string("X has element type ") + ElemTypeName(x_type) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+  }
+  if (shape.size() < 3) return "X must be [N, C, ...] of rank >= 3, got rank " + std::to_string(shape.size());
+  const int64_t channels = shape[1];
+  if (channels % attrs.num_groups != 0) {
+    return "num_groups " + std::to_string(attrs.num_groups) + " does not divide the " + std::to_string(channels) +
+           " channels of X (dim 1)";
+  }
+  int64_t spatial = 1;
+  for (size_t i = 2; i < shape.size(); ++i) spatial *= shape[i];
+  g->channels = channels;
+  g->spatial = spatial;
+  g->group_channels = channels / attrs.num_groups;
+  g->activation = attrs.activation;
+  const char* names[2] = {"Scale", "Bias"};
+  const void** params[2] = {&g->scale, &g->bias};
+  for (size_t k = 0; k < 2; ++k) {
+    if (ctx.GetInputCount() <= k + 1) break;
+    const Ort::ConstValue value = ctx.GetInput(k + 1);
+    if (static_cast<const OrtValue*>(value) == nullptr) continue;
+    const std::string error = CheckChannelParameter(names[k], value, channels, &g->scale_type);
+    if (!error.empty()) return error;
+    *params[k] = value.GetTensorRawData();
+  }
+  Ort::UnownedValue y = ctx.GetOutput(0, shape);
+  const int y_type = static_cast<int>(y.GetTensorTypeAndShapeInfo().GetElementType());
+  if (attrs.output_type != 0 && attrs.output_type != y_type) {
+    return std::string("output_type=") + ElemTypeName(attrs.output_type) + " but ONNX Runtime typed Y as " +
+           ElemTypeName(y_type) + "; use output_type=0 and a Cast after the node";
+  }
+  NormProblem& p = g->rows;
+  p.x = x.GetTensorRawData();
+  p.y = y.GetTensorMutableRawData();
+  p.rows = shape[0] * attrs.num_groups;
+  p.cols = g->group_channels * spatial;
+  p.epsilon = attrs.epsilon;
+  p.x_type = x_type;
+  p.y_type = y_type;
+  p.normalized_type = attrs.normalized_type;
+  p.multiply_type = attrs.multiply_type;
+  return {};
+}
+
+}  // namespace onnx_norm

@@ -1,0 +1,76 @@
+// GroupNorm's CUDA row math (docs/ops.md): a group of one sample is a contiguous row of X (its C / G channels
+// times the spatial dims), normalised by the row kernels' statistics (RowStatistics, modulated_kernels.cuh); the
+// epilogue applies Scale and Bias of each element's channel and SiLU, every step rounded as the op says.
+#pragma once
+
+#include <cstdint>
+
+#include "element_types.cuh"
+#include "kernel_config.cuh"
+#include "modulated_kernels.cuh"
+#include "norm_args.cuh"
+#include "reduce.cuh"
+#include "vector_io.cuh"
+
+namespace onnx_norm {
+namespace cuda {
+
+// Columns [col, col + N) of a group's row whose first channel is `first_channel`: normalise, the per-channel
+// affine, SiLU, store. Scale/Bias are read one element at a time (a unit may straddle two channels).
+template <int N>
+__device__ __forceinline__ void GroupAffineAndStore(const GroupNormArgs& a, float mean, float inv, int first_channel,
+                                                    int64_t offset, int col, float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = (v[i] - mean) * inv;
+  RoundTo<N>(v, a.normalized_type);
+  const auto affine = [&](const void* param, bool multiply) {
+    if (param == nullptr) return;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float one[1];
+      LoadTyped<1>(param, a.scale_type, first_channel + (col + i) / a.spatial, one);
+      v[i] = multiply ? v[i] * one[0] : v[i] + one[0];
+    }
+    RoundTo<N>(v, a.multiply_type);
+  };
+  affine(a.scale, true);
+  affine(a.bias, false);
+  if (a.activation == 1) {
+    float p[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = 1.0f / (1.0f + expf(-v[i]));
+    RoundTo<N>(p, a.multiply_type);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] *= p[i];
+    RoundTo<N>(v, a.multiply_type);
+  }
+  StoreTyped<N>(a.y, a.y_type, offset, v);
+}
+
+// The row kernel of GroupNorm: as ModulatedNormKernel (its launch bounds and configurations), rows = N * G.
+template <typename TX, int N, bool kCached>
+__global__ void __launch_bounds__(kModulatedMaxBlock, 1) GroupNormKernel(GroupNormArgs a) {
+  __shared__ ReduceScratch scratch;
+  NormRows<TX, N, kCached>(a, scratch, [&](int64_t row, const RowGroups& rows, const RowState<TX, N, kCached>& s) {
+    // 32-bit arithmetic (the launcher keeps rows below 2^31), as in ModulatedNormKernel.
+    const int first_channel =
+        static_cast<int>(static_cast<uint32_t>(row) % static_cast<uint32_t>(a.groups)) * a.group_channels;
+    ForEachUnit<TX, N, kCached>(a, rows, s, [&](int64_t offset, int col, float(&v)[N]) {
+      GroupAffineAndStore<N>(a, s.mean, s.inv, first_channel, offset, col, v);
+    });
+  });
+}
+
+// The kernel a configuration of kind kGroupNormRow names, for X of type TX (kernel_dispatch.cuh).
+template <typename TX>
+auto SelectGroupNormKernel(const KernelConfig& config) -> void (*)(GroupNormArgs) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  const bool cached = (config.flags & kCachedRowFlag) != 0;
+  if ((config.flags & kVectorUnitsFlag) != 0) {
+    return cached ? &GroupNormKernel<TX, V, true> : &GroupNormKernel<TX, V, false>;
+  }
+  return cached ? &GroupNormKernel<TX, 1, true> : &GroupNormKernel<TX, 1, false>;
+}
+
+}  // namespace cuda
+}  // namespace onnx_norm

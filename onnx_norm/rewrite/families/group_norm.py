@@ -1,0 +1,366 @@
+"""GroupNorm, and GroupNorm followed by SiLU, fused into `onnx_norm::GroupNorm` (docs/ops.md).
+
+Recognised as exporters write `torch.nn.GroupNorm` (X is [N, C, ...], channels first), anchored at the Reshape
+that splits the channels into groups:
+
+    Reshape(X, [N or 0, G, -1])                          the groups (or [N, G, C/G, ...]: any split of C into G)
+    -> InstanceNormalization(., ones(G), zeros(G), eps)  TorchScript's and dynamo's spelling (torch 2.x, both)
+       or a LayerNorm over the trailing dims             a decomposition (ReduceMean, Sub, Pow/Mul, ReduceMean,
+                                                         Add eps, Sqrt/Rsqrt, Div/Mul), found by match.find_norm
+    -> Reshape(., shape of X)
+    -> Mul(., scale) -> Add(., bias)                     per channel ([C, 1, ...] or [1, C, 1, ...]); optional
+    -> Mul(., Sigmoid(.))                                SiLU, optional, fused as activation=silu
+
+GroupNorm(1) is a LayerNorm over C, H, W: this family runs in an earlier sweep than the LayerNorm family, so the
+whole chain (with its per-channel affine, which a LayerNorm over the grouped tensor cannot take) becomes one
+GroupNorm; the LayerNorm family then only sees norms this family did not take (and fuses the grouped LayerNorm
+alone where a target cannot emit GroupNorm). Not recognised (no GroupNorm is fused there): channels-last (NHWC)
+graphs, as Keras' GroupNormalization computes it (the groups split off the last dim: the Reshape's dim 1 is not G;
+no tf2onnx export was tested, tf2onnx is not installed here). The native ONNX GroupNormalization-21 is taken over
+with `--take-over-native` (read_native; a SiLU after it stays as it is), GroupNormalization-18 (scale per group,
+deprecated) is not.
+
+Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
+per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
+`ort`: ONNX Runtime's com.microsoft.GroupNorm takes NHWC input only and has no CPU kernel, so an NCHW graph has no
+ORT op to go to: the reason is reported and the grouped LayerNorm inside (if decomposed) is fused alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, type_name
+from onnx_norm.ops.reference import grouped, np_dtype
+from onnx_norm.ops.schema import ACTIVATIONS, DOMAIN, GROUP_NORM, OPSET_VERSION, GroupNormAttributes, NormAttributes
+from onnx_norm.rewrite import constants, evaluate, match
+from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
+from onnx_norm.rewrite.spec import NormSpec
+from onnx_norm.rewrite.structure import NearMiss
+
+KIND = "group"
+_FLOAT = int(ir.DataType.FLOAT)
+#: The ONNX op the onnx target writes, and the first opset whose scale and bias are per channel.
+_ONNX_OP, _ONNX_OPSET = "GroupNormalization", 21
+
+
+def _reader(value: ir.Value, op_type: str | None = None) -> ir.Node | None:
+    """The one node reading `value` (of `op_type` in the default domain, if given), None if there are others or
+    `value` is a graph output."""
+    uses = list(value.uses())
+    if value.is_graph_output() or len(uses) != 1:
+        return None
+    node = uses[0].node
+    if op_type is not None and (node.op_type != op_type or not is_onnx_domain(node.domain)):
+        return None
+    return node
+
+
+def _groups(anchor: ir.Node) -> tuple[ir.Value, ir.Value, int] | None:
+    """(X, the grouped value, G) when `anchor` is Reshape(X [N, C, ...], [N or 0, G, ...]) with G dividing a
+    static C; the proof checks the rest of the split."""
+    if anchor.op_type != "Reshape" or len(anchor.inputs) < 2 or anchor.inputs[0] is None:
+        return None
+    x, grouped_value = anchor.inputs[0], anchor.outputs[0]
+    target = constants.int_list(anchor.inputs[1])
+    if x.shape is None or len(x.shape) < 3 or target is None or len(target) < 3:
+        return None
+    channels, g = x.shape[1], target[1]
+    if not isinstance(channels, int) or g < 1 or channels % g or target[0] not in (0, -1, x.shape[0]):
+        return None
+    if target[0] == -1 and -1 in target[1:]:
+        return None
+    return x, grouped_value, g
+
+
+def _instance_norm(grouped_value: ir.Value) -> tuple[list[ir.Node], ir.Value, float] | None:
+    """(nodes, normalised value, epsilon) of InstanceNormalization(grouped, ones, zeros)."""
+    node = _reader(grouped_value, "InstanceNormalization")
+    if node is None or len(node.inputs) != 3:
+        return None
+    scale, bias = (constants.constant_array(v) for v in node.inputs[1:])
+    if scale is None or bias is None:
+        raise NearMiss("the InstanceNormalization inside the GroupNorm has a scale or bias that is not constant")
+    if not (np.all(scale == 1) and np.all(bias == 0)):
+        raise NearMiss("the InstanceNormalization inside the GroupNorm has a per-group affine (not fused)")
+    eps = node.attributes.get("epsilon")
+    return [node], node.outputs[0], 1e-5 if eps is None else float(eps.value)
+
+
+def _decomposed(grouped_value: ir.Value) -> tuple[list[ir.Node], ir.Value, float] | None:
+    """(nodes, normalised value, epsilon) of a LayerNorm over the trailing dims of `grouped_value`, spelled out:
+    the Reshape back to X's shape is found first, the norm ending in front of it by the shared matcher."""
+    seen: set[ir.Node] = set()
+    frontier = [use.node for use in grouped_value.uses()]
+    while frontier and len(seen) < 32:
+        node = frontier.pop(0)
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op_type == "Reshape" and node.inputs[0] is not grouped_value:
+            end = node.inputs[0].producer() if node.inputs[0] is not None else None
+            return None if end is None else _inner_norm(end, grouped_value)
+        frontier += [use.node for out in node.outputs for use in out.uses()]
+    return None
+
+
+def _inner_norm(end: ir.Node, grouped_value: ir.Value) -> tuple[list[ir.Node], ir.Value, float] | None:
+    try:
+        inner = match.find_norm(end, kinds=frozenset({"layer"}), channels_first=False)
+    except NearMiss:
+        return None  # the LayerNorm family reports it when it meets the norm itself
+    if inner is None or inner.spec.skip is not None or inner.spec.x is not grouped_value:
+        return None
+    spec = inner.spec
+    if spec.scale is not None or spec.bias is not None or spec.mean is not None or spec.inv_std is not None:
+        return None
+    rank = len(grouped_value.shape) if grouped_value.shape is not None else None
+    if rank is None or tuple(inner.axes) != tuple(range(2, rank)):
+        return None
+    return list(inner.nodes), spec.y, float(spec.attrs.epsilon)
+
+
+def _per_channel(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
+    """The constant `value` as [C] when it is one value per channel of an NCHW tensor (or a scalar)."""
+    array = constants.constant_array(value)
+    if array is None or array.ndim > rank:
+        return None
+    if array.size == 1:
+        return np.full(channels, array.reshape(()), dtype=array.dtype)
+    shape = (1,) * (rank - array.ndim) + array.shape
+    if array.size != channels or shape[1] != channels:
+        return None
+    return array.reshape(channels)
+
+
+def _affine(y: ir.Value, channels: int, rank: int) -> tuple[list[ir.Node], ir.Value, dict, dict]:
+    """The per-channel Mul and Add after the Reshape back: (nodes, their output, spec fields, new constants)."""
+    nodes: list[ir.Node] = []
+    fields: dict[str, ir.Value] = {}
+    made: dict[str, np.ndarray] = {}
+    for name, op_type in (("scale", "Mul"), ("bias", "Add")):
+        node = _reader(y, op_type)
+        if node is None or len(node.inputs) != 2:
+            continue
+        a, b = node.inputs
+        param = b if a is y else a
+        row = None if param is None else _per_channel(param, channels, rank)
+        if row is None or param is None:
+            continue
+        nodes.append(node)
+        fields[name], made[name] = param, row
+        y = node.outputs[0]
+    return nodes, y, fields, made
+
+
+def _silu(y: ir.Value) -> tuple[list[ir.Node], ir.Value] | None:
+    """(nodes, output) of y * Sigmoid(y), the two read nothing else."""
+    uses = [use.node for use in y.uses()]
+    if y.is_graph_output() or len(uses) != 2:
+        return None
+    sigmoid = next((n for n in uses if n.op_type == "Sigmoid" and is_onnx_domain(n.domain)), None)
+    mul = next((n for n in uses if n.op_type == "Mul" and is_onnx_domain(n.domain)), None)
+    if sigmoid is None or mul is None or _reader(sigmoid.outputs[0]) is not mul:
+        return None
+    if set(mul.inputs) != {y, sigmoid.outputs[0]}:
+        return None
+    return [sigmoid, mul], mul.outputs[0]
+
+
+def _rounding(x: ir.Value) -> tuple[int, int]:
+    """(normalized_type, multiply_type): a float16/bfloat16 graph rounds the normalised value, the affine and the
+    activation to X's type; the proof checks it."""
+    t = int(x.dtype) if x.dtype is not None else 0
+    return (t, t) if t in NARROW_TYPES else (0, 0)
+
+
+def find(anchor: ir.Node) -> match.Candidate | None:
+    """The GroupNorm starting at the Reshape `anchor` that splits X's channels into groups."""
+    found = _groups(anchor)
+    if found is None:
+        return None
+    x, grouped_value, g = found
+    norm = _instance_norm(grouped_value) or _decomposed(grouped_value)
+    if norm is None:
+        return None
+    nodes, n, eps = norm
+    back = _reader(n, "Reshape")
+    if back is None:
+        return None
+    assert x.shape is not None
+    rank, channels = len(x.shape), int(x.shape[1])
+    y = back.outputs[0]
+    if y.shape is None or list(y.shape) != list(x.shape):
+        raise NearMiss("the Reshape after the grouped norm does not restore X's shape (or its shape is unknown)", y)
+    affine_nodes, y, fields, made = _affine(y, channels, rank)
+    silu = _silu(y)
+    activation = ACTIVATIONS["none"]
+    if silu is not None:
+        activation = ACTIVATIONS["silu"]
+        affine_nodes += silu[0]
+        y = silu[1]
+    normalized, multiply = _rounding(x)
+    attrs = GroupNormAttributes(
+        axis=1 - rank,
+        epsilon=eps,
+        normalized_type=normalized,
+        multiply_type=multiply,
+        num_groups=g,
+        activation=activation,
+    )
+    spec = NormSpec(KIND, x, None, fields.get("scale"), fields.get("bias"), attrs, y)
+    variant = "InstanceNormalization" if nodes[0].op_type == "InstanceNormalization" else "decomposed"
+    return match.Candidate(
+        spec=spec,
+        nodes=[anchor, *nodes, back, *affine_nodes],
+        axes=tuple(range(1, rank)),
+        perm=None,
+        new_constants=made,
+        variant=f"grouped {variant}" + (" + SiLU" if silu is not None else ""),
+        cast_placement=f"{type_name(x.dtype)} in",
+        x_value=x,
+    )
+
+
+def reference(
+    x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The float64 reference (ops.reference.grouped) on the matched parameters, whatever their shape."""
+    assert isinstance(attrs, GroupNormAttributes)
+    channels = x.shape[1]
+    scale, bias = (
+        None if v is None else np.broadcast_to(np.asarray(v).reshape(-1), (channels,))
+        for v in (params.get("scale"), params.get("bias"))
+    )
+    y, inv, mean = grouped(x, scale, bias, attrs)
+    out_dtype = np_dtype(attrs.output_type) if attrs.output_type else x.dtype
+    return y.astype(np.float32).astype(out_dtype), inv, mean
+
+
+def _emit_onnx_norm(op, spec: NormSpec, opset: int) -> list[ir.Value]:
+    inputs = [spec.x, spec.scale, spec.bias]
+    while inputs[-1] is None:
+        inputs.pop()
+    if len({v.dtype for v in inputs[1:] if v is not None}) > 1:  # one declared type for Scale and Bias
+        inputs = [inputs[0], *(None if v is None else op.Cast(v, to=_FLOAT) for v in inputs[1:])]
+    return [op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **spec.attrs.as_dict())]
+
+
+def _unsupported_onnx_norm(spec: NormSpec, opset: int) -> str | None:
+    if spec.x.dtype is None or int(spec.x.dtype) not in (_FLOAT, *NARROW_TYPES):
+        return f"X of type {type_name(spec.x.dtype)}: the GroupNorm op takes fp32, fp16 or bf16"
+    return None
+
+
+def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
+    """GroupNormalization-21 (scale and bias per channel, required: ones and zeros when the graph has none), then
+    Sigmoid and Mul for SiLU."""
+    assert isinstance(spec.attrs, GroupNormAttributes) and spec.x.shape is not None and spec.x.dtype is not None
+    channels = int(spec.x.shape[1])
+    dtype = spec.x.dtype.numpy()
+    scale = spec.scale if spec.scale is not None else op.Constant(value=ir.tensor(np.ones(channels, dtype)))
+    bias = spec.bias if spec.bias is not None else op.Constant(value=ir.tensor(np.zeros(channels, dtype)))
+    if scale.dtype != spec.x.dtype:
+        scale = op.Cast(scale, to=int(spec.x.dtype))
+    if bias.dtype != spec.x.dtype:
+        bias = op.Cast(bias, to=int(spec.x.dtype))
+    a = spec.attrs
+    y = op.op(_ONNX_OP, spec.x, scale, bias, _version=_ONNX_OPSET, epsilon=float(a.epsilon), num_groups=a.num_groups)
+    if a.activation == ACTIVATIONS["silu"]:
+        y = op.Mul(y, op.Sigmoid(y))
+    return [y]
+
+
+def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
+    if opset and opset < _ONNX_OPSET:
+        return (
+            f"ONNX's GroupNormalization takes per-channel scale and bias from opset {_ONNX_OPSET}; "
+            f"the model imports {opset}"
+        )
+    a = spec.attrs
+    t = int(spec.x.dtype) if spec.x.dtype is not None else 0
+    rounds_like_onnx = (a.normalized_type, a.multiply_type) == ((t, t) if t in NARROW_TYPES else (0, 0))
+    if not rounds_like_onnx or a.output_type not in (0, t):
+        return "GroupNormalization rounds to X's type after the normalisation and each affine step, the graph does not"
+    if spec.x.shape is None or not isinstance(spec.x.shape[1], int):
+        return "the channel count is not static"
+    return None
+
+
+def read_native(node: ir.Node, opset: int) -> NormSpec:
+    """ONNX GroupNormalization-21 (per-channel scale and bias) as the take-over reads it: statistics in float32,
+    Y rounded once (its function body rounds after the normalisation and each affine step; ONNX Runtime's kernel
+    and ours round once, never less accurate). ValueError says why a node is left as it is."""
+    if opset and opset < _ONNX_OPSET:
+        raise ValueError(f"GroupNormalization before opset {_ONNX_OPSET} scales per group (deprecated); not taken over")
+    x = node.inputs[0] if node.inputs else None
+    if x is None or len(node.inputs) != 3 or None in node.inputs:
+        raise ValueError("it does not have its three inputs")
+    if x.dtype is None or int(x.dtype) not in (_FLOAT, *NARROW_TYPES):
+        raise ValueError(f"input element type {type_name(x.dtype)} is not fp32, fp16 or bf16")
+    if x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
+        raise ValueError("its input's rank or channel count is unknown (run shape inference first)")
+    stash = node.attributes.get("stash_type")
+    if stash is not None and stash.value != _FLOAT:
+        raise ValueError(f"stash_type {stash.value} computes the statistics in another type than float32")
+    groups, eps = node.attributes.get("num_groups"), node.attributes.get("epsilon")
+    if groups is None or groups.value < 1 or x.shape[1] % groups.value:
+        raise ValueError("its num_groups is missing or does not divide the channels")
+    epsilon = 1e-5 if eps is None else float(eps.value)
+    attrs = GroupNormAttributes(axis=1 - len(x.shape), epsilon=epsilon, num_groups=int(groups.value))
+    return NormSpec(KIND, x, None, node.inputs[1], node.inputs[2], attrs, node.outputs[0])
+
+
+_ORT_REASON = (
+    "ONNX Runtime's com.microsoft.GroupNorm takes NHWC input (channels_last) and has CUDA kernels only; an NCHW "
+    "graph would need Transposes around it and could not run on the CPU provider"
+)
+
+FAMILY = NormFamily(
+    kind=KIND,
+    summary="GroupNorm: x split into groups along its channels, each normalised, then per-channel scale and bias",
+    rules=(FusionRule("group_norm", KIND),),
+    reference=reference,
+    lowerings={
+        "onnx-norm": Lowering(emit=_emit_onnx_norm, unsupported=_unsupported_onnx_norm),
+        "onnx": Lowering(emit=_emit_onnx, unsupported=_unsupported_onnx),
+        "ort": _ORT_REASON,
+    },
+    find=find,
+    anchor_ops=frozenset({"Reshape"}),
+    sweep=-1,  # before the LayerNorm family fuses the grouped norm inside
+    native={_ONNX_OP: read_native},
+)
+
+
+def _instance_normalization(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """ONNX InstanceNormalization: each (sample, channel) over the dims after the channel, float64 statistics."""
+    x, scale, bias = inputs
+    assert x is not None and scale is not None and bias is not None
+    eps = node.attributes.get("epsilon")
+    epsilon = np.float64(np.float32(1e-5 if eps is None else eps.value))
+    xf = x.astype(np.float64)
+    axes = tuple(range(2, x.ndim))
+    mean = xf.mean(axis=axes, keepdims=True)
+    var = np.mean((xf - mean) ** 2, axis=axes, keepdims=True)
+    column = (1, -1) + (1,) * (x.ndim - 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = (xf - mean) / np.sqrt(var + epsilon) * scale.astype(np.float64).reshape(column)
+    y = y + bias.astype(np.float64).reshape(column)
+    return y.astype(np.float32).astype(x.dtype) if x.dtype != np.float64 else y
+
+
+def _sigmoid(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    x = inputs[0]
+    assert x is not None
+    with np.errstate(over="ignore"):
+        y = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    return y.astype(np.float32).astype(x.dtype) if x.dtype != np.float64 else y
+
+
+# The proof evaluates the matched subgraph: it has to know the ops this family's matches contain.
+evaluate.register_op("InstanceNormalization", _instance_normalization)
+evaluate.register_op("Sigmoid", _sigmoid)

@@ -1,0 +1,65 @@
+"""GroupNorm's CUDA kernel (custom_ops/src/cuda/group_norm_kernels.cuh), run from its real source by the CPU emulator
+of the kernels (tools/gpu_harness/emulator.cc) through the real launcher and ctypes entry, against the numpy
+reference. Not run on a GPU yet (no GPU was available to this work)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
+import group_norm_check
+import modulated_check as check
+
+F32, F16, BF16 = check.F32, check.F16, check.BF16
+
+needs_emulator = pytest.mark.skipif(
+    check.cuda_include() is None or shutil.which("g++") is None,
+    reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
+)
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> check.Harness:
+    include = check.cuda_include()
+    assert include is not None
+    return check.Harness(check.build_emulator(include, tmp_path_factory.mktemp("emulator")))
+
+
+@needs_emulator
+def test_kernel_matches_the_reference_in_the_emulator(harness: check.Harness) -> None:
+    """The cases tools/gpu_check.py runs on a GPU (group_norm_check.py, quick set), here in the emulator: each kernel
+    variant reached, every case equal to the reference within a unit of Y's type, nothing written outside Y."""
+    runner = check.HostRunner(harness)
+    cases = group_norm_check.build_cases(quick=True)
+    assert check.run_cases(runner, cases) == []
+    assert set(runner.kernels) == {
+        "group_norm vector registers",
+        "group_norm scalar registers",
+        "group_norm vector reread",
+    }, runner.kernels
+
+
+@needs_emulator
+def test_a_wrong_output_is_caught(harness: check.Harness) -> None:
+    """The comparison fails where the kernel and the reference disagree: a reference without the SiLU."""
+    case = group_norm_check.build_cases(quick=True)[0]
+    inputs = case.inputs(np.random.default_rng(0))
+    got = check.HostRunner(harness).run(case, inputs)
+    assert case.compare(got, case.reference(inputs)) is None
+    assert case.compare(got, dataclasses.replace(case, silu=False).reference(inputs)) is not None
+
+
+@needs_emulator
+def test_the_launcher_rejects_a_group_count_that_does_not_divide_the_rows(harness) -> None:
+    x = np.zeros(64, np.float32)
+    with pytest.raises(RuntimeError, match="GroupNorm: rows must be N \\* num_groups"):
+        harness.launch(
+            x=x.ctypes.data, y=np.zeros(64, np.float32).ctypes.data, rows=3, cols=16, x_type=F32, y_type=F32,
+            stream=0, num_groups=2, spatial=4,
+        )  # fmt: skip
