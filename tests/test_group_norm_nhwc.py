@@ -1,6 +1,7 @@
 """Channels-last GroupNorm (onnx_norm/rewrite/families/group_norm.py): tf2onnx's spelling of Keras'
-`layers.GroupNormalization` over [N, H, W, C], from fixtures made by tools/group_norm_nhwc_fixtures.py (CI has no
-tensorflow). Fused into our NCHW op between two Transposes, with its swish, the numbers ONNX Runtime's."""
+`layers.GroupNormalization` and jax2onnx's of flax's `nnx.GroupNorm` over [N, H, W, C], from fixtures made by
+tools/group_norm_nhwc_fixtures.py (CI has no tensorflow or jax). Fused into our NCHW op between two Transposes, with
+its swish/SiLU, the numbers ONNX Runtime's."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _feeds(model: onnx.ModelProto, shape: list[int]) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("entry", _MANIFEST, ids=_IDS)
-def test_keras_group_normalization_fuses_with_parity(entry: dict) -> None:
+def test_channels_last_exports_fuse_with_parity(entry: dict) -> None:
     """Every spelling (G = 1 and 1 < G < C, with and without swish, static and dynamic batch) becomes one GroupNorm
     of the fixture's group count, its swish fused as SiLU; nothing of the decomposition is left."""
     model = onnx.load(str(FIXTURES / entry["file"]))

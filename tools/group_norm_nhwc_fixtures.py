@@ -1,11 +1,13 @@
 """The channels-last GroupNorm fixtures of tests/test_group_norm_nhwc.py (tests/data/group_norm/), so that CI, which
-has no tensorflow, still runs the rewrite on tf2onnx's spelling of Keras' `layers.GroupNormalization`. Regenerate
-(tensorflow-cpu and tf2onnx installed in the venv; an optional extra, never needed by CI) with
+has no tensorflow or jax, still runs the rewrite on tf2onnx's spelling of Keras' `layers.GroupNormalization` and
+jax2onnx's of flax's `nnx.GroupNorm`. Regenerate (tensorflow-cpu, tf2onnx, jax, flax and jax2onnx installed in the
+venv, jax2onnx with --no-deps so that it does not pull the CPU onnxruntime over onnxruntime-gpu; an optional extra,
+never needed by CI) with
 
     python tools/group_norm_nhwc_fixtures.py
 
-Tiny sizes, random weights: GroupNormalization over [N, H, W, C] with G groups (1 < G < C and G = 1), with and
-without a following swish, static and dynamic batch. `manifest-channels-last.json` records the versions, the
+Tiny sizes, random weights: a GroupNorm over [N, H, W, C] with G groups (1 < G < C and G = 1), with and
+without a following swish (SiLU), static and dynamic batch. `manifest-channels-last.json` records the versions, the
 input shape (a dynamic batch is exported as None and run with the size given), the groups, whether a swish follows
 and the GroupNorm count.
 """
@@ -26,6 +28,11 @@ CASES = {
     "keras-group-norm-g4-swish": (4, "swish", True),
     "keras-group-norm-g1-swish-dynamic": (1, "swish", False),
     "keras-group-norm-g2-dynamic": (2, None, False),
+}
+JAX_CASES = {
+    "flax-nnx-group-norm-g4-silu": (4, "silu", True),
+    "flax-nnx-group-norm-g1": (1, None, True),
+    "flax-nnx-group-norm-g2-silu-dynamic": (2, "silu", False),
 }
 
 
@@ -66,9 +73,51 @@ def export_keras(name: str, groups: int, activation: str | None, static: bool) -
     }
 
 
+def flax_model(groups: int, activation: str | None) -> Any:
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self) -> None:
+            self.norm = nnx.GroupNorm(CHANNELS, num_groups=groups, epsilon=1e-5, rngs=nnx.Rngs(0))
+            rng = np.random.default_rng(0)
+            self.norm.scale.value = jnp.asarray(rng.normal(1.0, 0.3, CHANNELS), jnp.float32)
+            self.norm.bias.value = jnp.asarray(rng.normal(0.0, 0.3, CHANNELS), jnp.float32)
+
+        def __call__(self, x: Any) -> Any:
+            y = self.norm(x)
+            return nnx.silu(y) if activation == "silu" else y
+
+    return Block()
+
+
+def export_jax(name: str, groups: int, activation: str | None, static: bool) -> dict[str, Any]:
+    from importlib.metadata import version
+
+    import onnx
+    from jax2onnx import to_onnx
+
+    shape = SHAPE if static else ["B", *SHAPE[1:]]
+    model = to_onnx(flax_model(groups, activation), [tuple(shape)])
+    file = f"{name}.onnx"
+    onnx.save(model, str(FOLDER / file))
+    versions = f"jax {version('jax')}, flax {version('flax')}, jax2onnx {version('jax2onnx')}"
+    return {
+        "file": file,
+        "group_norms": 1,
+        "groups": groups,
+        "silu": activation == "silu",
+        "shape": SHAPE,
+        "static_batch": static,
+        "versions": versions,
+    }
+
+
 def main() -> None:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     entries = [export_keras(name, *case) for name, case in CASES.items()]
+    entries += [export_jax(name, *case) for name, case in JAX_CASES.items()]
     (FOLDER / "manifest-channels-last.json").write_text(json.dumps(entries, indent=1) + "\n")
 
 

@@ -14,13 +14,17 @@ that splits the channels into groups:
 GroupNorm(1) is a LayerNorm over C, H, W: this family runs in an earlier sweep than the LayerNorm family, so the
 whole chain (with its per-channel affine, which a LayerNorm over the grouped tensor cannot take) becomes one
 GroupNorm; the LayerNorm family then only sees norms this family did not take (and fuses the grouped LayerNorm
-alone where a target cannot emit GroupNorm). Channels-last X ([N, ..., C], tf2onnx's Keras GroupNormalization):
+alone where a target cannot emit GroupNorm). Channels-last X ([N, ..., C], tf2onnx's Keras GroupNormalization,
+jax2onnx's flax GroupNorm):
 
-    Reshape(X, [-1, ..., G, C/G])                        the groups split off the last dim
+    Reshape(X, [-1, ..., G, C/G])                        the groups split off the last dim (jax2onnx: X's Shape
+                                                         concatenated with [G, C/G]; read from the inferred shape)
     -> any arithmetic on it and constants alone          moments over all but the batch and group dims (ReduceMean
                                                          only), one scalar epsilon added, gamma and beta ([.., G,
                                                          C/G]: one per channel) multiplied and added, in any order
-    -> Reshape(., X's rank) -> Mul(., Sigmoid(.))        back to X's shape; the swish optional
+    -> Reshape(., X's rank)                              back to X's shape
+    -> Mul(., scale) -> Add(., bias)                     per channel ([C] or [1, .., C]), when none was inside
+    -> Mul(., Sigmoid(.))                                swish/SiLU, optional
 
 is fused as our NCHW op between two Transposes (rule group_norm_channels_last, the driver's channels-first route);
 the region is taken only when nothing outside reads inside it, and the proof checks the arithmetic.
@@ -132,20 +136,20 @@ def _inner_norm(end: ir.Node, grouped_value: ir.Value) -> tuple[list[ir.Node], i
     return list(inner.nodes), spec.y, float(spec.attrs.epsilon)
 
 
-def _per_channel(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
-    """The constant `value` as [C] when it is one value per channel of an NCHW tensor (or a scalar)."""
+def _per_channel(value: ir.Value, channels: int, rank: int, axis: int = 1) -> np.ndarray | None:
+    """The constant `value` as [C] when it is one value per channel (dim `axis`, 1 for NCHW) or a scalar."""
     array = constants.constant_array(value)
     if array is None or array.ndim > rank:
         return None
     if array.size == 1:
         return np.full(channels, array.reshape(()), dtype=array.dtype)
     shape = (1,) * (rank - array.ndim) + array.shape
-    if array.size != channels or shape[1] != channels:
+    if array.size != channels or shape[axis] != channels:
         return None
     return array.reshape(channels)
 
 
-def _affine(y: ir.Value, channels: int, rank: int) -> tuple[list[ir.Node], ir.Value, dict, dict]:
+def _affine(y: ir.Value, channels: int, rank: int, axis: int = 1) -> tuple[list[ir.Node], ir.Value, dict, dict]:
     """The per-channel Mul and Add after the Reshape back: (nodes, their output, spec fields, new constants)."""
     nodes: list[ir.Node] = []
     fields: dict[str, ir.Value] = {}
@@ -156,7 +160,7 @@ def _affine(y: ir.Value, channels: int, rank: int) -> tuple[list[ir.Node], ir.Va
             continue
         a, b = node.inputs
         param = b if a is y else a
-        row = None if param is None else _per_channel(param, channels, rank)
+        row = None if param is None else _per_channel(param, channels, rank, axis)
         if row is None or param is None:
             continue
         nodes.append(node)
@@ -184,8 +188,12 @@ def _channels_last_groups(anchor: ir.Node) -> tuple[ir.Value, ir.Value, int] | N
     split off the last dim, as Keras' GroupNormalization writes it (channels last)."""
     if anchor.op_type != "Reshape" or len(anchor.inputs) < 2 or anchor.inputs[0] is None:
         return None
-    x = anchor.inputs[0]
+    x, grouped_value = anchor.inputs[0], anchor.outputs[0]
     target = constants.int_list(anchor.inputs[1])
+    if target is None and grouped_value.shape is not None and x.shape is not None:  # jax2onnx: X's Shape + [G, C/G]
+        same = zip(list(grouped_value.shape)[: len(x.shape) - 1], list(x.shape)[:-1], strict=False)
+        target = [d if isinstance(d, int) else 0 if d == x_dim else -2 for d, x_dim in same]
+        target += [d if isinstance(d, int) else -2 for d in list(grouped_value.shape)[len(x.shape) - 1 :]]
     if x.shape is None or len(x.shape) < 3 or target is None or len(target) != len(x.shape) + 1:
         return None
     dims = list(x.shape)
@@ -194,7 +202,7 @@ def _channels_last_groups(anchor: ir.Node) -> tuple[ir.Value, ir.Value, int] | N
         return None
     if any(t not in (0, d) for t, d in zip(target[1:-2], dims[1:-1], strict=True)):
         return None
-    return x, anchor.outputs[0], g
+    return x, grouped_value, g
 
 
 def _region(grouped_value: ir.Value) -> tuple[list[ir.Node], ir.Node] | None:
@@ -262,7 +270,8 @@ def _channels_last_parts(nodes: list[ir.Node], rank: int, channels: int) -> tupl
 
 
 def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
-    """A GroupNorm over channels-last X (tf2onnx's Keras GroupNormalization): fused between Transposes."""
+    """A GroupNorm over channels-last X (tf2onnx's Keras GroupNormalization, jax2onnx's flax GroupNorm): fused
+    between Transposes."""
     found = _channels_last_groups(anchor)
     region = None if found is None else _region(found[1])
     if found is None or region is None:
@@ -282,9 +291,13 @@ def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
     made = {"scale": np.ones(channels, dtype), "bias": np.zeros(channels, dtype)}  # the onnx target needs both
     made |= {k: constants.constant_array(v).reshape(channels) for k, v in fields.items()}  # type: ignore[union-attr]
     tail: list[ir.Node] = []
+    if not fields:  # jax2onnx (flax GroupNorm): the affine after the Reshape back
+        tail, y, fields, after = _affine(y, channels, rank, rank - 1)
+        made |= after
     silu = _silu(y)
     if silu is not None:
-        tail, y = silu
+        tail += silu[0]
+        y = silu[1]
     attrs = GroupNormAttributes(
         axis=1 - rank, epsilon=eps, num_groups=g, activation=ACTIVATIONS["silu" if silu else "none"]
     )
