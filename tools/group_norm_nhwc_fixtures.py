@@ -1,8 +1,8 @@
 """The channels-last GroupNorm fixtures of tests/test_group_norm_nhwc.py (tests/data/group_norm/), so that CI, which
 has no tensorflow or jax, still runs the rewrite on tf2onnx's spelling of Keras' `layers.GroupNormalization` and
-jax2onnx's of flax's `nnx.GroupNorm`. Regenerate (tensorflow-cpu, tf2onnx, jax, flax and jax2onnx installed in the
-venv, jax2onnx with --no-deps so that it does not pull the CPU onnxruntime over onnxruntime-gpu; an optional extra,
-never needed by CI) with
+jax2onnx's of flax's `nnx.GroupNorm` and `linen.GroupNorm`. Regenerate (tensorflow-cpu, tf2onnx, jax, flax and
+jax2onnx installed in the venv, jax2onnx with --no-deps so that it does not pull the CPU onnxruntime over
+onnxruntime-gpu; an optional extra, never needed by CI) with
 
     python tools/group_norm_nhwc_fixtures.py
 
@@ -33,6 +33,7 @@ JAX_CASES = {
     "flax-nnx-group-norm-g4-silu": (4, "silu", True),
     "flax-nnx-group-norm-g1": (1, None, True),
     "flax-nnx-group-norm-g2-silu-dynamic": (2, "silu", False),
+    "flax-linen-group-norm-g4-silu": (4, "silu", True),
 }
 
 
@@ -92,6 +93,26 @@ def flax_model(groups: int, activation: str | None) -> Any:
     return Block()
 
 
+def linen_function(groups: int, activation: str | None) -> Any:
+    """`linen.GroupNorm` applied with random scale and bias, as a function of x (jax2onnx traces functions)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import linen
+
+    norm = linen.GroupNorm(num_groups=groups, epsilon=1e-5)
+    params = norm.init(jax.random.PRNGKey(0), jnp.ones(SHAPE, jnp.float32))
+    rng = np.random.default_rng(0)
+    params = {"params": {"scale": jnp.asarray(rng.normal(1.0, 0.3, CHANNELS), jnp.float32)}}
+    params["params"]["bias"] = jnp.asarray(rng.normal(0.0, 0.3, CHANNELS), jnp.float32)
+
+    def apply(x: Any) -> Any:
+        y = norm.apply(params, x)
+        return linen.silu(y) if activation == "silu" else y
+
+    return apply
+
+
 def export_jax(name: str, groups: int, activation: str | None, static: bool) -> dict[str, Any]:
     from importlib.metadata import version
 
@@ -99,7 +120,8 @@ def export_jax(name: str, groups: int, activation: str | None, static: bool) -> 
     from jax2onnx import to_onnx
 
     shape = SHAPE if static else ["B", *SHAPE[1:]]
-    model = to_onnx(flax_model(groups, activation), [tuple(shape)])
+    module = linen_function(groups, activation) if "linen" in name else flax_model(groups, activation)
+    model = to_onnx(module, [tuple(shape)])
     file = f"{name}.onnx"
     onnx.save(model, str(FOLDER / file))
     versions = f"jax {version('jax')}, flax {version('flax')}, jax2onnx {version('jax2onnx')}"
