@@ -14,11 +14,23 @@ that splits the channels into groups:
 GroupNorm(1) is a LayerNorm over C, H, W: this family runs in an earlier sweep than the LayerNorm family, so the
 whole chain (with its per-channel affine, which a LayerNorm over the grouped tensor cannot take) becomes one
 GroupNorm; the LayerNorm family then only sees norms this family did not take (and fuses the grouped LayerNorm
-alone where a target cannot emit GroupNorm). Not recognised (no GroupNorm is fused there): channels-last (NHWC)
-graphs, as Keras' GroupNormalization computes it (the groups split off the last dim: the Reshape's dim 1 is not G;
-no tf2onnx export was tested, tf2onnx is not installed here). The native ONNX GroupNormalization-21 is taken over
-with `--take-over-native` (read_native; a SiLU after it stays as it is), GroupNormalization-18 (scale per group,
-deprecated) is not.
+alone where a target cannot emit GroupNorm). Channels-last X ([N, ..., C], tf2onnx's Keras GroupNormalization,
+jax2onnx's flax GroupNorm):
+
+    Reshape(X, [-1, ..., G, C/G])                        the groups split off the last dim (jax2onnx: X's Shape
+                                                         concatenated with [G, C/G]; read from the inferred shape)
+    -> any arithmetic on it and constants alone          moments over all but the batch and group dims (ReduceMean
+                                                         only), one scalar epsilon added, gamma and beta ([.., G,
+                                                         C/G]: one per channel) multiplied and added, in any order
+    -> Reshape(., X's rank)                              back to X's shape
+    -> Mul(., scale) -> Add(., bias)                     per channel ([C] or [1, .., C]), when none was inside
+    -> Mul(., Sigmoid(.))                                swish/SiLU, optional
+
+is fused as our NCHW op between two Transposes (rule group_norm_channels_last, the driver's channels-first route);
+the region is taken only when nothing outside reads inside it, and the proof checks the arithmetic.
+
+The native ONNX GroupNormalization-21 is taken over with `--take-over-native` (read_native; a SiLU after it stays
+as it is), GroupNormalization-18 (scale per group, deprecated) is not.
 
 Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
 per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
@@ -28,6 +40,7 @@ ORT op to go to: the reason is reported and the grouped LayerNorm inside (if dec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -123,20 +136,20 @@ def _inner_norm(end: ir.Node, grouped_value: ir.Value) -> tuple[list[ir.Node], i
     return list(inner.nodes), spec.y, float(spec.attrs.epsilon)
 
 
-def _per_channel(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
-    """The constant `value` as [C] when it is one value per channel of an NCHW tensor (or a scalar)."""
+def _per_channel(value: ir.Value, channels: int, rank: int, axis: int = 1) -> np.ndarray | None:
+    """The constant `value` as [C] when it is one value per channel (dim `axis`, 1 for NCHW) or a scalar."""
     array = constants.constant_array(value)
     if array is None or array.ndim > rank:
         return None
     if array.size == 1:
         return np.full(channels, array.reshape(()), dtype=array.dtype)
     shape = (1,) * (rank - array.ndim) + array.shape
-    if array.size != channels or shape[1] != channels:
+    if array.size != channels or shape[axis] != channels:
         return None
     return array.reshape(channels)
 
 
-def _affine(y: ir.Value, channels: int, rank: int) -> tuple[list[ir.Node], ir.Value, dict, dict]:
+def _affine(y: ir.Value, channels: int, rank: int, axis: int = 1) -> tuple[list[ir.Node], ir.Value, dict, dict]:
     """The per-channel Mul and Add after the Reshape back: (nodes, their output, spec fields, new constants)."""
     nodes: list[ir.Node] = []
     fields: dict[str, ir.Value] = {}
@@ -147,7 +160,7 @@ def _affine(y: ir.Value, channels: int, rank: int) -> tuple[list[ir.Node], ir.Va
             continue
         a, b = node.inputs
         param = b if a is y else a
-        row = None if param is None else _per_channel(param, channels, rank)
+        row = None if param is None else _per_channel(param, channels, rank, axis)
         if row is None or param is None:
             continue
         nodes.append(node)
@@ -170,6 +183,138 @@ def _silu(y: ir.Value) -> tuple[list[ir.Node], ir.Value] | None:
     return [sigmoid, mul], mul.outputs[0]
 
 
+def _channels_last_groups(anchor: ir.Node) -> tuple[ir.Value, ir.Value, int] | None:
+    """(X, the grouped value, G) when `anchor` is Reshape(X [N, ..., C], [N, 0 or -1, ..., G, C/G]): the groups
+    split off the last dim, as Keras' GroupNormalization writes it (channels last)."""
+    if anchor.op_type != "Reshape" or len(anchor.inputs) < 2 or anchor.inputs[0] is None:
+        return None
+    x, grouped_value = anchor.inputs[0], anchor.outputs[0]
+    target = constants.int_list(anchor.inputs[1])
+    if target is None and grouped_value.shape is not None and x.shape is not None:  # jax2onnx: X's Shape + [G, C/G]
+        same = zip(list(grouped_value.shape)[: len(x.shape) - 1], list(x.shape)[:-1], strict=False)
+        target = [d if isinstance(d, int) else 0 if d == x_dim else -2 for d, x_dim in same]
+        target += [d if isinstance(d, int) else -2 for d in list(grouped_value.shape)[len(x.shape) - 1 :]]
+    if x.shape is None or len(x.shape) < 3 or target is None or len(target) != len(x.shape) + 1:
+        return None
+    dims = list(x.shape)
+    channels, g = dims[-1], target[-2]
+    if not isinstance(channels, int) or g < 1 or g * target[-1] != channels or target[0] not in (0, -1, dims[0]):
+        return None
+    if any(t not in (0, d) for t, d in zip(target[1:-2], dims[1:-1], strict=True)):
+        return None
+    return x, grouped_value, g
+
+
+def _region(grouped_value: ir.Value) -> tuple[list[ir.Node], ir.Node] | None:
+    """(nodes, the Reshape back) of everything computed from the grouped value (and constants) alone up to one
+    Reshape back to X's rank; None when a node reads anything else or something outside reads inside it."""
+    nodes: list[ir.Node] = []
+    backs: set[ir.Node] = set()
+    frontier = [use.node for use in grouped_value.uses()]
+    rank = len(grouped_value.shape) if grouped_value.shape is not None else 0
+    while frontier and len(nodes) < 40:
+        node = frontier.pop(0)
+        if node in nodes or node in backs:
+            continue
+        out = node.outputs[0]
+        if node.op_type == "Reshape" and node.inputs[0] is not grouped_value and len(out.shape or ()) == rank - 1:
+            backs.add(node)
+            continue
+        nodes.append(node)
+        frontier += [use.node for value in node.outputs for use in value.uses()]
+    if len(backs) != 1 or frontier:
+        return None
+    (back,) = backs
+    inside = {grouped_value, *(v for n in nodes for v in n.outputs)}
+    for node in nodes:
+        if any(v is not None and v not in inside and constants.constant_array(v) is None for v in node.inputs):
+            return None
+        for value in node.outputs:
+            if value.is_graph_output() or any(u.node not in nodes and u.node is not back for u in value.uses()):
+                return None
+    return nodes, back
+
+
+def _reduce_axes(node: ir.Node, rank: int) -> set[int] | None:
+    attr = node.attributes.get("axes")
+    axes = (
+        list(attr.value) if attr is not None else constants.int_list(node.inputs[1] if len(node.inputs) > 1 else None)
+    )
+    return None if axes is None else {a % rank for a in axes}
+
+
+def _channels_last_parts(nodes: list[ir.Node], rank: int, channels: int) -> tuple[dict, float] | None:
+    """({"scale"/"bias": constant value}, epsilon) of the grouped statistics and affine (gamma and beta shaped
+    [.., G, C/G]); None unless every ReduceMean reduces all but the batch and group dims, one scalar is added (the
+    epsilon) and at most one per-channel constant is multiplied and one added. The proof checks the arithmetic."""
+    expected = set(range(1, rank)) - {rank - 2}
+    reduces = [n for n in nodes if n.op_type == "ReduceMean"]
+    if len(reduces) < 2 or any(_reduce_axes(n, rank) != expected for n in reduces):
+        return None
+    inside = {v for n in nodes for v in n.outputs}
+    fields: dict[str, ir.Value] = {}
+    eps: list[float] = []
+    for node in nodes:
+        for value in node.inputs:
+            array = None if value is None or value in inside else constants.constant_array(value)
+            if array is None or node.op_type not in ("Mul", "Add"):
+                continue
+            if array.size == 1 and node.op_type == "Add":
+                eps.append(float(array.reshape(())))
+            elif array.size == channels:
+                key = "scale" if node.op_type == "Mul" else "bias"
+                if key in fields:
+                    return None
+                fields[key] = value
+    return (fields, eps[0]) if len(eps) == 1 else None
+
+
+def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
+    """A GroupNorm over channels-last X (tf2onnx's Keras GroupNormalization, jax2onnx's flax GroupNorm): fused
+    between Transposes."""
+    found = _channels_last_groups(anchor)
+    region = None if found is None else _region(found[1])
+    if found is None or region is None:
+        return None
+    x, _, g = found
+    nodes, back = region
+    assert x.shape is not None
+    rank, channels = len(x.shape), int(x.shape[-1])
+    parts = _channels_last_parts(nodes, rank + 1, channels)
+    if parts is None:
+        return None
+    fields, eps = parts
+    y = back.outputs[0]
+    if y.shape is None or len(y.shape) != rank or y.shape[-1] != channels:
+        raise NearMiss("the Reshape after the channels-last grouped norm does not restore X's shape", y)
+    dtype = x.dtype.numpy() if x.dtype is not None else np.float32
+    made = {"scale": np.ones(channels, dtype), "bias": np.zeros(channels, dtype)}  # the onnx target needs both
+    made |= {k: constants.constant_array(v).reshape(channels) for k, v in fields.items()}  # type: ignore[union-attr]
+    tail: list[ir.Node] = []
+    if not fields:  # jax2onnx (flax GroupNorm): the affine after the Reshape back
+        tail, y, fields, after = _affine(y, channels, rank, rank - 1)
+        made |= after
+    silu = _silu(y)
+    if silu is not None:
+        tail += silu[0]
+        y = silu[1]
+    attrs = GroupNormAttributes(
+        axis=1 - rank, epsilon=eps, num_groups=g, activation=ACTIVATIONS["silu" if silu else "none"]
+    )
+    attrs = dataclasses.replace(attrs, normalized_type=_rounding(x)[0], multiply_type=_rounding(x)[1])
+    spec = NormSpec(KIND, x, None, fields.get("scale"), fields.get("bias"), attrs, y)
+    return match.Candidate(
+        spec=spec,
+        nodes=[anchor, *nodes, back, *tail],
+        axes=tuple(range(1, rank)),
+        perm=(0, rank - 1, *range(1, rank - 1)),
+        new_constants=made,
+        variant="grouped channels-last decomposed" + (" + SiLU" if silu is not None else ""),
+        cast_placement=f"{type_name(x.dtype)} in",
+        x_value=x,
+    )
+
+
 def _rounding(x: ir.Value) -> tuple[int, int]:
     """(normalized_type, multiply_type): a float16/bfloat16 graph rounds the normalised value, the affine and the
     activation to X's type; the proof checks it."""
@@ -181,11 +326,11 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     """The GroupNorm starting at the Reshape `anchor` that splits X's channels into groups."""
     found = _groups(anchor)
     if found is None:
-        return None
+        return _find_channels_last(anchor)
     x, grouped_value, g = found
     norm = _instance_norm(grouped_value) or _decomposed(grouped_value)
     if norm is None:
-        return None
+        return _find_channels_last(anchor)
     nodes, n, eps = norm
     back = _reader(n, "Reshape")
     if back is None:
@@ -258,11 +403,14 @@ def _unsupported_onnx_norm(spec: NormSpec, opset: int) -> str | None:
 def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
     """GroupNormalization-21 (scale and bias per channel, required: ones and zeros when the graph has none), then
     Sigmoid and Mul for SiLU."""
-    assert isinstance(spec.attrs, GroupNormAttributes) and spec.x.shape is not None and spec.x.dtype is not None
-    channels = int(spec.x.shape[1])
+    assert isinstance(spec.attrs, GroupNormAttributes) and spec.x.dtype is not None
     dtype = spec.x.dtype.numpy()
-    scale = spec.scale if spec.scale is not None else op.Constant(value=ir.tensor(np.ones(channels, dtype)))
-    bias = spec.bias if spec.bias is not None else op.Constant(value=ir.tensor(np.zeros(channels, dtype)))
+    scale, bias = spec.scale, spec.bias
+    if scale is None or bias is None:  # a channels-last match always has both: its X (transposed) has no shape
+        assert spec.x.shape is not None
+        channels = int(spec.x.shape[1])
+        scale = scale if scale is not None else op.Constant(value=ir.tensor(np.ones(channels, dtype)))
+        bias = bias if bias is not None else op.Constant(value=ir.tensor(np.zeros(channels, dtype)))
     if scale.dtype != spec.x.dtype:
         scale = op.Cast(scale, to=int(spec.x.dtype))
     if bias.dtype != spec.x.dtype:
@@ -322,7 +470,7 @@ _ORT_REASON = (
 FAMILY = NormFamily(
     kind=KIND,
     summary="GroupNorm: x split into groups along its channels, each normalised, then per-channel scale and bias",
-    rules=(FusionRule("group_norm", KIND),),
+    rules=(FusionRule("group_norm", KIND), FusionRule("group_norm_channels_last", KIND, channels_first=True)),
     reference=reference,
     lowerings={
         "onnx-norm": Lowering(emit=_emit_onnx_norm, unsupported=_unsupported_onnx_norm),
