@@ -65,11 +65,8 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) GroupNormKernel(GroupNo
 template <typename TX>
 auto SelectGroupNormKernel(const KernelConfig& config) -> void (*)(GroupNormArgs) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  const bool cached = (config.flags & kCachedRowFlag) != 0;
-  if ((config.flags & kVectorUnitsFlag) != 0) {
-    return cached ? &GroupNormKernel<TX, V, true> : &GroupNormKernel<TX, V, false>;
-  }
-  return cached ? &GroupNormKernel<TX, 1, true> : &GroupNormKernel<TX, 1, false>;
+  return RowKernelVariant(config, &GroupNormKernel<TX, V, true>, &GroupNormKernel<TX, V, false>,
+                          &GroupNormKernel<TX, 1, true>, &GroupNormKernel<TX, 1, false>);
 }
 
 }  // namespace cuda

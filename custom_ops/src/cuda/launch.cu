@@ -430,29 +430,29 @@ int LaunchOnDevice(const NormLaunchParams& p, const Args& args, Choose&& choose,
   return status == cudaSuccess ? 0 : FailCuda(status, error);
 }
 
+// An op whose kernel is built on NormRows (modulated norms, GroupNorm): its checks and argument block
+// (`prepare`), its row configuration, the launch.
+template <typename Args, typename Prepare>
+int LaunchRowOp(KernelKind kind, Prepare&& prepare, const NormLaunchParams& p, void* stream, const char** error) {
+  Args args{};
+  bool vector = false;
+  const int rc = prepare(p, &args, &vector, error);
+  if (rc != 0 || p.rows == 0) return rc;
+  const auto choose = [&](int device, KernelConfig* config) {
+    return ChooseRowConfig(kind, vector, ElementSize(p.x_type), device, &args, config, error);
+  };
+  return LaunchOnDevice(p, args, choose, stream, error);
+}
+
 }  // namespace
 
 int LaunchNorm(const NormLaunchParams& p, void* stream, const char** error) {
   if (error != nullptr) *error = nullptr;
   if (p.num_groups > 0) {
-    GroupNormArgs args{};
-    bool vector = false;
-    const int rc = PrepareGroupNorm(p, &args, &vector, error);
-    if (rc != 0 || p.rows == 0) return rc;
-    const auto choose = [&](int device, KernelConfig* config) {
-      return ChooseRowConfig(KernelKind::kGroupNormRow, vector, ElementSize(p.x_type), device, &args, config, error);
-    };
-    return LaunchOnDevice(p, args, choose, stream, error);
+    return LaunchRowOp<GroupNormArgs>(KernelKind::kGroupNormRow, PrepareGroupNorm, p, stream, error);
   }
   if (p.mod_scale != nullptr || p.mod_shift != nullptr) {
-    ModulatedArgs args{};
-    bool vector = false;
-    const int rc = PrepareModulated(p, &args, &vector, error);
-    if (rc != 0 || p.rows == 0) return rc;
-    const auto choose = [&](int device, KernelConfig* config) {
-      return ChooseRowConfig(KernelKind::kModulatedRow, vector, ElementSize(p.x_type), device, &args, config, error);
-    };
-    return LaunchOnDevice(p, args, choose, stream, error);
+    return LaunchRowOp<ModulatedArgs>(KernelKind::kModulatedRow, PrepareModulated, p, stream, error);
   }
   NormArgs args{};
   const int rc = PrepareNorm(p, &args, error);

@@ -233,15 +233,22 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(Mod
   });
 }
 
+// Of a row kernel's four instantiations (16-byte vector units or scalar ones, the row kept in registers or read
+// again), the one `config`'s flags name. Shared by every op whose kernel is built on NormRows.
+template <typename Kernel>
+Kernel RowKernelVariant(const KernelConfig& config, Kernel vector_cached, Kernel vector_reread, Kernel scalar_cached,
+                        Kernel scalar_reread) {
+  const bool cached = (config.flags & kCachedRowFlag) != 0;
+  if ((config.flags & kVectorUnitsFlag) != 0) return cached ? vector_cached : vector_reread;
+  return cached ? scalar_cached : scalar_reread;
+}
+
 // The kernel a configuration of kind kModulatedRow names, for X of type TX (kernel_dispatch.cuh).
 template <typename TX>
 auto SelectModulatedKernel(const KernelConfig& config) -> void (*)(ModulatedArgs) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  const bool cached = (config.flags & kCachedRowFlag) != 0;
-  if ((config.flags & kVectorUnitsFlag) != 0) {
-    return cached ? &ModulatedNormKernel<TX, V, true> : &ModulatedNormKernel<TX, V, false>;
-  }
-  return cached ? &ModulatedNormKernel<TX, 1, true> : &ModulatedNormKernel<TX, 1, false>;
+  return RowKernelVariant(config, &ModulatedNormKernel<TX, V, true>, &ModulatedNormKernel<TX, V, false>,
+                          &ModulatedNormKernel<TX, 1, true>, &ModulatedNormKernel<TX, 1, false>);
 }
 
 }  // namespace cuda
