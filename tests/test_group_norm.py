@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -244,12 +245,7 @@ def test_torch_group_norm_exports_fuse(tmp_path, dynamo: bool) -> None:
         def forward(self, x):
             return self.norm2(self.conv(torch.nn.functional.silu(self.norm1(x))))
 
-    torch.manual_seed(0)
-    block = Block().eval()
-    with torch.no_grad():
-        for norm in (block.norm1, block.norm2):
-            norm.weight.normal_(1.0, 0.3)
-            norm.bias.normal_(0.0, 0.3)
+    block = _with_random_norms(Block())
     path = tmp_path / "block.onnx"
     kwargs = {"dynamo": True} if dynamo else {"dynamo": False, "opset_version": 17}
     torch.onnx.export(block, (torch.randn(*SHAPE),), str(path), **kwargs)
@@ -261,6 +257,20 @@ def test_torch_group_norm_exports_fuse(tmp_path, dynamo: bool) -> None:
     assert acts == [0, 1]
     feeds = {model.graph.input[0].name: _x()}
     np.testing.assert_allclose(_with_library(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def _with_random_norms(block: Any) -> Any:
+    """`block` in eval mode with seeded random weights, its norms' scale and bias drawn away from 1 and 0 (where a
+    dropped affine would go unnoticed)."""
+    import torch
+
+    torch.manual_seed(0)
+    block.eval()
+    with torch.no_grad():
+        for norm in (block.norm1, block.norm2):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    return block
 
 
 def _export_and_check(module, x, tmp_path, dynamo: bool, expected_group_norms: int) -> onnx.ModelProto:
@@ -315,12 +325,7 @@ def test_poolformer_block_with_group_norm_1(tmp_path, dynamo: bool) -> None:
             x = x + (self.pool(y) - y)
             return x + self.mlp(self.norm2(x))
 
-    torch.manual_seed(0)
-    block = PoolFormerBlock().eval()
-    with torch.no_grad():
-        for norm in (block.norm1, block.norm2):
-            norm.weight.normal_(1.0, 0.3)
-            norm.bias.normal_(0.0, 0.3)
+    block = _with_random_norms(PoolFormerBlock())
     optimized = _export_and_check(block, torch.randn(*SHAPE), tmp_path, dynamo, 2)
     assert {
         helper.get_attribute_value(a) for n in optimized.graph.node for a in n.attribute if a.name == "num_groups"
