@@ -18,8 +18,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
-from onnx_norm.ops.reference import _normalized, elem_type, np_dtype
-from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.ops.numerics import elem_type, normalized, np_dtype
+from onnx_norm.ops.schema import MS_DOMAIN, NormAttributes, native_ops
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
@@ -316,7 +316,7 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
 
 
 def register_op(op_type: str, run: Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]) -> None:
-    """Teaches the proof an op a family's matches contain (GroupNorm's InstanceNormalization and Sigmoid): `run`
+    """Teaches the proof an op a family's matches contain (ops the built-in families never match): `run`
     maps the node and its input arrays (float64 when widened) to its one output. Such ops are evaluated only, never
     folded as constants (SUPPORTED_OPS keeps the built-in list)."""
     _OPS.setdefault(op_type, run)
@@ -329,10 +329,11 @@ SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Where"})
 
 
-#: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain): op ->
-#: whether it is an RMS norm. Not in SUPPORTED_OPS: constant folding and the decomposed matchers never meet them.
-NORM_OPS = {"LayerNormalization": False, "RMSNormalization": True, "SimplifiedLayerNormalization": True}
-_MS = "com.microsoft"
+#: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain: the op
+#: records' native ops that the take-over reads, without a residual): op -> whether it is an RMS norm. Not in
+#: SUPPORTED_OPS: constant folding and the decomposed matchers never meet them.
+NORM_OPS = {native.op_type: op.rms for op, native in native_ops() if native.take_over and not op.skip}
+_MS = MS_DOMAIN
 _STASH = (int(ir.DataType.FLOAT), int(ir.DataType.DOUBLE))
 
 
@@ -368,7 +369,7 @@ def _native_norm(node: ir.Node, inputs: Sequence[np.ndarray | None], widen: bool
     if standard and not widen and x.dtype != np.float64:
         t = elem_type(x.dtype)  # the function body rounds the normalised value, the product and the sum to T
         attrs = NormAttributes(attrs.axis, attrs.epsilon, normalized_type=t, multiply_type=t)
-    y, inv, mean = _normalized(x, scale, bias, attrs, rms=rms)
+    y, inv, mean = normalized(x, scale, bias, attrs, rms=rms)
     if widen:
         out_dtype, stat_dtype = np.dtype(np.float64), np.dtype(np.float64)
     else:  # ONNX: Y of X's type; contrib ops: Y of the scale's type, rounded once

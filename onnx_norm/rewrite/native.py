@@ -10,8 +10,8 @@ Converted, each with the semantics of its definition:
   as Sum, the norm rounded once. For float16/bfloat16 both ONNX Runtime's CPU kernel and ours normalise the unrounded
   float32 sum, both CUDA kernels the rounded one (docs/ops.md).
 
-Families add their own native ops (family.NormFamily.native: GroupNorm's ONNX GroupNormalization-21), read by the
-family.
+The ops and their semantics are the op records' native ops (`OpSignature.natives`, ops/norms.py). Families add
+their own native ops (family.NormFamily.native), read by the family.
 
 Skipped, with the reason in the record: statistics stashed in another type than float32, double inputs, the
 extra `bias` input of the Skip ops, their mean/inv_std_var outputs when used (our Skip ops have none), a residual
@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops import functions
-from onnx_norm.ops.schema import DOMAIN, NormAttributes
+from onnx_norm.ops.schema import DOMAIN, MS_DOMAIN, NormAttributes, native_ops
 from onnx_norm.rewrite import family, skip, targets
 from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec, elem_type
@@ -40,16 +40,12 @@ logger = logging.getLogger(__name__)
 RULE = "take-over"
 
 _FLOAT = int(ir.DataType.FLOAT)
-_MS = "com.microsoft"
-# (domain group, op) -> (kind, skip, contrib semantics)
+_MS = MS_DOMAIN
+#: (domain group, op) -> (kind, skip): the native ops of the op records that the built-in take-over reads.
 _NATIVE = {
-    ("onnx", "LayerNormalization"): ("layer", False),
-    ("onnx", "RMSNormalization"): ("rms", False),
-    ("onnx", "SimplifiedLayerNormalization"): ("rms", False),
-    ("ms", "LayerNormalization"): ("layer", False),
-    ("ms", "SimplifiedLayerNormalization"): ("rms", False),
-    ("ms", "SkipLayerNormalization"): ("layer", True),
-    ("ms", "SkipSimplifiedLayerNormalization"): ("rms", True),
+    ("onnx" if is_onnx_domain(domain) else "ms", native.op_type): (op.kind, op.skip)
+    for op, native in native_ops()
+    for domain in native.take_over
 }
 
 #: The native norm ops as `report.op_counts` names them (`domain::op` outside ONNX), for counting them in a report.

@@ -21,6 +21,7 @@ from onnx import TensorProto  # noqa: E402
 
 from onnx_norm.dtypes import type_name  # noqa: E402
 from onnx_norm.ops import reference  # noqa: E402
+from onnx_norm.ops.norms import NORM_OPS  # noqa: E402
 from onnx_norm.ops.reference import np_dtype  # noqa: E402
 from onnx_norm.ops.schema import OPS as SIGNATURES  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
@@ -31,7 +32,7 @@ FLOAT_TYPES = (F32, F16, BF16)
 # The LayerNorm/RMSNorm ops and their Skip forms. The modulated (adaLN) ops go through the same launcher and harness
 # entry; their cases, reference and runners are tools/gpu_harness/modulated_check.py's, run from here too
 # (check_modulated). GroupNorm's kernel is checked in the emulator only, by tests/test_group_norm_cuda.py.
-OPS = tuple(name for name, signature in SIGNATURES.items() if signature.standard)
+OPS = tuple(op.name for op in NORM_OPS)
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
 # The goals: >= 85% of copy bandwidth at [8192, 4096] and [32768, 1024], >= 75% from 16K to 64K hidden,
 # [1, 4096] RMSNorm in <= 2 us.
