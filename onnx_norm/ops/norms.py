@@ -164,7 +164,7 @@ def _affine(body: Body, formal: dict[str, ir.Value], y: ir.Value) -> ir.Value:
 
 
 #: `epilogue(body, formal inputs, Y after the affine, the value whose shape is X's) -> Y`: what an op adds after
-#: the norm's affine (the modulation of the modulated ops).
+#: the norm's affine (what an op built on a norm adds to it).
 Epilogue = Callable[[Body, dict[str, ir.Value], ir.Value, ir.Value], ir.Value]
 
 

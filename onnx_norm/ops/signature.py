@@ -1,5 +1,5 @@
 """The base types of an op record: the attributes every fused op shares, the ONNX/ONNX Runtime ops an op maps to
-and from, and the record itself (semantics: docs/ops.md). Each op module (`norms.py`, `modulated.py`, ...) builds
+and from, and the record itself (semantics: docs/ops.md). Each op module (`norms.py`, and one per other op) builds
 its records from these; `schema.py` lists them."""
 
 from __future__ import annotations

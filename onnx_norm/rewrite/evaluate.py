@@ -2,7 +2,7 @@
 
 It serves two purposes: folding constant expressions (Gemma's `1 + w`, a `Cast` of a weight, the `Flatten` of a
 scale in LayerNormalization's function expansion) and proving a matched subgraph against the fused op's reference
-(`prove.py`); a matched subgraph may contain a native norm op (a modulated norm around an exported
+(`prove.py`); a matched subgraph may contain a native norm op (a family's composite around an exported
 LayerNormalization), which is evaluated with the reference's math (`NORM_OPS`). Keeping it to the ops the matchers
 accept makes the proof independent of any runtime's kernel coverage (ONNX Runtime has no bf16 ReduceMean on CPU,
 for one), and lets the same subgraph be evaluated either in its own element types or with every float widened to

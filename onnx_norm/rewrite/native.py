@@ -166,7 +166,8 @@ def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
             raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
         rounding = 0 if x_type == _FLOAT else x_type
         # The function body rounds after each step; ONNX Runtime's kernel (what ran before) and our op round once,
-        # which is never less accurate (casts.op_rounding). The modulated family reads the body's rounding.
+        # which is never less accurate (casts.op_rounding). A family whose match contains the node reads the body's
+        # rounding (`graph_attrs`).
         graph_attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
         attrs = NormAttributes(axis=axis, epsilon=epsilon)
     else:
@@ -190,8 +191,8 @@ def native_kind(node: ir.Node) -> tuple[str, bool] | None:
 
 def native_spec(node: ir.Node, opset: int) -> NormSpec | str:
     """What the native norm op `node` computes, as the take-over reads it (`opset`: its graph's default-domain
-    opset), or why it cannot be read that way. For recognisers that fuse more than the node (the modulated norms),
-    so that they read the ops with the take-over's semantics."""
+    opset), or why it cannot be read that way. For recognisers that fuse more than the node (a norm and what
+    follows it), so that they read the ops with the take-over's semantics."""
     try:
         return _spec(node, opset)
     except _Skip as skipped:

@@ -310,34 +310,19 @@ def make_inputs(case: Case, seed: int) -> Inputs:
 
 
 def reference_outputs(case: Case, inputs: Inputs, *, rounded_sum: bool = True) -> dict[str, np.ndarray]:
-    """Outputs of the numpy reference, keyed like the backends' results; statistics flattened to [rows].
+    """Outputs of the op record's numpy reference, keyed like the backends' results; statistics flattened to [rows].
     `rounded_sum`: the Skip ops normalise Sum rounded to X's type (the CUDA kernels, as ONNX Runtime's CUDA Add
     rounds), else the float32 sum (the CPU kernels, as ONNX Runtime's CPU provider runs the Add in float32)."""
-    attrs = case.attrs()
-    if case.op == "LayerNorm":
-        y, mean, inv = reference.layer_norm(inputs.x, inputs.scale, inputs.bias, **attrs)
-        return {"Y": y, "Mean": mean.reshape(-1), "InvStdDev": inv.reshape(-1)}
-    if case.op == "RMSNorm":
-        y, inv = reference.rms_norm(inputs.x, inputs.scale, **attrs)
-        return {"Y": y, "InvRMS": inv.reshape(-1)}
-    assert inputs.skip is not None
-    if case.op == "SkipLayerNorm":
-        y, s = reference.skip_layer_norm(
-            inputs.x, inputs.skip, inputs.scale, inputs.bias, rounded_sum=rounded_sum, **attrs
-        )
-    else:
-        y, s = reference.skip_rms_norm(inputs.x, inputs.skip, inputs.scale, rounded_sum=rounded_sum, **attrs)
-    return {"Y": y, "Sum": s}
+    record = SIGNATURES[case.op]
+    given = {"X": inputs.x, "Skip": inputs.skip, "Scale": inputs.scale, "Bias": inputs.bias}
+    options = {"rounded_sum": rounded_sum} if record.skip else {}
+    results = record.reference(*(given[name] for name in record.inputs), **options, **case.attrs())
+    flat = ("Y", "Sum")  # X's shape; the others are per row
+    return {n: v if n in flat else v.reshape(-1) for n, v in zip(record.outputs, results, strict=True)}
 
 
 def requested_outputs(case: Case) -> tuple[str, ...]:
-    extra = {
-        "LayerNorm": ("Mean", "InvStdDev"),
-        "RMSNorm": ("InvRMS",),
-        "SkipLayerNorm": ("Sum",),
-        "SkipRMSNorm": ("Sum",),
-    }[case.op]
-    return ("Y", *extra) if case.outputs else ("Y",)
+    return SIGNATURES[case.op].outputs if case.outputs else ("Y",)
 
 
 # --------------------------------------------------------------------------------------------- comparison
