@@ -4,6 +4,7 @@ native ops; and an op's identifiers stay in its own files (the GroupNorm and mod
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from onnx_norm import model_io
 from onnx_norm.ops import functions
 from onnx_norm.ops.numerics import np_dtype
-from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, OpSignature, native_ops, op_for
+from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, NormAttributes, OpSignature, native_ops, op_for
 from onnx_norm.rewrite import evaluate, native, targets
 from onnx_norm.zoo import detect
 
@@ -80,7 +82,7 @@ def test_the_example_exercises_the_attributes_an_op_adds() -> None:
     runs them."""
     for record in OPS.values():
         defaults = record.attributes().as_dict()
-        shared = set(OpSignature("_", (), frozenset(), (), rms=False, skip=False).attribute_names)
+        shared = {field.name for field in dataclasses.fields(NormAttributes)}
         own = {k: v for k, v in record.example.as_dict().items() if k not in shared}
         assert all(v != defaults[k] for k, v in own.items()), record.name
 
@@ -93,11 +95,14 @@ def test_records_are_found_by_kind() -> None:
 
 
 def test_the_native_op_readers_read_the_records() -> None:
-    """The take-over, the evaluator, the targets and the zoo detector list exactly the records' native ops."""
+    """The take-over, the evaluator, the targets, the loader's checker and the zoo detector list exactly the
+    records' native ops."""
     taken_over = {(d, n.op_type) for _, n in native_ops() for d in n.take_over}
     assert taken_over and taken_over == detect.NATIVE_NORM_OPS
     assert {op if not d else f"{d}::{op}" for d, op in taken_over} == native.NATIVE_OP_NAMES
     assert set(evaluate.NORM_OPS) == {n.op_type for op, n in native_ops() if n.take_over and not op.skip}
+    contrib_in_onnx_domain = {n.op_type for _, n in native_ops() if not n.single_type and n.domain == ""}
+    assert contrib_in_onnx_domain == model_io.ORT_ONNX_DOMAIN_OPS
     for target in (targets.ONNX, targets.ORT):
         emitted = {n.op_type for _, n in native_ops() if target.name in n.targets and n.take_over}
         assert {op for _, op in target.native_ops} == emitted

@@ -70,11 +70,11 @@ class Case:
 
     @property
     def rms(self) -> bool:
-        return "RMS" in self.op
+        return SIGNATURES[self.op].rms
 
     @property
     def skip(self) -> bool:
-        return self.op.startswith("Skip")
+        return SIGNATURES[self.op].skip
 
     @property
     def rows(self) -> int:
@@ -253,7 +253,7 @@ def device_cases(device: int, quick: bool = False) -> list[Case]:
     cases = []
     for op in OPS:
         for x_type, shape, layout in shapes:
-            usable = layout if layout not in IN_PLACE or op.startswith("Skip") else "contiguous"
+            usable = layout if layout not in IN_PLACE or SIGNATURES[op].skip else "contiguous"
             cases.append(_default_case(op, x_type, shape, layout=usable))
     return cases
 
