@@ -198,7 +198,7 @@ _LAYER_STATISTICS = {"mean": 1, "inv_std": 2}
 _ONNX_AND_CONTRIB = ("", MS_DOMAIN)  # ONNX Runtime registers its contrib norms in the ONNX domain too
 #: ONNX's LayerNormalization (opset >= 17), which ONNX Runtime also runs.
 _LAYER_NORMALIZATION = NativeOp(
-    "LayerNormalization", "", 17, True, _LAYER_STATISTICS, targets=("onnx", "ort"), take_over=_ONNX_AND_CONTRIB
+    "LayerNormalization", "", 17, True, _LAYER_STATISTICS, targets=("onnx", "ort"), take_over=("",)
 )
 #: Below opset 17 the default-domain name is ONNX Runtime's contrib op (Y of the scale's type, rounded once).
 _ORT_LAYER_NORMALIZATION = NativeOp(

@@ -4,7 +4,7 @@ LayerNorm/RMSNorm/Skip ops in ops/norms.py, each other op in a module of its own
 
 from __future__ import annotations
 
-from onnx_norm.dtypes import FLOAT_TYPES
+from onnx_norm.dtypes import FLOAT_TYPES, ONNX_DOMAINS
 from onnx_norm.ops.group_norm import GROUP_NORM
 from onnx_norm.ops.modulated import MODULATED_OPS
 from onnx_norm.ops.norms import LAYER_NORM, NORM_OPS, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
@@ -23,6 +23,7 @@ __all__ = [
     "NativeOp",
     "NormAttributes",
     "OpSignature",
+    "native_of",
     "native_ops",
     "op_for",
 ]
@@ -42,6 +43,19 @@ def native_ops() -> list[tuple[OpSignature, NativeOp]]:
     """Every (op, native op computing the same) pair of the records: the one table of ONNX and ONNX Runtime norm
     ops that the targets, the take-over, the evaluator and the checks read."""
     return [(op, native) for op in OPS.values() for native in op.natives]
+
+
+def native_of(op_type: str, domain: str, opset: int) -> tuple[OpSignature, NativeOp] | None:
+    """The op record and native op that a node of `op_type` in `domain` is, in a graph of default-domain `opset`
+    (0: unknown), as the built-in take-over reads it: of the native ops it may be, the newest the opset allows,
+    else the oldest (ONNX's LayerNormalization from opset 17, ONNX Runtime's contrib op of that name below)."""
+    domain = "" if domain in ONNX_DOMAINS else domain
+    found = sorted(
+        ((op, n) for op, n in native_ops() if n.op_type == op_type and domain in n.take_over),
+        key=lambda pair: pair[1].version,
+    )
+    allowed = [pair for pair in found if pair[1].version <= opset]
+    return (allowed or found[:1] or [None])[-1]
 
 
 def op_for(kind: str, skip: bool = False) -> OpSignature | None:

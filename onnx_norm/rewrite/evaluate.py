@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
 from onnx_norm.ops.numerics import elem_type, normalized, np_dtype
-from onnx_norm.ops.schema import MS_DOMAIN, NormAttributes, native_ops
+from onnx_norm.ops.schema import MS_DOMAIN, NormAttributes, native_of, native_ops
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
@@ -340,14 +340,12 @@ _STASH = (int(ir.DataType.FLOAT), int(ir.DataType.DOUBLE))
 def _standard_norm(node: ir.Node) -> bool:
     """Whether `node` has the ONNX-standard semantics (its function body: normalised value rounded to X's type,
     affine in X's type) rather than ONNX Runtime's contrib ones (computed in float32, Y of the scale's type rounded
-    once). The same split as the take-over's (native.py): LayerNormalization from opset 17, RMSNormalization."""
-    if not is_onnx_domain(node.domain):
-        return False
-    if node.op_type == "RMSNormalization":
-        return True
+    once). The same split as the take-over's (native.py), from the op records' native ops: LayerNormalization from
+    opset 17, RMSNormalization."""
     graph = node.graph
     opset = onnx_opset(graph.opset_imports) if graph is not None else None
-    return node.op_type == "LayerNormalization" and (opset or 0) >= 17
+    found = native_of(node.op_type, node.domain, opset or 0)
+    return found is not None and found[1].single_type
 
 
 def _native_norm(node: ir.Node, inputs: Sequence[np.ndarray | None], widen: bool) -> list[np.ndarray]:

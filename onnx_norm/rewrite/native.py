@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops import functions
-from onnx_norm.ops.schema import DOMAIN, MS_DOMAIN, NormAttributes, native_ops
+from onnx_norm.ops.schema import DOMAIN, MS_DOMAIN, NormAttributes, native_of, native_ops
 from onnx_norm.rewrite import family, skip, targets
 from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec, elem_type
@@ -157,11 +157,10 @@ def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
     if node.op_type == "RMSNormalization" and len(node.outputs) > 1:
         raise _Skip("RMSNormalization has a single output")
     x_type = elem_type(x)
-    # The ONNX-standard ops exist from these opsets; below them the default-domain names are ORT's contrib ops.
-    standard = _group(node.domain) == "onnx" and (
-        (node.op_type == "LayerNormalization" and opset >= 17) or node.op_type == "RMSNormalization"
-    )
-    if standard:
+    # The ONNX-standard ops (one type for X, scale and Y) exist from their opsets; below them the default-domain
+    # names are ORT's contrib ops (the op records' native ops say which).
+    found = native_of(node.op_type, node.domain, opset)
+    if found is not None and found[1].single_type:
         if scale is not None and elem_type(scale) != x_type:
             raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
         rounding = 0 if x_type == _FLOAT else x_type
