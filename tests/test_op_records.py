@@ -114,7 +114,9 @@ def test_the_native_op_readers_read_the_records() -> None:
 #: of the two registries (the op's import and its entry).
 FOOTPRINTS = {
     "GroupNorm": (
-        re.compile(r"GroupNorm|group_norm|GROUP_NORM|num_groups|InstanceNormalization|ACTIVATIONS|\bgrouped\b"),
+        re.compile(
+            r"GroupNorm|group_norm|GROUP_NORM|num_groups|InstanceNormalization|ACTIVATIONS|\bgrouped\b|silu|SiLU|Sigmoid"
+        ),
         {"ops/group_norm.py", "rewrite/families/group_norm.py"},
         {
             "ops/schema.py": ["from onnx_norm.ops.group_norm import GROUP_NORM", "GROUP_NORM,"],
