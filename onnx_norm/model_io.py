@@ -24,6 +24,7 @@ import onnx_ir as ir
 from onnx_norm import inline_weights, paths
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
 from onnx_norm.errors import ort_message
+from onnx_norm.ops.schema import native_ops
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,11 @@ def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelPr
 
 
 #: Ops ONNX Runtime registers in the ONNX domain although ONNX does not define them there (or not at the model's
-#: opset): models that use them run, so the checker is not asked about them.
-ORT_ONNX_DOMAIN_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
+#: opset): models that use them run, so the checker is not asked about them. They are the op records' native ops
+#: with ONNX Runtime's contrib semantics (not `single_type`) in the ONNX domain.
+ORT_ONNX_DOMAIN_OPS = frozenset(
+    native.op_type for _, native in native_ops() if not native.single_type and is_onnx_domain(native.domain)
+)
 _UNCHECKED_DOMAIN = "onnx_norm.unchecked"
 # Domains ONNX Runtime registers itself, each at version 1 only: it loads a model whose nodes use one without
 # importing it (its transformers optimizer writes such models), so `load` imports them instead of refusing the

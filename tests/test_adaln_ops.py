@@ -19,7 +19,8 @@ from onnx import TensorProto, helper
 
 from onnx_norm import library
 from onnx_norm.ops import functions, reference
-from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION
+from onnx_norm.ops.modulated import MODULATED_OPS, modulation_shape
+from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 FLOAT_TYPES = (F32, F16, BF16)
@@ -270,11 +271,11 @@ def test_mixed_modulation_types_and_no_batch_dim_are_clear_errors() -> None:
 
 def test_reference_rejects_bad_modulation_shapes() -> None:
     with pytest.raises(ValueError, match="does not fit X"):
-        reference.modulation_shape((2, 3, 16), (2, 3, 16), -1)
+        modulation_shape((2, 3, 16), (2, 3, 16), -1)
     with pytest.raises(ValueError, match="batch dim"):
-        reference.modulation_shape((16,), (3, 16), 0)
-    assert reference.modulation_shape((2, 1, 16), (2, 3, 16), -1) == (2, 1, 16)
-    assert reference.modulation_shape((1, 4, 16), (2, 3, 4, 16), -2) == (1, 1, 4, 16)
+        modulation_shape((16,), (3, 16), 0)
+    assert modulation_shape((2, 1, 16), (2, 3, 16), -1) == (2, 1, 16)
+    assert modulation_shape((1, 4, 16), (2, 3, 4, 16), -2) == (1, 1, 4, 16)
 
 
 def test_function_signatures_name_the_modulated_ops() -> None:

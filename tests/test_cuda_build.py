@@ -478,7 +478,7 @@ def test_bandwidth_row_times_each_contender_on_rotated_inputs(
     # ours (and ours without clusters for a decode shape), copy, torch: each over the same rotation of sets.
     assert len(timed) == 4 if decode else len(timed) == 3
     assert len(set(timed)) == 1 and timed[0] % 2 == 0
-    skip, rms = op.startswith("Skip"), "RMS" in op
+    skip, rms = gpu_check.SIGNATURES[op].skip, gpu_check.SIGNATURES[op].rms
     for launch in launches:
         assert (launch["rows"], launch["cols"], launch["x_type"], launch["rms"]) == (rows, cols, dtype, rms)
         assert (launch["skip"] is not None, launch["sum_out"] is not None) == (skip, skip)

@@ -15,13 +15,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_norm import library
-from onnx_norm.ops import functions
+from onnx_norm.ops import functions, norms
 from onnx_norm.ops.reference import REFERENCES, elem_type, np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPS
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 # The statistics/Skip ops; the modulated (adaLN) ops have their own tests (tests/test_adaln_ops.py).
-NORM_OPS = [name for name, op in OPS.items() if op.standard]  # the LayerNorm/RMSNorm semantics; others: their tests
+NORM_OPS = [op.name for op in norms.NORM_OPS]  # the LayerNorm/RMSNorm semantics; others: their tests
 
 
 def _random(shape: tuple[int, ...], elem_type: int, rng: np.random.Generator, loc: float = 0.0) -> np.ndarray:

@@ -17,7 +17,7 @@ from onnx import helper
 from test_rewrite_support import FLOAT, FLOAT16, const, fused_ops, make_model, run
 
 import onnx_norm
-from onnx_norm.ops.reference import group_norm
+from onnx_norm.ops.group_norm import group_norm
 from onnx_norm.rewrite import optimize
 
 N, C, H, W = 2, 8, 3, 5

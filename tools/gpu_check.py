@@ -74,6 +74,7 @@ from gpu_cases import (  # noqa: E402
     HARNESS,
     IN_PLACE,
     OPS,
+    SIGNATURES,
     TYPE_NAMES,
     Case,
     Inputs,
@@ -282,12 +283,12 @@ def launch_plan(library: Path, shapes: Iterable[tuple[int, int]] = PLAN_SHAPES, 
             size = 4 if dtype == F32 else 2
             for n_rows, cols in shapes:
                 span = n_rows * cols * size + 4096
-                skip_op = op.startswith("Skip")
+                skip_op, rms = SIGNATURES[op].skip, SIGNATURES[op].rms
                 harness.launch(
                     x=base, y=base + 2 * span, rows=n_rows, cols=cols, x_type=dtype, y_type=dtype, stream=0,
                     skip=base + span if skip_op else None, sum_out=base + 3 * span if skip_op else None,
-                    scale=base + 4 * span, bias=None if "RMS" in op else base + 5 * span, scale_size=cols,
-                    scale_type=dtype, rms="RMS" in op, device=0,
+                    scale=base + 4 * span, bias=None if rms else base + 5 * span, scale_size=cols,
+                    scale_type=dtype, rms=rms, device=0,
                 )  # fmt: skip
                 kernel = harness.last_kernel() or "?"
                 launch = dict(

@@ -18,8 +18,10 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import test_ort_fusion_cases as cases
 
-FUSED_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
-FUSED_OPS |= {"SkipSimplifiedLayerNormalization"}
+from onnx_norm.ops.schema import native_ops
+
+#: ONNX Runtime's norm ops: the op records' native ops for the `ort` target.
+FUSED_OPS = {native.op_type for _, native in native_ops() if "ort" in native.targets}
 LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,

@@ -1,7 +1,8 @@
-"""The fused norm ops: schemas, numpy references and ONNX function bodies (semantics: docs/ops.md)."""
+"""The fused norm ops: one record per op (signature, numpy reference, ONNX function body, the ONNX and ONNX Runtime
+ops it maps to), listed in `schema.OPS` (semantics: docs/ops.md)."""
 
 from __future__ import annotations
 
-from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPS, OPSET_VERSION, NormAttributes, OpSignature
+from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, NativeOp, NormAttributes, OpSignature
 
-__all__ = ["DOMAIN", "MODULATED_OPS", "OPS", "OPSET_VERSION", "NormAttributes", "OpSignature"]
+__all__ = ["DOMAIN", "OPS", "OPSET_VERSION", "NativeOp", "NormAttributes", "OpSignature"]

@@ -29,7 +29,8 @@ import onnx
 import onnx_ir as ir
 
 from onnx_norm.dtypes import onnx_opset, type_name
-from onnx_norm.ops.schema import ACTIVATIONS, DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
+from onnx_norm.ops.body import Body
+from onnx_norm.ops.schema import DOMAIN, FLOAT_TYPES, OPS, OPSET_VERSION, NormAttributes
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,6 @@ MIN_IR_VERSION = 10
 MIN_BODY_OPSET = 9
 #: Opset used by `function_proto` when the signature does not say.
 DEFAULT_BODY_OPSET = 18
-
-_FLOAT = int(ir.DataType.FLOAT)
-_INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +105,7 @@ class FunctionSignature:
             return type_name(v) if v else "0"
 
         rank = f"_rank{self.rank}" if a.axis >= 0 and self.rank is not None else ""
-        # The attributes an op adds to the shared ones (GroupNorm's num_groups, activation), by name.
+        # The attributes an op adds to the shared ones, by name.
         shared = {field.name for field in dataclasses.fields(NormAttributes)}
         extra = "".join(f"_{k}{v}" for k, v in dataclasses.asdict(a).items() if k not in shared)
         return (
@@ -146,70 +144,6 @@ class FunctionSignature:
             raise ValueError(f"{where}: {error}") from None
 
 
-class _Body:
-    """The tape one function body is written on, with the idioms every body uses: constants, casts, float32
-    computation and rounding to a narrower type."""
-
-    def __init__(self, sig: FunctionSignature) -> None:
-        self.sig = sig
-        self.tape = ir.tape.Tape()
-
-    def op(self, op_type: str, inputs: list[ir.Value], attributes: dict | None = None) -> ir.Value:
-        return self.tape.op(op_type, inputs, attributes or {})
-
-    def const(self, array: np.ndarray) -> ir.Value:
-        return self.op("Constant", [], {"value": ir.tensor(array)})
-
-    def i64(self, *values: int) -> ir.Value:
-        return self.const(np.array(values, np.int64))
-
-    def slice(self, data: ir.Value, starts: list[int], ends: list[int], axes: list[int] | None = None) -> ir.Value:
-        """Slice with constant bounds: inputs from opset 10, attributes before."""
-        if self.sig.opset < 10:
-            attributes = {"starts": starts, "ends": ends} | ({"axes": axes} if axes is not None else {})
-            return self.op("Slice", [data], attributes)
-        bounds = [self.i64(*starts), self.i64(*ends)] + ([self.i64(*axes)] if axes is not None else [])
-        return self.op("Slice", [data, *bounds])
-
-    def cast(self, v: ir.Value, to: int) -> ir.Value:
-        return self.op("Cast", [v], {"to": ir.DataType(to)})
-
-    def to_float(self, v: ir.Value, elem_type: int | None) -> ir.Value:
-        return v if elem_type == _FLOAT else self.cast(v, _FLOAT)
-
-    def round_to(self, v: ir.Value, elem_type: int) -> ir.Value:
-        # Rounding to float32 of a float32 value is the identity.
-        if elem_type in (0, _FLOAT):
-            return v
-        return self.cast(self.cast(v, elem_type), _FLOAT)
-
-    def reduce_mean(self, v: ir.Value, axes: list[int]) -> ir.Value:
-        if self.sig.opset >= 18:
-            return self.op("ReduceMean", [v, self.const(np.array(axes, np.int64))], {"keepdims": 1})
-        return self.op("ReduceMean", [v], {"axes": axes, "keepdims": 1})
-
-    def statistics(self, x: ir.Value, axes: list[int], *, rms: bool) -> tuple[ir.Value, ir.Value | None, ir.Value]:
-        """(centred x, mean or None, 1 / sqrt(variance + eps)) over `axes`."""
-        if rms:
-            mean, centred = None, x
-        else:
-            mean = self.reduce_mean(x, axes)
-            centred = self.op("Sub", [x, mean])
-        variance = self.reduce_mean(self.op("Mul", [centred, centred]), axes)
-        eps = self.const(np.array(self.sig.attrs.epsilon, np.float32))
-        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [variance, eps])])])
-        return centred, mean, inv
-
-
-@dataclasses.dataclass
-class _Normalised:
-    """What the normalisation step leaves: Y before its affine, and the statistics outputs (None when absent)."""
-
-    y: ir.Value
-    mean: ir.Value | None
-    inv: ir.Value | None
-
-
 def _formals(sig: FunctionSignature) -> tuple[list[ir.Value], dict[str, ir.Value], int]:
     """(the formal inputs, the present ones by name, the number of formal outputs).
 
@@ -224,152 +158,24 @@ def _formals(sig: FunctionSignature) -> tuple[list[ir.Value], dict[str, ir.Value
     return formals, present, n_out  # type: ignore[misc]
 
 
-def _input(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value]:
-    """(X in float32, the value whose shape is X's): the residual sum for the Skip ops (also their Sum output)."""
-    sig, x = body.sig, formal["X"]
-    if not OPS[sig.op].skip:
-        return body.to_float(x, sig.x_type), x
-    total = body.op("Add", [body.to_float(x, sig.x_type), body.to_float(formal["Skip"], sig.x_type)])
-    s = total if sig.x_type == _FLOAT else body.cast(total, sig.x_type)
-    results["Sum"] = s
-    # The float32 sum is normalised, not the rounded Sum (docs/ops.md).
-    return total, s
-
-
-def _normalise_trailing(body: _Body, xf: ir.Value, axis: int, n_out: int) -> _Normalised:
-    """A negative axis: the normalised dims are the last -axis ones whatever the rank; reducing over them with
-    keepdims also gives the statistics their shape."""
-    schema = OPS[body.sig.op]
-    axes = list(range(axis, 0))
-    centred, mean, inv = body.statistics(xf, axes, rms=schema.rms)
-    y = body.op("Mul", [centred, inv])
-    if any(n in ("Mean", "InvStdDev", "InvRMS") for n in schema.outputs[:n_out]):
-        # ONNX Runtime (1.31) reduces an empty tensor to its input shape; keep one element per normalised dim.
-        starts, ends = [0] * len(axes), [1] * len(axes)
-        mean = None if mean is None else body.slice(mean, starts, ends, axes)
-        inv = body.slice(inv, starts, ends, axes)
-    return _Normalised(y, mean, inv)
-
-
-def _normalise_flattened(body: _Body, xf: ir.Value, x_source: ir.Value, axis: int) -> _Normalised:
-    """A non-negative axis of an input of unknown rank: flatten to [rows, N] and reduce over axis 1."""
-    sig, schema = body.sig, OPS[body.sig.op]
-    x_shape = body.op("Shape", [x_source])
-    rows = body.op("Flatten", [xf], {"axis": axis})
-    centred, mean, inv = body.statistics(rows, [1], rms=schema.rms)
-    reshape_attrs = {"allowzero": 1} if sig.opset >= 14 else {}
-    y = body.op("Reshape", [body.op("Mul", [centred, inv]), x_shape], reshape_attrs)
-    if schema.modulated:  # the modulated ops have no statistics outputs
-        return _Normalised(y, None, None)
-    # Statistics keep X's leading dims and have 1 for every normalised dim.
-    leading = body.slice(x_shape, [0], [axis])
-    tail = body.slice(x_shape, [axis], [_INT64_MAX])
-    ones = body.op("Add", [body.op("Mul", [tail, body.i64(0)]), body.i64(1)])
-    stat_shape = body.op("Concat", [leading, ones], {"axis": 0})
-    mean = None if mean is None else body.op("Reshape", [mean, stat_shape], reshape_attrs)
-    return _Normalised(y, mean, body.op("Reshape", [inv, stat_shape], reshape_attrs))
-
-
-def _affine(body: _Body, formal: dict[str, ir.Value], y: ir.Value, x_source: ir.Value) -> ir.Value:
-    """Y rounded where the attributes say, times Scale, plus Bias, then the modulation of the modulated ops."""
-    a = body.sig.attrs
-    y = body.round_to(y, a.normalized_type)
-    if "Scale" in formal:
-        y = body.round_to(body.op("Mul", [y, body.cast(formal["Scale"], _FLOAT)]), a.multiply_type)
-    if "Bias" in formal:
-        y = body.round_to(body.op("Add", [y, body.cast(formal["Bias"], _FLOAT)]), a.multiply_type)
-    if OPS[body.sig.op].modulated:
-        y = _modulate(body, y, x_source, formal["ModScale"], formal["ModShift"])
-    return y
-
-
-def _modulate(body: _Body, y: ir.Value, x: ir.Value, mod_scale: ir.Value, mod_shift: ir.Value) -> ir.Value:
-    """y * round_m(1 + ModScale) + ModShift, each step rounded to multiply_type, with ModScale/ModShift reshaped to
-    [B or 1, 1, ..., 1, *normalised dims] (their first dim, 1 for X's dims up to `axis`, X's normalised dims):
-    that covers both accepted shapes whatever X's rank, with reductions of nothing but Shape and Slice."""
-    a = body.sig.attrs
-    x_shape = body.op("Shape", [x])
-    middle = body.slice(x_shape, [1], [a.axis])
-    ones = body.op("Add", [body.op("Mul", [middle, body.i64(0)]), body.i64(1)])
-    normalized = body.slice(x_shape, [a.axis], [_INT64_MAX])
-    one = body.const(np.array(1.0, np.float32))
-    m = a.multiply_type
-
-    def broadcastable(v: ir.Value) -> ir.Value:
-        batch = body.slice(body.op("Shape", [v]), [0], [1])
-        shape = body.op("Concat", [batch, ones, normalized], {"axis": 0})
-        return body.op("Reshape", [body.cast(v, _FLOAT), shape])
-
-    factor = body.round_to(body.op("Add", [broadcastable(mod_scale), one]), m)
-    y = body.round_to(body.op("Mul", [y, factor]), m)
-    return body.round_to(body.op("Add", [y, broadcastable(mod_shift)]), m)
-
-
-def _outputs(body: _Body, results: dict[str, ir.Value], n_out: int) -> list[ir.Value]:
+def _outputs(body: Body, results: dict[str, ir.Value], n_out: int) -> list[ir.Value]:
     """The formal outputs in schema order, named (a FunctionProto refers to values by name only)."""
     outputs = []
-    for name in OPS[body.sig.op].outputs[:n_out]:
+    for name in body.record.outputs[:n_out]:
         value = results[name]
         value.name = name
         outputs.append(value)
     return outputs
 
 
-def _group_norm(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value]) -> None:
-    """GroupNorm's Y: X as [N, G, -1] normalised over its last dim, then as [N, C, -1] for the per-channel affine
-    (Scale and Bias as [C, 1]) and the activation, then X's shape again; no rank needed."""
-    sig = body.sig
-    a = sig.attrs
-    num_groups = getattr(a, "num_groups", 1)
-    x = formal["X"]
-    groups = body.op("Reshape", [body.to_float(x, sig.x_type), body.i64(0, num_groups, -1)])
-    centred, _, inv = body.statistics(groups, [2], rms=False)
-    y = body.round_to(body.op("Mul", [centred, inv]), a.normalized_type)
-    x_shape = body.op("Shape", [x])
-    channels = body.op("Concat", [body.i64(0), body.slice(x_shape, [1], [2]), body.i64(-1)], {"axis": 0})
-    y = body.op("Reshape", [y, channels])
-    m = a.multiply_type
-    for name, op_type in (("Scale", "Mul"), ("Bias", "Add")):
-        if name in formal:
-            column = body.op("Reshape", [body.cast(formal[name], _FLOAT), body.i64(-1, 1)])
-            y = body.round_to(body.op(op_type, [y, column]), m)
-    if getattr(a, "activation", 0) == ACTIVATIONS["silu"]:
-        y = body.round_to(body.op("Mul", [y, body.round_to(body.op("Sigmoid", [y]), m)]), m)
-    y = body.op("Reshape", [y, x_shape])
-    out_type = a.output_type or sig.x_type
-    results["Y"] = y if out_type == _FLOAT else body.cast(y, out_type)
-
-
-def _norm(body: _Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], n_out: int) -> None:
-    """The norms' outputs: Y, the statistics of LayerNorm/RMSNorm and the Skip ops' Sum."""
-    sig, schema = body.sig, OPS[body.sig.op]
-    xf, x_source = _input(body, formal, results)
-    axis = sig.attrs.axis
-    if axis >= 0 and sig.rank is not None:
-        axis -= sig.rank
-    if axis < 0:
-        normalised = _normalise_trailing(body, xf, axis, n_out)
-    else:
-        normalised = _normalise_flattened(body, xf, x_source, axis)
-    y = _affine(body, formal, normalised.y, x_source)
-    out_type = sig.attrs.output_type or sig.x_type
-    results["Y"] = y if out_type == _FLOAT else body.cast(y, out_type)
-    if normalised.mean is not None:
-        results["Mean"] = normalised.mean
-    if not schema.modulated:
-        results["InvRMS" if schema.rms else "InvStdDev"] = normalised.inv
-
-
 def build_function(sig: FunctionSignature, overload: str | None = None) -> ir.Function:
     """The model-local function for one signature, as an onnx-ir function of domain onnx_norm, with the
     given overload name (by default the signature's own)."""
-    body = _Body(sig)
+    record = OPS[sig.op]
+    body = Body(record, sig)
     formals, formal, n_out = _formals(sig)
     results: dict[str, ir.Value] = {}
-    if sig.op == "GroupNorm":
-        _group_norm(body, formal, results)
-    else:
-        _norm(body, formal, results, n_out)
+    record.body(body, formal, results, n_out)
     graph = ir.Graph(
         formals,
         _outputs(body, results, n_out),

@@ -81,7 +81,7 @@ def is_runtime_parameter(value: ir.Value | None) -> bool:
     while dims and dims[0] == 1:
         dims.pop(0)
     if 1 in dims:
-        return False  # broadcast inside: per sample ([B, 1, H], adaLN's modulation), not a row of weights
+        return False  # broadcast inside: per sample ([B, 1, H], a per-sample factor), not a row of weights
     if len(dims) > 1 and not all(isinstance(d, int) for d in dims):
         return False  # [B, S, H]: an activation (a gate, a mask) multiplied onto the norm, not its weights
     invariant = loops.is_invariant(value)

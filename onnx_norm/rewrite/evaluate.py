@@ -2,7 +2,7 @@
 
 It serves two purposes: folding constant expressions (Gemma's `1 + w`, a `Cast` of a weight, the `Flatten` of a
 scale in LayerNormalization's function expansion) and proving a matched subgraph against the fused op's reference
-(`prove.py`); a matched subgraph may contain a native norm op (a modulated norm around an exported
+(`prove.py`); a matched subgraph may contain a native norm op (a family's composite around an exported
 LayerNormalization), which is evaluated with the reference's math (`NORM_OPS`). Keeping it to the ops the matchers
 accept makes the proof independent of any runtime's kernel coverage (ONNX Runtime has no bf16 ReduceMean on CPU,
 for one), and lets the same subgraph be evaluated either in its own element types or with every float widened to
@@ -18,8 +18,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
-from onnx_norm.ops.reference import _normalized, elem_type, np_dtype
-from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.ops.numerics import elem_type, normalized, np_dtype
+from onnx_norm.ops.schema import MS_DOMAIN, NormAttributes, native_of, native_ops
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
@@ -316,7 +316,7 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
 
 
 def register_op(op_type: str, run: Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]) -> None:
-    """Teaches the proof an op a family's matches contain (GroupNorm's InstanceNormalization and Sigmoid): `run`
+    """Teaches the proof an op a family's matches contain (ops the built-in families never match): `run`
     maps the node and its input arrays (float64 when widened) to its one output. Such ops are evaluated only, never
     folded as constants (SUPPORTED_OPS keeps the built-in list)."""
     _OPS.setdefault(op_type, run)
@@ -329,24 +329,23 @@ SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Where"})
 
 
-#: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain): op ->
-#: whether it is an RMS norm. Not in SUPPORTED_OPS: constant folding and the decomposed matchers never meet them.
-NORM_OPS = {"LayerNormalization": False, "RMSNormalization": True, "SimplifiedLayerNormalization": True}
-_MS = "com.microsoft"
+#: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain: the op
+#: records' native ops that the take-over reads, without a residual): op -> whether it is an RMS norm. Not in
+#: SUPPORTED_OPS: constant folding and the decomposed matchers never meet them.
+NORM_OPS = {native.op_type: op.rms for op, native in native_ops() if native.take_over and not op.skip}
+_MS = MS_DOMAIN
 _STASH = (int(ir.DataType.FLOAT), int(ir.DataType.DOUBLE))
 
 
 def _standard_norm(node: ir.Node) -> bool:
     """Whether `node` has the ONNX-standard semantics (its function body: normalised value rounded to X's type,
     affine in X's type) rather than ONNX Runtime's contrib ones (computed in float32, Y of the scale's type rounded
-    once). The same split as the take-over's (native.py): LayerNormalization from opset 17, RMSNormalization."""
-    if not is_onnx_domain(node.domain):
-        return False
-    if node.op_type == "RMSNormalization":
-        return True
+    once). The same split as the take-over's (native.py), from the op records' native ops: LayerNormalization from
+    opset 17, RMSNormalization."""
     graph = node.graph
     opset = onnx_opset(graph.opset_imports) if graph is not None else None
-    return node.op_type == "LayerNormalization" and (opset or 0) >= 17
+    found = native_of(node.op_type, node.domain, opset or 0)
+    return found is not None and found[1].single_type
 
 
 def _native_norm(node: ir.Node, inputs: Sequence[np.ndarray | None], widen: bool) -> list[np.ndarray]:
@@ -368,7 +367,7 @@ def _native_norm(node: ir.Node, inputs: Sequence[np.ndarray | None], widen: bool
     if standard and not widen and x.dtype != np.float64:
         t = elem_type(x.dtype)  # the function body rounds the normalised value, the product and the sum to T
         attrs = NormAttributes(attrs.axis, attrs.epsilon, normalized_type=t, multiply_type=t)
-    y, inv, mean = _normalized(x, scale, bias, attrs, rms=rms)
+    y, inv, mean = normalized(x, scale, bias, attrs, rms=rms)
     if widen:
         out_dtype, stat_dtype = np.dtype(np.float64), np.dtype(np.float64)
     else:  # ONNX: Y of X's type; contrib ops: Y of the scale's type, rounded once

@@ -4,7 +4,7 @@ A family is everything the rewrite needs to know about one kind of norm (docs/ad
 
 - how it is recognised: either a `statistic` recogniser (the shared matcher, match.py, finds
   `data * (statistic + eps)^-1/2` times constants and asks each family whether the statistic is its own), or a
-  whole `find(anchor)` recogniser for norms of another shape (a composite such as a norm followed by a modulation,
+  whole `find(anchor)` recogniser for norms of another shape (a composite such as a norm followed by more arithmetic,
   which may call `match.find_norm` for its inner norm);
 - the ops its matches may end at (`anchor_ops`) and the `kind` its `NormSpec`s carry;
 - the float64 `reference` the proof compares the matched subgraph against;

@@ -10,8 +10,8 @@ Converted, each with the semantics of its definition:
   as Sum, the norm rounded once. For float16/bfloat16 both ONNX Runtime's CPU kernel and ours normalise the unrounded
   float32 sum, both CUDA kernels the rounded one (docs/ops.md).
 
-Families add their own native ops (family.NormFamily.native: GroupNorm's ONNX GroupNormalization-21), read by the
-family.
+The ops and their semantics are the op records' native ops (`OpSignature.natives`, ops/norms.py). Families add
+their own native ops (family.NormFamily.native), read by the family.
 
 Skipped, with the reason in the record: statistics stashed in another type than float32, double inputs, the
 extra `bias` input of the Skip ops, their mean/inv_std_var outputs when used (our Skip ops have none), a residual
@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops import functions
-from onnx_norm.ops.schema import DOMAIN, NormAttributes
+from onnx_norm.ops.schema import DOMAIN, MS_DOMAIN, NormAttributes, native_of, native_ops
 from onnx_norm.rewrite import family, skip, targets
 from onnx_norm.rewrite.builder import Builder
 from onnx_norm.rewrite.spec import NormSpec, elem_type
@@ -40,16 +40,12 @@ logger = logging.getLogger(__name__)
 RULE = "take-over"
 
 _FLOAT = int(ir.DataType.FLOAT)
-_MS = "com.microsoft"
-# (domain group, op) -> (kind, skip, contrib semantics)
+_MS = MS_DOMAIN
+#: (domain group, op) -> (kind, skip): the native ops of the op records that the built-in take-over reads.
 _NATIVE = {
-    ("onnx", "LayerNormalization"): ("layer", False),
-    ("onnx", "RMSNormalization"): ("rms", False),
-    ("onnx", "SimplifiedLayerNormalization"): ("rms", False),
-    ("ms", "LayerNormalization"): ("layer", False),
-    ("ms", "SimplifiedLayerNormalization"): ("rms", False),
-    ("ms", "SkipLayerNormalization"): ("layer", True),
-    ("ms", "SkipSimplifiedLayerNormalization"): ("rms", True),
+    ("onnx" if is_onnx_domain(domain) else "ms", native.op_type): (op.kind, op.skip)
+    for op, native in native_ops()
+    for domain in native.take_over
 }
 
 #: The native norm ops as `report.op_counts` names them (`domain::op` outside ONNX), for counting them in a report.
@@ -161,16 +157,16 @@ def _plain_spec(node: ir.Node, kind: str, x: ir.Value, opset: int) -> NormSpec:
     if node.op_type == "RMSNormalization" and len(node.outputs) > 1:
         raise _Skip("RMSNormalization has a single output")
     x_type = elem_type(x)
-    # The ONNX-standard ops exist from these opsets; below them the default-domain names are ORT's contrib ops.
-    standard = _group(node.domain) == "onnx" and (
-        (node.op_type == "LayerNormalization" and opset >= 17) or node.op_type == "RMSNormalization"
-    )
-    if standard:
+    # The ONNX-standard ops (one type for X, scale and Y) exist from their opsets; below them the default-domain
+    # names are ORT's contrib ops (the op records' native ops say which).
+    found = native_of(node.op_type, node.domain, opset)
+    if found is not None and found[1].single_type:
         if scale is not None and elem_type(scale) != x_type:
             raise _Skip("its scale has another element type than its input (the ONNX function is ill-typed)")
         rounding = 0 if x_type == _FLOAT else x_type
         # The function body rounds after each step; ONNX Runtime's kernel (what ran before) and our op round once,
-        # which is never less accurate (casts.op_rounding). The modulated family reads the body's rounding.
+        # which is never less accurate (casts.op_rounding). A family whose match contains the node reads the body's
+        # rounding (`graph_attrs`).
         graph_attrs = NormAttributes(axis=axis, epsilon=epsilon, normalized_type=rounding, multiply_type=rounding)
         attrs = NormAttributes(axis=axis, epsilon=epsilon)
     else:
@@ -194,8 +190,8 @@ def native_kind(node: ir.Node) -> tuple[str, bool] | None:
 
 def native_spec(node: ir.Node, opset: int) -> NormSpec | str:
     """What the native norm op `node` computes, as the take-over reads it (`opset`: its graph's default-domain
-    opset), or why it cannot be read that way. For recognisers that fuse more than the node (the modulated norms),
-    so that they read the ops with the take-over's semantics."""
+    opset), or why it cannot be read that way. For recognisers that fuse more than the node (a norm and what
+    follows it), so that they read the ops with the take-over's semantics."""
     try:
         return _spec(node, opset)
     except _Skip as skipped:

@@ -154,8 +154,8 @@ def _proof_input_shape(candidate: Candidate) -> list[int]:
 def _broadcast_shape(value: ir.Value, x_shape: list[int], x_dims: ir.Shape | None) -> list[int]:
     """The shape of an extra input fed with an input of `x_shape`: its dims of 1 stay, the others are x's: the dim
     of x aligned from the end (as they broadcast) when it is the same dim in the model, else the first dim of x
-    that is. An extra input of lower rank whose first dim is none of x's is per sample (adaLN's [B, H] modulation
-    of a [B, S, H] input): that dim is x's first."""
+    that is. An extra input of lower rank whose first dim is none of x's is per sample (a [B, H] factor of a
+    [B, S, H] input): that dim is x's first."""
     if value.shape is None or len(value.shape) > len(x_shape):
         raise NearMiss(f"extra input {value.name!r} has no shape that broadcasts against the input", value)
     offset = len(x_shape) - len(value.shape)

@@ -48,7 +48,7 @@ class NormSpec:
     mean: ir.Value | None = None  # statistics that the graph exposes (LayerNormalization's function expansion)
     inv_std: ir.Value | None = None
     rule: str = ""  # name of the rule that matched, recorded on the new node
-    #: Inputs a family adds to x/skip/scale/bias (adaLN's per-sample modulation), by name; the proof feeds each
+    #: Inputs a family adds to x/skip/scale/bias (a per-sample factor, say), by name; the proof feeds each
     #: random data of its shape and passes it to the family's reference under this name.
     extra_inputs: dict[str, ir.Value] = dataclasses.field(default_factory=dict)
     #: Where the graph itself rounds (the attributes that would reproduce it exactly), when `attrs` round less

@@ -27,16 +27,15 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.dtypes import FLOAT_TYPES, onnx_opset, type_name
+from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, onnx_opset, type_name
 from onnx_norm.ops.functions import MIN_BODY_OPSET
-from onnx_norm.ops.schema import DOMAIN, OPS, OPSET_VERSION, OpSignature
+from onnx_norm.ops.schema import DOMAIN, MS_DOMAIN, OPSET_VERSION, NativeOp, OpSignature, native_ops, op_for
 from onnx_norm.rewrite import family
 from onnx_norm.rewrite.family import Emitter, Lowering
 from onnx_norm.rewrite.spec import NormSpec, elem_type
 
 #: Key of the metadata property naming the rule that produced a node.
 RULE_METADATA_KEY = "onnx_norm.rule"
-MS_DOMAIN = "com.microsoft"
 
 #: Emit Y in X's type where an exact Cast gives the graph's Y type. The library honours output_type only where
 #: ONNX Runtime takes a custom op's output type from its shape inference, which needs X's rank known and a recent
@@ -63,25 +62,8 @@ def _float_if_unset(elem_type: int) -> int:
 # Core ops and plans: which op computes the norm core, in which type, how many of the scale/bias steps it folds in.
 
 
-@dataclasses.dataclass(frozen=True)
-class CoreOp:
-    """An op that computes a norm: its name and opset, and how it is called.
-
-    `single_type`: X, scale, bias and Y share one type (else Y takes the scale's type and X keeps its own).
-    `outputs`: the index of each statistic it can also return ("mean", "inv_std", "sum").
-    """
-
-    op_type: str
-    domain: str
-    version: int
-    single_type: bool
-    outputs: Mapping[str, int]
-    takes_bias: bool = True
-    axis_attrs: bool = True  # takes axis and stash_type (the Skip ops normalise the last dim only)
-    takes_skip: bool = False
-    #: Narrow X types the op's CPU kernels take with a float32 scale and Y (not `single_type` ops); another X is
-    #: cast to float32 in front, exactly, so that the written model loads on ONNX Runtime's CPU provider.
-    narrow_x_with_float_y: frozenset[int] = frozenset({int(ir.DataType.FLOAT16), int(ir.DataType.BFLOAT16)})
+#: An op that computes a norm core: its name and opset, and how it is called (the op records' native ops).
+CoreOp = NativeOp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,14 +247,8 @@ def _unknown(name: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# onnx-norm: our ops, one per (family, residual), every attribute set explicitly.
+# onnx-norm: our ops, one per (family, residual) (`schema.op_for`), every attribute set explicitly.
 
-_LIBRARY_OPS: dict[tuple[str, bool], OpSignature] = {
-    (kind, op.skip): op
-    for op in OPS.values()
-    for kind in ("layer", "rms")
-    if op.rms == (kind == "rms") and op.standard  # other ops belong to their own family module
-}
 #: Our ops' statistic outputs, by the NormSpec field each replaces.
 _LIBRARY_OUTPUTS = {"Sum": "sum", "Mean": "mean", "InvStdDev": "inv_std", "InvRMS": "inv_std"}
 
@@ -283,7 +259,9 @@ def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
         return reason
     if spec.skip is not None and (spec.mean is not None or spec.inv_std is not None):
         return "the onnx_norm Skip ops have no statistics outputs"
-    signature = _LIBRARY_OPS[(spec.kind, spec.skip is not None)]
+    signature = op_for(spec.kind, spec.skip is not None)
+    if signature is None:
+        return f"onnx_norm has no op for a {spec.kind} norm{' with a residual' if spec.skip is not None else ''}"
     other_y = spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
     if other_y and _honours_output_type(spec):
         return _Plan(signature, 0, False, len(_steps(spec)), False, False)
@@ -364,62 +342,45 @@ def _output_cast(spec: NormSpec) -> int:
 # --------------------------------------------------------------------------------------------------------------
 # onnx and ort: standard or contrib ops, with the steps they cannot fold computed around them.
 
-_LAYER_NORMALIZATION = CoreOp("LayerNormalization", "", 17, True, {"mean": 1, "inv_std": 2})
-#: The only built-in op without an inverse-std output.
-_RMS_NORMALIZATION = CoreOp("RMSNormalization", "", 23, True, {}, takes_bias=False)
-_ORT_LAYER_NORMALIZATION = CoreOp("LayerNormalization", "", 1, False, {"mean": 1, "inv_std": 2})
-#: ONNX Runtime 1.31's CPU SimplifiedLayerNormalization has no kernel for a bfloat16 X with a float32 scale.
-_ORT_RMS_NORMALIZATION = CoreOp(
-    "SimplifiedLayerNormalization",
-    "",
-    1,
-    False,
-    {"inv_std": 1},
-    takes_bias=False,
-    narrow_x_with_float_y=frozenset({int(ir.DataType.FLOAT16)}),
-)
-_SKIP_OUTPUTS = {"mean": 1, "inv_std": 2, "sum": 3}
-_ORT_SKIP_OPS = {
-    "layer": CoreOp("SkipLayerNormalization", MS_DOMAIN, 1, True, _SKIP_OUTPUTS, axis_attrs=False, takes_skip=True),
-    "rms": CoreOp(
-        "SkipSimplifiedLayerNormalization", MS_DOMAIN, 1, True, _SKIP_OUTPUTS, False, axis_attrs=False, takes_skip=True
-    ),
-}
+
+def _core(target: str, spec: NormSpec, opset: int, *, skip: bool = False) -> CoreOp | None:
+    """The native op `target` computes `spec`'s norm with (the residual too when `skip`), from the op records."""
+    record = op_for(spec.kind, skip)
+    return None if record is None else record.native(target, opset)
 
 
-def _onnx_core(spec: NormSpec, opset: int) -> CoreOp:
-    return _RMS_NORMALIZATION if spec.kind == "rms" else _LAYER_NORMALIZATION
+def _onnx_core(spec: NormSpec, opset: int) -> CoreOp | None:
+    return _core("onnx", spec, opset)
 
 
-def _ort_core(spec: NormSpec, opset: int) -> CoreOp:
-    if spec.kind == "rms":
-        return _ORT_RMS_NORMALIZATION
-    # Below opset 17 the default-domain name is ONNX Runtime's contrib op.
-    return _LAYER_NORMALIZATION if opset >= 17 else _ORT_LAYER_NORMALIZATION
+def _ort_core(spec: NormSpec, opset: int) -> CoreOp | None:
+    return _core("ort", spec, opset)
 
 
-def _ort_skip(spec: NormSpec) -> CoreOp | None:
+def _ort_skip(spec: NormSpec, opset: int) -> CoreOp | None:
     """ORT's Skip ops normalise the last dim of a 2-D or 3-D input, and normalise the unrounded sum: only a float32
     residual is rounded the same way as the graph's Add."""
     fits = spec.x_type == _FLOAT and _rank_of(spec.x) in (2, 3) and spec.attrs.axis == -1
-    return _ORT_SKIP_OPS[spec.kind] if spec.skip is not None and fits else None
+    return _core("ort", spec, opset, skip=True) if spec.skip is not None and fits else None
 
 
 def _standard_planner(
-    core_op: Callable[[NormSpec, int], CoreOp],
+    core_op: Callable[[NormSpec, int], CoreOp | None],
     rounds: Callable[[NormSpec, int, int], bool],
-    skip_op: Callable[[NormSpec], CoreOp | None] = lambda spec: None,
+    skip_op: Callable[[NormSpec, int], CoreOp | None] = lambda spec, opset: None,
 ) -> Callable[[NormSpec, int], _Plan | str]:
     def plan(spec: NormSpec, opset: int) -> _Plan | str:
         reason = _common_reason(spec)
         if reason:
             return reason
         core = core_op(spec, opset)
+        if core is None:
+            return f"the target has no op for a {spec.kind} norm"
         if opset < core.version:
             return f"{core.op_type} needs default opset >= {core.version}, the model imports opset {opset}"
         if spec.inv_std is not None and "inv_std" not in core.outputs:
             return f"{core.op_type} has no inverse-RMS output"
-        fused = skip_op(spec)
+        fused = skip_op(spec, opset)
         found = _fold(spec, fused or core, rounds, fused is not None)
         if found is not None:
             return found
@@ -570,7 +531,17 @@ def _library_opsets(specs: Sequence[NormSpec]) -> dict[str, int]:
 
 
 def _onnx_opsets(specs: Sequence[NormSpec]) -> dict[str, int]:
-    return {"": max(_onnx_core(s, 0).version for s in specs)} if specs else {}
+    cores = [core for core in (_onnx_core(s, 0) for s in specs) if core is not None]
+    return {"": max(core.version for core in cores)} if cores else {}
+
+
+def _native_ops(target: str) -> frozenset[tuple[str, str]]:
+    """The native norm ops `target` writes that the built-in take-over reads, as (domain group, op type)."""
+    return frozenset(
+        ("onnx" if is_onnx_domain(native.domain) else "ms", native.op_type)
+        for _, native in native_ops()
+        if target in native.targets and native.take_over
+    )
 
 
 def _ort_opsets(specs: Sequence[NormSpec]) -> dict[str, int]:
@@ -597,7 +568,7 @@ ONNX = register(
         plan=_standard_planner(_onnx_core, _rounds_after_each_step),
         emit=_emit_standard,
         opset_needs=_onnx_opsets,
-        native_ops=frozenset({("onnx", "LayerNormalization"), ("onnx", "RMSNormalization")}),
+        native_ops=_native_ops("onnx"),
     )
 )
 ORT = register(
@@ -607,14 +578,7 @@ ORT = register(
         plan=_standard_planner(_ort_core, _rounds_once, _ort_skip),
         emit=_emit_standard,
         opset_needs=_ort_opsets,
-        native_ops=frozenset(
-            {
-                ("onnx", "LayerNormalization"),
-                ("onnx", "SimplifiedLayerNormalization"),
-                ("ms", "SkipLayerNormalization"),
-                ("ms", "SkipSimplifiedLayerNormalization"),
-            }
-        ),
+        native_ops=_native_ops("ort"),
     )
 )
 #: The targets' names, in registration order (the CLI's --target choices).

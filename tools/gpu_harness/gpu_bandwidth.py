@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_backends import TorchHarnessBackend
-from gpu_cases import HARNESS, OPS, TYPE_NAMES
+from gpu_cases import HARNESS, OPS, SIGNATURES, TYPE_NAMES
 
 # --------------------------------------------------------------------------------------------- bandwidth
 
@@ -20,7 +20,7 @@ from gpu_cases import HARNESS, OPS, TYPE_NAMES
 def bytes_moved(op: str, element_size: int, rows: int, cols: int) -> int:
     """Bytes one call must read and write at least: X and Y (and Skip and Sum for the Skip ops) once, plus
     Scale (and Bias for LayerNorm)."""
-    skip_op, rms = op.startswith("Skip"), "RMS" in op
+    skip_op, rms = SIGNATURES[op].skip, SIGNATURES[op].rms
     return rows * cols * element_size * (2 + (2 if skip_op else 0)) + cols * element_size * (1 if rms else 2)
 
 
@@ -139,11 +139,11 @@ class _BenchSet:
 
     @property
     def skip_op(self) -> bool:
-        return self.op.startswith("Skip")
+        return SIGNATURES[self.op].skip
 
     @property
     def rms(self) -> bool:
-        return "RMS" in self.op
+        return SIGNATURES[self.op].rms
 
     @classmethod
     def make(
@@ -154,7 +154,7 @@ class _BenchSet:
         rows, cols = shape
         # Enough input sets that one graph replay streams more than twice the L2 cache.
         sets = max(2, min(8, math.ceil(l2_bytes / per_call)))
-        skip_op, rms = op.startswith("Skip"), "RMS" in op
+        skip_op, rms = SIGNATURES[op].skip, SIGNATURES[op].rms
         xs = [torch.randn(rows, cols, device=device, dtype=tdtype) for _ in range(sets)]
         srcs = [torch.empty(per_call // 2, dtype=torch.uint8, device=device) for _ in range(sets)]
         tensors = {

@@ -21,6 +21,7 @@ from onnx import TensorProto  # noqa: E402
 
 from onnx_norm.dtypes import type_name  # noqa: E402
 from onnx_norm.ops import reference  # noqa: E402
+from onnx_norm.ops.norms import NORM_OPS  # noqa: E402
 from onnx_norm.ops.reference import np_dtype  # noqa: E402
 from onnx_norm.ops.schema import OPS as SIGNATURES  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
@@ -31,7 +32,7 @@ FLOAT_TYPES = (F32, F16, BF16)
 # The LayerNorm/RMSNorm ops and their Skip forms. The modulated (adaLN) ops go through the same launcher and harness
 # entry; their cases, reference and runners are tools/gpu_harness/modulated_check.py's, run from here too
 # (check_modulated). GroupNorm's kernel is checked in the emulator only, by tests/test_group_norm_cuda.py.
-OPS = tuple(name for name, signature in SIGNATURES.items() if signature.standard)
+OPS = tuple(op.name for op in NORM_OPS)
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
 # The issue's goals: >= 85% of copy bandwidth at [8192, 4096] and [32768, 1024], >= 75% from 16K to 64K hidden,
 # [1, 4096] RMSNorm in <= 2 us.
@@ -69,11 +70,11 @@ class Case:
 
     @property
     def rms(self) -> bool:
-        return "RMS" in self.op
+        return SIGNATURES[self.op].rms
 
     @property
     def skip(self) -> bool:
-        return self.op.startswith("Skip")
+        return SIGNATURES[self.op].skip
 
     @property
     def rows(self) -> int:
@@ -252,7 +253,7 @@ def device_cases(device: int, quick: bool = False) -> list[Case]:
     cases = []
     for op in OPS:
         for x_type, shape, layout in shapes:
-            usable = layout if layout not in IN_PLACE or op.startswith("Skip") else "contiguous"
+            usable = layout if layout not in IN_PLACE or SIGNATURES[op].skip else "contiguous"
             cases.append(_default_case(op, x_type, shape, layout=usable))
     return cases
 
@@ -309,34 +310,19 @@ def make_inputs(case: Case, seed: int) -> Inputs:
 
 
 def reference_outputs(case: Case, inputs: Inputs, *, rounded_sum: bool = True) -> dict[str, np.ndarray]:
-    """Outputs of the numpy reference, keyed like the backends' results; statistics flattened to [rows].
+    """Outputs of the op record's numpy reference, keyed like the backends' results; statistics flattened to [rows].
     `rounded_sum`: the Skip ops normalise Sum rounded to X's type (the CUDA kernels, as ONNX Runtime's CUDA Add
     rounds), else the float32 sum (the CPU kernels, as ONNX Runtime's CPU provider runs the Add in float32)."""
-    attrs = case.attrs()
-    if case.op == "LayerNorm":
-        y, mean, inv = reference.layer_norm(inputs.x, inputs.scale, inputs.bias, **attrs)
-        return {"Y": y, "Mean": mean.reshape(-1), "InvStdDev": inv.reshape(-1)}
-    if case.op == "RMSNorm":
-        y, inv = reference.rms_norm(inputs.x, inputs.scale, **attrs)
-        return {"Y": y, "InvRMS": inv.reshape(-1)}
-    assert inputs.skip is not None
-    if case.op == "SkipLayerNorm":
-        y, s = reference.skip_layer_norm(
-            inputs.x, inputs.skip, inputs.scale, inputs.bias, rounded_sum=rounded_sum, **attrs
-        )
-    else:
-        y, s = reference.skip_rms_norm(inputs.x, inputs.skip, inputs.scale, rounded_sum=rounded_sum, **attrs)
-    return {"Y": y, "Sum": s}
+    record = SIGNATURES[case.op]
+    given = {"X": inputs.x, "Skip": inputs.skip, "Scale": inputs.scale, "Bias": inputs.bias}
+    options = {"rounded_sum": rounded_sum} if record.skip else {}
+    results = record.reference(*(given[name] for name in record.inputs), **options, **case.attrs())
+    flat = ("Y", "Sum")  # X's shape; the others are per row
+    return {n: v if n in flat else v.reshape(-1) for n, v in zip(record.outputs, results, strict=True)}
 
 
 def requested_outputs(case: Case) -> tuple[str, ...]:
-    extra = {
-        "LayerNorm": ("Mean", "InvStdDev"),
-        "RMSNorm": ("InvRMS",),
-        "SkipLayerNorm": ("Sum",),
-        "SkipRMSNorm": ("Sum",),
-    }[case.op]
-    return ("Y", *extra) if case.outputs else ("Y",)
+    return SIGNATURES[case.op].outputs if case.outputs else ("Y",)
 
 
 # --------------------------------------------------------------------------------------------- comparison

@@ -181,12 +181,10 @@ def ort_cases(cases: Iterable[Case], limit: int = 80) -> list[Case]:
 
 # --------------------------------------------------------------------------------------------- ORT's kernels
 
-# ONNX Runtime's own op for each of ours (ORT registers SimplifiedLayerNormalization in the ONNX domain).
+# ONNX Runtime's own op for each of ours, from the op records (ORT registers SimplifiedLayerNormalization in the
+# ONNX domain); the models below import opset 17.
 ORT_EQUIVALENTS = {
-    "LayerNorm": ("LayerNormalization", ""),
-    "RMSNorm": ("SimplifiedLayerNormalization", ""),
-    "SkipLayerNorm": ("SkipLayerNormalization", "com.microsoft"),
-    "SkipRMSNorm": ("SkipSimplifiedLayerNormalization", "com.microsoft"),
+    name: (native.op_type, native.domain) for name in OPS if (native := SIGNATURES[name].native("ort", 17)) is not None
 }
 ORT_SHAPES = ((1, 4096), (8192, 768), (8192, 4096), (32768, 1024), (4096, 16384))
 
@@ -270,7 +268,7 @@ def compare_with_ort_kernels(
             for shape in shapes:
                 if time.perf_counter() > deadline:
                     return rows
-                case = dataclasses.replace(_default_case(op, dtype, shape), outputs=op.startswith("Skip"))
+                case = dataclasses.replace(_default_case(op, dtype, shape), outputs=SIGNATURES[op].skip)
                 inputs = make_inputs(case, seed=7)
                 feeds = {"X": inputs.x, "Scale": inputs.scale}
                 if inputs.skip is not None:

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from modulated_check import BF16, F16, F32, TOLERANCE, TYPE_NAMES, Harness
 
-from onnx_norm.ops.reference import group_norm, np_dtype
+from onnx_norm.ops.group_norm import group_norm
+from onnx_norm.ops.numerics import np_dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ Both run every case (op x X type x row length x Scale/Y types x the norm's affin
 modulation x rounding attributes x misaligned tensors) through the one launcher of every op (LaunchNorm,
 custom_ops/src/cuda/launch.cu, with ModScale/ModShift given) and the one ctypes entry
 (tools/gpu_harness/harness.cu, built by gpu_build.py as tools/gpu_check.py builds it), with guard bands around Y
-that must stay untouched, and compare Y with `onnx_norm.ops.reference.modulated_norm`. `--emulate` builds the CPU
+that must stay untouched, and compare Y with `onnx_norm.ops.modulated.modulated_norm`. `--emulate` builds the CPU
 emulator of the kernels (tools/gpu_harness/emulator.cc) with g++ and the CUDA headers; it also reports which kernel
 variants the cases reached. tools/gpu_check.py runs these cases too, on the GPU and in its --self-test. Exits 1 on
 a mismatch, 2 when it cannot run.
@@ -37,7 +37,8 @@ from gpu_build import Harness, build_emulator, build_harness, find_cuda_include,
 from onnx import TensorProto  # noqa: E402
 
 from onnx_norm.dtypes import type_name  # noqa: E402
-from onnx_norm.ops.reference import modulated_norm, np_dtype  # noqa: E402
+from onnx_norm.ops.modulated import modulated_norm  # noqa: E402
+from onnx_norm.ops.numerics import np_dtype  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16

@@ -1,9 +1,8 @@
 """The norm families, one module each, registered here explicitly and in this order (family.py).
 
 The built-in LayerNorm and RMSNorm come first: the shared matcher asks the statistic recognisers in registration
-order. The modulated norms (adaLN) follow: their recogniser calls the shared matcher for the inner norm; then
-GroupNorm (its recogniser too, for a decomposed grouped norm). Adding a
-family is adding its module and its entry in `BUILT_IN` (docs/adding_a_norm_family.md).
+order. The families whose recognisers call the shared matcher for a norm inside their match follow. Adding a
+family is adding its module to the import and its entry to `BUILT_IN` (docs/adding_a_norm_family.md).
 """
 
 from onnx_norm.rewrite import family
@@ -20,4 +19,4 @@ BUILT_IN: tuple[family.NormFamily, ...] = (
 for _built_in in BUILT_IN:
     family.register(_built_in)
 
-__all__ = ["BUILT_IN", "group_norm", "layer_norm", "modulated_norm", "rms_norm"]
+__all__ = ["BUILT_IN"]

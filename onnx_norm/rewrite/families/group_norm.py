@@ -47,17 +47,18 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, type_name
-from onnx_norm.ops.reference import grouped, np_dtype
-from onnx_norm.ops.schema import ACTIVATIONS, DOMAIN, GROUP_NORM, OPSET_VERSION, GroupNormAttributes, NormAttributes
+from onnx_norm.ops.group_norm import ACTIVATIONS, GROUP_NORM, GROUP_NORMALIZATION, GroupNormAttributes, grouped
+from onnx_norm.ops.numerics import np_dtype
+from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
 from onnx_norm.rewrite import constants, evaluate, match
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
-KIND = "group"
+KIND = GROUP_NORM.kind
 _FLOAT = int(ir.DataType.FLOAT)
 #: The ONNX op the onnx target writes, and the first opset whose scale and bias are per channel.
-_ONNX_OP, _ONNX_OPSET = "GroupNormalization", 21
+_ONNX_OP, _ONNX_OPSET = GROUP_NORMALIZATION.op_type, GROUP_NORMALIZATION.version
 
 
 def _reader(value: ir.Value, op_type: str | None = None) -> ir.Node | None:
@@ -373,7 +374,7 @@ def find(anchor: ir.Node) -> match.Candidate | None:
 def reference(
     x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The float64 reference (ops.reference.grouped) on the matched parameters, whatever their shape."""
+    """The float64 reference (ops.group_norm.grouped) on the matched parameters, whatever their shape."""
     assert isinstance(attrs, GroupNormAttributes)
     channels = x.shape[1]
     scale, bias = (

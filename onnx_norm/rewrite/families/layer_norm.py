@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.reference import normalize
+from onnx_norm.ops.numerics import normalize
 from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import targets
 from onnx_norm.rewrite.family import FusionRule, NormFamily

@@ -34,15 +34,17 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, onnx_opset, type_name
-from onnx_norm.ops.reference import modulated_norm, normalize
-from onnx_norm.ops.schema import DOMAIN, MODULATED_OPS, OPSET_VERSION, NormAttributes
+from onnx_norm.ops.modulated import MODULATED_LAYER_NORM, MODULATED_RMS_NORM, modulated_norm
+from onnx_norm.ops.numerics import normalize
+from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
+from onnx_norm.ops.signature import OpSignature
 from onnx_norm.rewrite import casts, constants, match, native
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
-#: Inner norm kind -> (this family's kind, the op that replaces the match).
-_KINDS = {"layer": ("modulated_layer", "ModulatedLayerNorm"), "rms": ("modulated_rms", "ModulatedRMSNorm")}
+#: Inner norm kind -> the op that replaces the match (its record's kind is this family's).
+_OPS = {"layer": MODULATED_LAYER_NORM, "rms": MODULATED_RMS_NORM}
 _FLOAT = int(ir.DataType.FLOAT)
 
 
@@ -183,7 +185,7 @@ def _candidate(anchor: ir.Node, shift: ir.Value, mul: ir.Node, n: ir.Value, gate
         raise NearMiss(attrs, n)
     spec = dataclasses.replace(
         inner.spec,
-        kind=_KINDS[kind][0],
+        kind=_OPS[kind].kind,
         y=anchor.outputs[0],
         attrs=attrs,
         extra_inputs={"mod_scale": scale, "mod_shift": shift},
@@ -223,8 +225,7 @@ def _reference(kind: str):
     return reference
 
 
-def _emitter(op_name: str):
-    signature = MODULATED_OPS[op_name]
+def _emitter(signature: OpSignature):
 
     def emit(op, spec: NormSpec, opset: int) -> list[ir.Value]:
         given = {
@@ -254,7 +255,8 @@ def _unsupported(spec: NormSpec, opset: int) -> str | None:
 
 
 def _family(inner_kind: str) -> NormFamily:
-    kind, op_name = _KINDS[inner_kind]
+    signature = _OPS[inner_kind]
+    kind = signature.kind
     what = "LayerNorm" if inner_kind == "layer" else "RMSNorm"
     return NormFamily(
         kind=kind,
@@ -262,7 +264,7 @@ def _family(inner_kind: str) -> NormFamily:
         rules=(FusionRule(f"{kind}_norm", kind),),
         reference=_reference(inner_kind),
         lowerings={
-            "onnx-norm": Lowering(emit=_emitter(op_name), unsupported=_unsupported),
+            "onnx-norm": Lowering(emit=_emitter(signature), unsupported=_unsupported),
             "onnx": f"ONNX has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
             "ort": f"ONNX Runtime has no modulated {what}; the {what} inside is fused alone (a native one is kept)",
         },

@@ -1,0 +1,93 @@
+"""The tape an op's model-local function body is written on (ops/functions.py builds the function around it; each
+op record's `body` writes the computation), with the idioms every body uses: constants, casts, float32
+computation, rounding to a narrower type, reductions and the statistics of a row."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_norm.ops.signature import NormAttributes, OpSignature
+
+__all__ = ["FLOAT", "INT64_MAX", "Body", "BodySignature"]
+
+FLOAT = int(ir.DataType.FLOAT)
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class BodySignature(Protocol):
+    """What a body reads of the node signature it is written for (functions.FunctionSignature)."""
+
+    @property
+    def x_type(self) -> int: ...
+
+    @property
+    def attrs(self) -> NormAttributes: ...
+
+    @property
+    def opset(self) -> int: ...
+
+    @property
+    def rank(self) -> int | None: ...
+
+
+class Body:
+    """One function body being written: the op's record, the node signature and the tape."""
+
+    def __init__(self, record: OpSignature, sig: BodySignature) -> None:
+        self.record = record
+        self.sig = sig
+        self.tape = ir.tape.Tape()
+
+    def op(self, op_type: str, inputs: list[ir.Value], attributes: dict | None = None) -> ir.Value:
+        return self.tape.op(op_type, inputs, attributes or {})
+
+    def const(self, array: np.ndarray) -> ir.Value:
+        return self.op("Constant", [], {"value": ir.tensor(array)})
+
+    def i64(self, *values: int) -> ir.Value:
+        return self.const(np.array(values, np.int64))
+
+    def slice(self, data: ir.Value, starts: list[int], ends: list[int], axes: list[int] | None = None) -> ir.Value:
+        """Slice with constant bounds: inputs from opset 10, attributes before."""
+        if self.sig.opset < 10:
+            attributes = {"starts": starts, "ends": ends} | ({"axes": axes} if axes is not None else {})
+            return self.op("Slice", [data], attributes)
+        bounds = [self.i64(*starts), self.i64(*ends)] + ([self.i64(*axes)] if axes is not None else [])
+        return self.op("Slice", [data, *bounds])
+
+    def cast(self, v: ir.Value, to: int) -> ir.Value:
+        return self.op("Cast", [v], {"to": ir.DataType(to)})
+
+    def to_float(self, v: ir.Value, elem_type: int | None) -> ir.Value:
+        return v if elem_type == FLOAT else self.cast(v, FLOAT)
+
+    def round_to(self, v: ir.Value, elem_type: int) -> ir.Value:
+        # Rounding to float32 of a float32 value is the identity.
+        if elem_type in (0, FLOAT):
+            return v
+        return self.cast(self.cast(v, elem_type), FLOAT)
+
+    def output(self, y: ir.Value) -> ir.Value:
+        """Y in the op's output type (output_type, else X's), from float32."""
+        out_type = self.sig.attrs.output_type or self.sig.x_type
+        return y if out_type == FLOAT else self.cast(y, out_type)
+
+    def reduce_mean(self, v: ir.Value, axes: list[int]) -> ir.Value:
+        if self.sig.opset >= 18:
+            return self.op("ReduceMean", [v, self.const(np.array(axes, np.int64))], {"keepdims": 1})
+        return self.op("ReduceMean", [v], {"axes": axes, "keepdims": 1})
+
+    def statistics(self, x: ir.Value, axes: list[int], *, rms: bool) -> tuple[ir.Value, ir.Value | None, ir.Value]:
+        """(centred x, mean or None, 1 / sqrt(variance + eps)) over `axes`."""
+        if rms:
+            mean, centred = None, x
+        else:
+            mean = self.reduce_mean(x, axes)
+            centred = self.op("Sub", [x, mean])
+        variance = self.reduce_mean(self.op("Mul", [centred, centred]), axes)
+        eps = self.const(np.array(self.sig.attrs.epsilon, np.float32))
+        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [variance, eps])])])
+        return centred, mean, inv

@@ -1,0 +1,90 @@
+"""The float64 building blocks of the ops' numpy references: element types, rounding points and the row statistics
+(semantics: docs/ops.md). Each op module's reference is written with them."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto, helper
+
+from onnx_norm.ops.signature import NormAttributes
+
+__all__ = ["elem_type", "normalize", "normalized", "np_dtype", "output", "round_to"]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype of an ONNX element type (bfloat16 through ml_dtypes)."""
+    if elem_type == TensorProto.BFLOAT16:
+        return _BF16
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def elem_type(dtype: np.dtype) -> int:
+    """ONNX element type of a numpy dtype (bfloat16 through ml_dtypes)."""
+    if np.dtype(dtype) == _BF16:
+        return TensorProto.BFLOAT16
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def round_to(values: np.ndarray, to: int) -> np.ndarray:
+    if to == 0:
+        return values
+    # Narrow through float32 first: numpy rounds float64 -> float16 directly, but the kernels (and the
+    # graphs we replace) hold float32 intermediates, and double rounding through float32 is innocuous.
+    return values.astype(np.float32).astype(np_dtype(to)).astype(np.float64)
+
+
+def _normalized_axes(x: np.ndarray, axis: int) -> tuple[int, ...]:
+    rank = x.ndim
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for rank {rank}")
+    return tuple(range(axis % rank, rank))
+
+
+def normalized(
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    attrs: NormAttributes,
+    *,
+    rms: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(y in float64 before the output cast, inverse std or RMS, mean or None); statistics keepdims, float64."""
+    axes = _normalized_axes(x, attrs.axis)
+    xf = x.astype(np.float64)
+    if rms:
+        mean = None
+        centred = xf
+    else:
+        mean = xf.mean(axis=axes, keepdims=True)
+        centred = xf - mean
+    var = np.mean(centred * centred, axis=axes, keepdims=True)
+    # A constant row with epsilon 0 gives 0 * inf = NaN, as the graphs with epsilon 0 do (ONNX Runtime's fusion cases).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = 1.0 / np.sqrt(var + np.float64(np.float32(attrs.epsilon)))
+        y = round_to(centred * inv, attrs.normalized_type)
+    if scale is not None:
+        y = round_to(y * scale.astype(np.float64), attrs.multiply_type)
+    if bias is not None:
+        y = round_to(y + bias.astype(np.float64), attrs.multiply_type)
+    return y, inv, mean
+
+
+def output(y: np.ndarray, x: np.ndarray, attrs: NormAttributes) -> np.ndarray:
+    out_dtype = np_dtype(attrs.output_type) if attrs.output_type else x.dtype
+    return y.astype(np.float32).astype(out_dtype)
+
+
+def normalize(
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    attrs: NormAttributes,
+    *,
+    rms: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Returns (Y, inverse std or inverse RMS, mean or None); statistics float32, keepdims."""
+    y, inv, mean = normalized(x, scale, bias, attrs, rms=rms)
+    return output(y, x, attrs), inv.astype(np.float32), None if mean is None else mean.astype(np.float32)
