@@ -80,10 +80,14 @@ def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources:
     as fast (their time goes to the numpy references and the launches' bookkeeping)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / "libonnx_norm_emulator.so"
+    # One translation unit: the emulator, then every kernel unit (the norms' per X type, each row op's), whose
+    # instantiations take the emulator's LaunchKernel; launch.cu (host code) and the entry compile on their own.
+    units = [path for path in sorted(sources.glob("*.cu")) if path.name != "launch.cu"]
+    unity = out_dir / "emulated_kernels.cc"
+    unity.write_text("".join(f'#include "{path}"\n' for path in [HARNESS.parent / "emulator.cc", *units]))
     cmd = [
         cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{sources}",
-        str(HARNESS.parent / "emulator.cc"), "-x", "c++", str(sources / "launch.cu"), str(HARNESS),
-        "-o", str(library),
+        str(unity), "-x", "c++", str(sources / "launch.cu"), str(HARNESS), "-o", str(library),
     ]  # fmt: skip
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:

@@ -2,10 +2,13 @@
 // through ctypes (on torch tensors on a GPU, on host memory in the CPU emulator): the product library exports only
 // RegisterCustomOps and OnnxNormDescribeOps, and this checks the kernels on a machine without onnxruntime-gpu.
 // Built together with custom_ops/src/cuda/*.cu by gpu_check.py. Every op goes through it: mod_scale/mod_shift
-// null for the norms, given for the modulated ops; num_groups > 0 for GroupNorm.
+// null for the norms, given for the modulated ops; num_groups > 0 for GroupNorm. Those two row ops' parameters go
+// into NormLaunchParams' generic fields as their launch headers say (the kernels' code knows no op by this entry).
 #include <cstdint>
 
+#include "group_norm_launch.h"
 #include "launch.h"
+#include "modulated_launch.h"
 
 extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
     const void* x, const void* skip, const void* scale, const void* bias, void* y, void* sum, float* mean,
@@ -34,12 +37,18 @@ extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
   params.multiply_type = multiply_type;
   params.device = device;
   params.clusters = clusters != 0;
-  params.mod_scale = mod_scale;
-  params.mod_shift = mod_shift;
-  params.mod_batch = mod_batch;
-  params.rows_per_sample = rows_per_sample;
-  params.num_groups = num_groups;
-  params.spatial = spatial;
-  params.activation = activation;
+  namespace cuda = onnx_norm::cuda;
+  if (num_groups > 0) {
+    params.row_op = cuda::kGroupNormRowOp;
+    params.op_ints[cuda::kGroupNormGroups] = num_groups;
+    params.op_ints[cuda::kGroupNormSpatial] = spatial;
+    params.op_ints[cuda::kGroupNormActivation] = activation;
+  } else if (mod_scale != nullptr || mod_shift != nullptr) {
+    params.row_op = cuda::kModulatedRowOp;
+    params.op_inputs[cuda::kModScaleInput] = mod_scale;
+    params.op_inputs[cuda::kModShiftInput] = mod_shift;
+    params.op_ints[cuda::kModBatchInt] = mod_batch;
+    params.op_ints[cuda::kRowsPerSampleInt] = rows_per_sample;
+  }
   return onnx_norm::cuda::LaunchNorm(params, stream, error);
 }

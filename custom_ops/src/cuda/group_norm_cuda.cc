@@ -5,6 +5,7 @@
 #include "common/group_norm.h"
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
+#include "cuda/group_norm_launch.h"
 #include "cuda/ort_launch.h"
 
 namespace onnx_norm {
@@ -20,9 +21,10 @@ OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, co
   params.scale = g.scale;
   params.bias = g.bias;
   params.scale_type = g.scale_type;
-  params.num_groups = g.channels / g.group_channels;
-  params.spatial = g.spatial;
-  params.activation = g.activation;
+  params.row_op = kGroupNormRowOp;
+  params.op_ints[kGroupNormGroups] = g.channels / g.group_channels;
+  params.op_ints[kGroupNormSpatial] = g.spatial;
+  params.op_ints[kGroupNormActivation] = g.activation;
   return Launch(op, params, ctx);
 }
 

@@ -5,6 +5,7 @@
 #include "common/modulation.h"
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
+#include "cuda/modulated_launch.h"
 #include "cuda/ort_launch.h"
 
 namespace onnx_norm {
@@ -19,10 +20,11 @@ OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, co
   if (p.rows == 0 || p.cols == 0) return nullptr;
   NormLaunchParams params = LaunchParamsFor(p, ctx);
   params.scale_type = m.type;  // Scale/Bias, when given, have the modulation's type (checked)
-  params.mod_scale = m.scale;
-  params.mod_shift = m.shift;
-  params.mod_batch = m.batch;
-  params.rows_per_sample = m.rows_per_sample;
+  params.row_op = kModulatedRowOp;
+  params.op_inputs[kModScaleInput] = m.scale;
+  params.op_inputs[kModShiftInput] = m.shift;
+  params.op_ints[kModBatchInt] = m.batch;
+  params.op_ints[kRowsPerSampleInt] = m.rows_per_sample;
   return Launch(op, params, ctx);
 }
 
