@@ -70,11 +70,7 @@ int PrepareGroupNorm(const NormLaunchParams& p, GroupNormArgs* args, bool* vecto
   return 0;
 }
 
-int LaunchGroupNorm(const NormLaunchParams& p, void* stream, const char** error) {
-  return LaunchRowOp<GroupNormArgs>(PrepareGroupNorm, p, stream, error);
-}
-
-const RowOpRegistrar kGroupNormLauncher{kGroupNormRowOp, &LaunchGroupNorm};
+const RowOpRegistrar kGroupNormLauncher{kGroupNormRowOp, &RowOpLauncher<GroupNormArgs, &PrepareGroupNorm>};
 
 }  // namespace
 }  // namespace cuda

@@ -89,9 +89,9 @@ __global__ void __launch_bounds__(kRowOpMaxBlock, 1) GroupNormKernel(GroupNormAr
 
 template <typename TX>
 auto GroupNormArgs::Kernel(const KernelConfig& config) -> void (*)(GroupNormArgs) {
-  constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  return RowKernelVariant(config, &GroupNormKernel<TX, V, true>, &GroupNormKernel<TX, V, false>,
-                          &GroupNormKernel<TX, 1, true>, &GroupNormKernel<TX, 1, false>);
+  return RowKernelFor<TX>(config, [](auto n, auto cached) {
+    return &GroupNormKernel<TX, decltype(n)::value, decltype(cached)::value>;
+  });
 }
 
 }  // namespace cuda

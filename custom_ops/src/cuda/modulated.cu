@@ -95,11 +95,7 @@ int PrepareModulated(const NormLaunchParams& p, ModulatedArgs* args, bool* vecto
   return 0;
 }
 
-int LaunchModulated(const NormLaunchParams& p, void* stream, const char** error) {
-  return LaunchRowOp<ModulatedArgs>(PrepareModulated, p, stream, error);
-}
-
-const RowOpRegistrar kModulatedLauncher{kModulatedRowOp, &LaunchModulated};
+const RowOpRegistrar kModulatedLauncher{kModulatedRowOp, &RowOpLauncher<ModulatedArgs, &PrepareModulated>};
 
 }  // namespace
 }  // namespace cuda

@@ -95,9 +95,9 @@ __global__ void __launch_bounds__(kRowOpMaxBlock, 1) ModulatedNormKernel(Modulat
 
 template <typename TX>
 auto ModulatedArgs::Kernel(const KernelConfig& config) -> void (*)(ModulatedArgs) {
-  constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  return RowKernelVariant(config, &ModulatedNormKernel<TX, V, true>, &ModulatedNormKernel<TX, V, false>,
-                          &ModulatedNormKernel<TX, 1, true>, &ModulatedNormKernel<TX, 1, false>);
+  return RowKernelFor<TX>(config, [](auto n, auto cached) {
+    return &ModulatedNormKernel<TX, decltype(n)::value, decltype(cached)::value>;
+  });
 }
 
 }  // namespace cuda

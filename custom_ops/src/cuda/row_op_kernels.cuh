@@ -8,11 +8,12 @@
 // An op built on it brings, in its own kernels header (cuda/<op>_kernels.cuh), its argument block with the fields
 // RowStatistics reads (x, rows, cols, group, epsilon, rms), its name for the emulator (`static constexpr const
 // char* kName`) and its kernel choice (`template <typename TX> static Kernel(const KernelConfig&)`, usually
-// RowKernelVariant of its four instantiations); the launch and dispatch layers find it through that block
+// RowKernelFor over its four instantiations); the launch and dispatch layers find it through that block
 // (kernel_dispatch.cuh, row_op_launch.h), and its translation unit instantiates LaunchKernel for it.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "element_types.cuh"
 #include "kernel_config.cuh"
@@ -199,6 +200,17 @@ Kernel RowKernelVariant(const KernelConfig& config, Kernel vector_cached, Kernel
   const bool cached = (config.flags & kCachedRowFlag) != 0;
   if ((config.flags & kVectorUnitsFlag) != 0) return cached ? vector_cached : vector_reread;
   return cached ? scalar_cached : scalar_reread;
+}
+
+// The four instantiations of an op's row kernel for X of type TX, and the one `config` names: `pick(n, cached)`
+// returns the kernel for units of decltype(n)::value elements (a 16-byte vector, or 1), kept in registers or not
+// (decltype(cached)::value), as each row op's Args::Kernel does.
+template <typename TX, typename Pick>
+auto RowKernelFor(const KernelConfig& config, Pick pick) {
+  using Vector = std::integral_constant<int, 16 / static_cast<int>(sizeof(TX))>;
+  using Scalar = std::integral_constant<int, 1>;
+  return RowKernelVariant(config, pick(Vector{}, std::true_type{}), pick(Vector{}, std::false_type{}),
+                          pick(Scalar{}, std::true_type{}), pick(Scalar{}, std::false_type{}));
 }
 
 }  // namespace cuda

@@ -65,6 +65,13 @@ int LaunchRowOp(Prepare&& prepare, const NormLaunchParams& p, void* stream, cons
   return LaunchOnDevice(p, args, choose, stream, error);
 }
 
+// The launcher a row op registers: LaunchRowOp with its argument block and its `kPrepare`, as a RowOpLaunch
+// (`const RowOpRegistrar k...{name, &RowOpLauncher<Args, &Prepare...>};`).
+template <typename Args, auto kPrepare>
+int RowOpLauncher(const NormLaunchParams& p, void* stream, const char** error) {
+  return LaunchRowOp<Args>(kPrepare, p, stream, error);
+}
+
 }  // namespace launch
 }  // namespace cuda
 }  // namespace onnx_norm
