@@ -251,8 +251,8 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
         "x": ctypes.addressof(buffers["x"]), "skip": None, "scale": ctypes.addressof(buffers["scale"]), "bias": None,
         "y": ctypes.addressof(buffers["y"]), "sum": None, "mean": None, "inv_std": None, "rows": 4, "cols": 16,
         "scale_size": 16, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
-        "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "mod_scale": None, "mod_shift": None,
-        "mod_batch": 0, "rows_per_sample": 0, "num_groups": 0, "spatial": 0, "activation": 0, "stream": None,
+        "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "row_op": None, "op_input0": None,
+        "op_input1": None, "op_int0": 0, "op_int1": 0, "op_int2": 0, "op_int3": 0, "stream": None,
     }  # fmt: skip
     args.update(overrides)
     error = ctypes.c_char_p()
@@ -288,14 +288,18 @@ def test_launcher_accepts_a_valid_problem_and_rejects_bad_parameters(emulator: o
     rc, message = _call(emulator, x=ctypes.addressof(buffer) + 2)
     assert rc != 0
     assert "not aligned to its element size" in message
-    # The same entry and launcher serve the modulated ops: ModScale/ModShift select their kernel and checks.
+    # The same entry and launcher serve the row ops: row_op names the launcher (modulated_launch.h: ModScale and
+    # ModShift as op inputs, mod_batch and rows_per_sample as op ints), which makes its own checks.
     modulation_buffer = (ctypes.c_float * 16)()  # kept alive: the accepted call reads it
     modulation = ctypes.addressof(modulation_buffer)
-    assert _call(emulator, mod_scale=modulation, mod_shift=modulation, mod_batch=1, rows_per_sample=4) == (0, "")
-    rc, message = _call(emulator, mod_scale=modulation)
+    modulated = {"row_op": b"Modulated", "op_input0": modulation, "op_input1": modulation}
+    assert _call(emulator, **modulated, op_int0=1, op_int1=4) == (0, "")
+    rc, message = _call(emulator, **dict(modulated, op_input1=None), op_int0=1, op_int1=4)
     assert rc != 0 and "ModScale and ModShift are required" in message
-    rc, message = _call(emulator, mod_scale=modulation, mod_shift=modulation, mod_batch=3, rows_per_sample=2)
+    rc, message = _call(emulator, **modulated, op_int0=3, op_int1=2)
     assert rc != 0 and "one row per sample" in message
+    rc, message = _call(emulator, row_op=b"NoSuchOp")
+    assert rc != 0 and "names no registered launcher" in message
 
 
 @needs_emulator

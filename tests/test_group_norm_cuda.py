@@ -61,5 +61,5 @@ def test_the_launcher_rejects_a_group_count_that_does_not_divide_the_rows(harnes
     with pytest.raises(RuntimeError, match="GroupNorm: rows must be N \\* num_groups"):
         harness.launch(
             x=x.ctypes.data, y=np.zeros(64, np.float32).ctypes.data, rows=3, cols=16, x_type=F32, y_type=F32,
-            stream=0, num_groups=2, spatial=4,
+            stream=0, row_op="GroupNorm", op_ints=(2, 4),
         )  # fmt: skip

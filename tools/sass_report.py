@@ -29,7 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = REPO / "custom_ops" / "src" / "cuda"
-KERNEL_SOURCES = ("norm_float32.cu", "norm_float16.cu", "norm_bfloat16.cu")
+# The translation units that hold kernels: the norms' one per X type and each row op's cuda/<op>.cu; launch.cu is
+# the host-side launcher only.
+KERNEL_SOURCES = tuple(sorted(path.name for path in SOURCES.glob("*.cu") if path.name != "launch.cu"))
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")

@@ -1,15 +1,16 @@
 // Entry point of the library: RegisterCustomOps, called by ONNX Runtime when the library is loaded
 // with SessionOptions.register_custom_ops_library. Registers the domain `onnx_norm` (opset 1) with the
-// ops of kOps below (docs/ops.md) for the CPU provider, and for the CUDA provider when built with CUDA.
-// kOps is the one list of the C++ ops: OnnxNormDescribeOps gives it to tests/test_op_table.py, which checks it
-// against the Python op records (onnx_norm/ops/schema.py).
+// ops of the op table (docs/ops.md) for the CPU provider, and for the CUDA provider when built with CUDA.
+// The table (common/op_registry.h) is filled by the ops' own files, one row each; this file names no op.
+// OnnxNormDescribeOps gives it to tests/test_op_table.py, which checks it against the Python op records
+// (onnx_norm/ops/schema.py).
 //
 // Declared types. ORT types a custom op's outputs in two steps: first from the first registered instance of the
 // op (any provider) whose declared input types accept the node's inputs - a type-agnostic output takes the type of
 // the last type-agnostic input -, then the op's shape inference may set a type (applied by recent ORT releases,
 // when X's rank is known; see NormOp::InferShapes). The first instances of each op therefore declare X
 // type-agnostic (UNDEFINED), and Y and Sum follow X unless output_type says otherwise; Skip and the parameters
-// (Scale, Bias, ModScale, ModShift) get concrete types, one instance per combination (float, float16, bfloat16
+// (Scale, Bias and any other input after X) get concrete types, one instance per combination (float, float16, bfloat16
 // each), and the kernel checks at run time that Skip matches X. The statistics are declared float32.
 //
 // No float16 X on the CPU. ONNX Runtime's CPU provider has no float16 kernel for most ops: it wraps each in Casts
@@ -22,66 +23,39 @@
 // them for a provider that no session has (kTypesOnly), never selected to run, since ORT type-checks a node
 // against the union of the instances' types at load and must still accept a float16 X.
 
-#include <memory>
+#include <algorithm>
+#include <cstring>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/float_convert.h"
-#include "common/group_norm.h"
-#include "common/modulation.h"
 #include "common/norm_op.h"
-#include "cpu/group_norm_cpu.h"
-#include "cpu/modulated_cpu.h"
-#include "cpu/norm_cpu.h"
-
-#ifdef ONNX_NORM_WITH_CUDA
-namespace onnx_norm {
-namespace cuda {
-// Defined in cuda/cuda_ops.cc.
-OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
-OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
-OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
-}  // namespace cuda
-}  // namespace onnx_norm
-#define ONNX_NORM_CUDA_COMPUTE(fn) &cuda::fn
-#else
-#define ONNX_NORM_CUDA_COMPUTE(fn) nullptr
-#endif
+#include "common/op_registry.h"
 
 namespace onnx_norm {
+
 namespace {
 
-// One row per op: its signature and its compute function per provider (nullptr: not built for it).
-struct OpEntry {
-  OpSignature op;
-  ComputeFn cpu;
-  ComputeFn cuda;
-};
+std::vector<OpEntry>& MutableOps() {
+  static std::vector<OpEntry> ops;  // function-local: constructed by the first registrar, whatever the link order
+  return ops;
+}
 
-// Optional-input masks: bit i for input i.
-constexpr unsigned kInput1 = 1u << 1, kInput2 = 1u << 2, kInput3 = 1u << 3;
+}  // namespace
 
-const OpEntry kOps[] = {
-    {{"LayerNorm", false, false, 3, 3, {"X", "Scale", "Bias"}, {"Y", "Mean", "InvStdDev"}, kInput1 | kInput2},
-     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
-    {{"RMSNorm", true, false, 2, 2, {"X", "Scale"}, {"Y", "InvRMS"}, kInput1},
-     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
-    {{"SkipLayerNorm", false, true, 4, 2, {"X", "Skip", "Scale", "Bias"}, {"Y", "Sum"}, kInput2 | kInput3},
-     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
-    {{"SkipRMSNorm", true, true, 3, 2, {"X", "Skip", "Scale"}, {"Y", "Sum"}, kInput2},
-     &cpu::Compute, ONNX_NORM_CUDA_COMPUTE(Compute)},
-    {{"ModulatedLayerNorm", false, false, 5, 1, {"X", "Scale", "Bias", "ModScale", "ModShift"}, {"Y"},
-      kInput1 | kInput2},
-     &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
-    {{"ModulatedRMSNorm", true, false, 4, 1, {"X", "Scale", "ModScale", "ModShift"}, {"Y"}, kInput1},
-     &cpu::ComputeModulated, ONNX_NORM_CUDA_COMPUTE(ComputeModulated)},
-    {{"GroupNorm", false, false, 3, 1, {"X", "Scale", "Bias"}, {"Y"}, kInput1 | kInput2,
-      {"epsilon", "normalized_type", "multiply_type", "output_type", "num_groups", "activation"},
-      &ParseGroupNormAttributes},
-     &cpu::ComputeGroupNorm, ONNX_NORM_CUDA_COMPUTE(ComputeGroupNorm)},
-};
+OpRegistrar::OpRegistrar(const OpEntry& entry) {
+  std::vector<OpEntry>& ops = MutableOps();
+  const auto later = std::find_if(ops.begin(), ops.end(),
+                                  [&](const OpEntry& e) { return std::strcmp(e.op.name, entry.op.name) > 0; });
+  ops.insert(later, entry);
+}
+
+const std::vector<OpEntry>& RegisteredOps() { return MutableOps(); }
+
+namespace {
 
 constexpr int kTypes[] = {kFloat, kFloat16, kBFloat16};
 // X types of the CPU instances: no float16 (see the top of this file). The other numeric types are declared too,
@@ -110,7 +84,7 @@ struct Registry {
   Ort::CustomOpDomain domain{kDomain};
 };
 
-// One instance per type of the parameters (Scale, Bias, ModScale, ModShift, declared alike), times one per type
+// One instance per type of the parameters (every input but X and Skip, declared alike), times one per type
 // of Skip for the Skip ops, for the given X type (0: type-agnostic).
 void AddOp(Registry& registry, const OpSignature& op, const char* provider, ComputeFn compute, int x_type) {
   for (int skip_type : kTypes) {
@@ -125,7 +99,7 @@ void AddOp(Registry& registry, const OpSignature& op, const char* provider, Comp
 Registry& GetRegistry() {
   static Registry* registry = [] {
     auto* r = new Registry();  // never freed: ORT may use the ops until the process ends
-    for (const OpEntry& entry : kOps) {
+    for (const OpEntry& entry : RegisteredOps()) {
       // The type-agnostic instances first: ORT types the outputs from the first instance that accepts the inputs.
       if (entry.cuda != nullptr) {
         AddOp(*r, entry.op, kCuda, entry.cuda, 0);
@@ -175,7 +149,7 @@ extern "C" __attribute__((visibility("default"))) const char* OnnxNormDescribeOp
   using namespace onnx_norm;  // NOLINT(build/namespaces): a C entry point
   static const std::string text = [] {
     std::string ops;
-    for (const OpEntry& entry : kOps) ops += (ops.empty() ? "" : ", ") + DescribeOp(entry);
+    for (const OpEntry& entry : RegisteredOps()) ops += (ops.empty() ? "" : ", ") + DescribeOp(entry);
     std::string types;
     for (int type : kTypes) types += (types.empty() ? "" : ", ") + std::to_string(type);
     return std::string("{\"domain\": \"") + kDomain + "\", \"opset\": " + std::to_string(kOpsetVersion) +

@@ -1,7 +1,7 @@
 // Runs the CUDA norm kernels on the CPU, for checking them on machines without a GPU.
 //
-// The kernel source (custom_ops/src/cuda/norm_kernels.cuh, cluster_row_kernel.cuh, modulated_kernels.cuh) is compiled as plain
-// C++ by the host compiler, with one coroutine (ucontext) per CUDA thread and the blocks of a grid run one
+// The kernel source (custom_ops/src/cuda: the norm kernels and every row op's) is compiled as plain C++ by the host
+// compiler, with one coroutine (ucontext) per CUDA thread and the blocks of a grid run one
 // after the other, except the blocks of a thread-block cluster, which run together (their threads in
 // turn). The emulation is strict where the hardware would fail or silently misbehave:
 //   - every vector access must be aligned to its size (ONNX_NORM_CHECK_ALIGNED);
@@ -17,6 +17,10 @@
 // The launcher (launch.cu), the choice of kernel for a configuration (kernel_dispatch.cuh) and the
 // ctypes entry (harness.cu) are the real ones, built with it; only the CUDA runtime calls they make
 // are answered here. Nothing about speed can be learnt from this.
+//
+// Built as one translation unit with the kernels' own (tools/gpu_harness/gpu_build.py includes every
+// custom_ops/src/cuda/*.cu but launch.cu after this file): their ONNX_NORM_INSTANTIATE_LAUNCH lines instantiate
+// the LaunchKernel defined here, and the op launchers among them register as they do in the library.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -33,6 +37,9 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+// norm_launch.cuh: the kernels' translation units instantiate this file's LaunchKernel, not the GPU's.
+#define ONNX_NORM_EMULATED_LAUNCH 1
 
 namespace emu {
 
@@ -335,7 +342,13 @@ constexpr int kEmulatedDevices = static_cast<int>(sizeof(kDevices) / sizeof(kDev
 
 const EmulatedDevice& Device(int device) { return kDevices[device >= 0 && device < kEmulatedDevices ? device : 0]; }
 
+// The name a test sees (onnx_norm_emulator_last_kernel): a row op's is its argument block's (Args::kName).
+template <typename Args>
 std::string KernelName(const KernelConfig& config) {
+  if constexpr (!std::is_same_v<Args, NormArgs>) {
+    return std::string(Args::kName) + ((config.flags & kVectorUnitsFlag) != 0 ? " vector" : " scalar") +
+           ((config.flags & kCachedRowFlag) != 0 ? " registers" : " reread") + " group=" + std::to_string(config.group);
+  }
   switch (config.kind) {
     case KernelKind::kRegisterRow:
       return "register vpt=" + std::to_string(config.vectors_per_thread) + " flags=" + std::to_string(config.flags) +
@@ -346,11 +359,8 @@ std::string KernelName(const KernelConfig& config) {
       return "reread";
     case KernelKind::kClusterRow:
       return "cluster blocks=" + std::to_string(config.cluster) + " group=" + std::to_string(config.group);
-    case KernelKind::kModulatedRow:
-    case KernelKind::kGroupNormRow:
-      return std::string(config.kind == KernelKind::kModulatedRow ? "modulated " : "group_norm ") +
-             ((config.flags & kVectorUnitsFlag) != 0 ? "vector" : "scalar") +
-             ((config.flags & kCachedRowFlag) != 0 ? " registers" : " reread") + " group=" + std::to_string(config.group);
+    case KernelKind::kRowOp:
+      return "row op";
   }
   return "?";
 }
@@ -370,8 +380,7 @@ cudaError_t Emulate(const Args& args, const KernelConfig& config) {
   }
   const int max_block = config.kind == KernelKind::kRegisterRow  ? RegisterRowMaxBlock(config.vectors_per_thread)
                         : config.kind == KernelKind::kClusterRow ? kClusterMaxBlock
-                        : config.kind == KernelKind::kModulatedRow || config.kind == KernelKind::kGroupNormRow
-                            ? kModulatedMaxBlock
+                        : config.kind == KernelKind::kRowOp      ? kRowOpMaxBlock
                                                                  : 1024;
   if (config.block < 32 || config.block > max_block || config.block % 32 != 0 || config.grid == 0 ||
       config.block % config.group != 0) {
@@ -398,7 +407,7 @@ cudaError_t Emulate(const Args& args, const KernelConfig& config) {
   m.shared_bytes = config.shared_bytes;
   m.cluster_size = cluster;
   m.kernel = [&] { kernel(args); };
-  m.last_kernel = KernelName(config);
+  m.last_kernel = KernelName<Args>(config);
   m.last_launch = "grid=" + std::to_string(config.grid) + " block=" + std::to_string(config.block) +
                   " shared=" + std::to_string(config.shared_bytes) + " cluster=" + std::to_string(cluster);
   if (m.plan_only_sms > 0) return cudaSuccess;
@@ -416,11 +425,6 @@ template <int kXType, typename Args>
 cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStream_t) {
   return Emulate<typename ElementOf<kXType>::type>(args, config);
 }
-
-// launch.cu, compiled on its own, calls these.
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32)
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16)
-ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16)
 
 }  // namespace cuda
 }  // namespace onnx_norm

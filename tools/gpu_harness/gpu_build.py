@@ -14,6 +14,9 @@ from typing import Any
 
 from gpu_cases import HARNESS, SOURCES
 
+# NormLaunchParams' op_inputs and op_ints (custom_ops/src/cuda/launch.h), each passed to the C entry.
+OP_INPUTS, OP_INTS = 2, 4
+
 # --------------------------------------------------------------------------------------------- build
 
 
@@ -80,10 +83,14 @@ def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources:
     as fast (their time goes to the numpy references and the launches' bookkeeping)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / "libonnx_norm_emulator.so"
+    # One translation unit: the emulator, then every kernel unit (the norms' per X type, each row op's), whose
+    # instantiations take the emulator's LaunchKernel; launch.cu (host code) and the entry compile on their own.
+    units = [path for path in sorted(sources.glob("*.cu")) if path.name != "launch.cu"]
+    unity = out_dir / "emulated_kernels.cc"
+    unity.write_text("".join(f'#include "{path}"\n' for path in [HARNESS.parent / "emulator.cc", *units]))
     cmd = [
         cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{sources}",
-        str(HARNESS.parent / "emulator.cc"), "-x", "c++", str(sources / "launch.cu"), str(HARNESS),
-        "-o", str(library),
+        str(unity), "-x", "c++", str(sources / "launch.cu"), str(HARNESS), "-o", str(library),
     ]  # fmt: skip
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:
@@ -95,9 +102,9 @@ def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources:
 class LaunchArgs:
     """The arguments of one onnx_norm_harness_launch call (device pointers as ints). device: the tensors' CUDA
     device, -1 to let LaunchNorm read it from X's pointer attributes; clusters: False keeps one block per row (never
-    a thread-block cluster); mod_*: the modulated ops' ModScale/ModShift (of scale_type), [mod_batch, cols], one row
-    per rows_per_sample rows of X; num_groups > 0: GroupNorm, rows N * num_groups, cols (C / num_groups) * spatial,
-    Scale/Bias [C], activation 1 for SiLU."""
+    a thread-block cluster); row_op: None for the norms, else a row op's registered name, with op_inputs (pointers)
+    and op_ints in the order of its launch header (custom_ops/src/cuda/<op>_launch.h), as its check module gives
+    them."""
 
     x: int
     y: int
@@ -120,22 +127,22 @@ class LaunchArgs:
     multiply_type: int = 0
     device: int = -1
     clusters: bool = True
-    mod_scale: int | None = None
-    mod_shift: int | None = None
-    mod_batch: int = 0
-    rows_per_sample: int = 0
-    num_groups: int = 0
-    spatial: int = 0
-    activation: int = 0
+    row_op: str | None = None
+    op_inputs: tuple[int | None, ...] = ()
+    op_ints: tuple[int, ...] = ()
 
     def c_args(self) -> tuple[Any, ...]:
         """The C entry's arguments in its order, before the error out-parameter (tools/gpu_harness/harness.cu)."""
+        if len(self.op_inputs) > OP_INPUTS or len(self.op_ints) > OP_INTS:
+            raise ValueError(f"at most {OP_INPUTS} op_inputs and {OP_INTS} op_ints")
+        op_inputs = (*self.op_inputs, *(None,) * (OP_INPUTS - len(self.op_inputs)))
+        op_ints = (*self.op_ints, *(0,) * (OP_INTS - len(self.op_ints)))
+        row_op = self.row_op.encode() if self.row_op is not None else None
         return (
             self.x, self.skip, self.scale, self.bias, self.y, self.sum_out, self.mean, self.inv_std, self.rows,
             self.cols, self.scale_size, self.epsilon, int(self.rms), self.x_type, self.scale_type, self.y_type,
-            self.normalized_type, self.multiply_type, self.device, int(self.clusters), self.mod_scale,
-            self.mod_shift, self.mod_batch, self.rows_per_sample, self.num_groups, self.spatial, self.activation,
-            self.stream,
+            self.normalized_type, self.multiply_type, self.device, int(self.clusters), row_op, *op_inputs,
+            *op_ints, self.stream,
         )  # fmt: skip
 
 
@@ -147,7 +154,7 @@ class Harness:
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32]
-        fn.argtypes += [p, p, i64, i64, i64, i64, i32, p, ctypes.POINTER(ctypes.c_char_p)]
+        fn.argtypes += [ctypes.c_char_p, *[p] * OP_INPUTS, *[i64] * OP_INTS, p, ctypes.POINTER(ctypes.c_char_p)]
         fn.restype = i32
         self._fn = fn
         last_kernel = getattr(self._lib, "onnx_norm_emulator_last_kernel", None)

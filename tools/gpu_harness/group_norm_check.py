@@ -73,8 +73,8 @@ class Case:
             x=pointers["x"], y=pointers["y"], rows=self.shape[0] * self.groups,
             cols=self.shape[1] // self.groups * spatial, x_type=self.x_type, y_type=self.y_type, stream=stream,
             scale=pointers["scale"], bias=pointers["bias"], scale_type=self.x_type if self.affine else 0,
-            normalized_type=self.rounding, multiply_type=self.rounding, device=device, num_groups=self.groups,
-            spatial=spatial, activation=int(self.silu),
+            normalized_type=self.rounding, multiply_type=self.rounding, device=device, row_op="GroupNorm",
+            op_ints=(self.groups, spatial, int(self.silu)),  # group_norm_launch.h: num_groups, spatial, activation
         )  # fmt: skip
 
 

@@ -157,15 +157,15 @@ def compare(case: Case, got: np.ndarray, want: np.ndarray) -> str | None:
 
 
 def launch(harness: Harness, case: Case, pointers: dict[str, int | None], stream: int = 0, device: int = -1) -> None:
-    """One case through LaunchNorm with the modulation given (the modulated kernel)."""
+    """One case through LaunchNorm as the modulated row op (custom_ops/src/cuda/modulated_launch.h)."""
     has_parameters = pointers["scale"] is not None or pointers["bias"] is not None
     harness.launch(
         x=pointers["x"], y=pointers["y"], rows=case.samples * case.rows_per_sample, cols=case.cols,
         x_type=case.x_type, y_type=case.y_type, stream=stream, scale=pointers["scale"], bias=pointers["bias"],
         scale_size=case.cols if has_parameters else 0, scale_type=case.ptype, rms=case.rms,
-        normalized_type=case.rounding, multiply_type=case.rounding, device=device, mod_scale=pointers["mod_scale"],
-        mod_shift=pointers["mod_shift"], mod_batch=1 if case.shared else case.samples,
-        rows_per_sample=case.rows_per_sample,
+        normalized_type=case.rounding, multiply_type=case.rounding, device=device, row_op="Modulated",
+        op_inputs=(pointers["mod_scale"], pointers["mod_shift"]),  # modulated_launch.h: ModScale, ModShift
+        op_ints=(1 if case.shared else case.samples, case.rows_per_sample),  # mod_batch, rows_per_sample
     )  # fmt: skip
 
 

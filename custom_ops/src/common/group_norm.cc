@@ -3,8 +3,17 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "common/op_registry.h"
+#include "cpu/group_norm_cpu.h"
 
 namespace onnx_norm {
+#ifdef ONNX_NORM_WITH_CUDA
+namespace cuda {
+// Defined in cuda/group_norm_cuda.cc.
+OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+}  // namespace cuda
+#endif
+
 namespace {
 
 bool IsFloat(int type) { return type == kFloat || type == kFloat16 || type == kBFloat16; }
@@ -25,22 +34,27 @@ std::string CheckChannelParameter(const char* name, const Ort::ConstValue& value
   return {};
 }
 
-}  // namespace
-
-std::string ParseGroupNormAttributes(const OrtKernelInfo* info, NormAttributes* attrs) {
-  int64_t value = 0;
-  if (!GetIntAttribute(info, "num_groups", &value) || value < 1) {
+// num_groups (required, >= 1) and activation (0 or 1): GroupNorm's OpSignature::check_attributes.
+std::string CheckGroupNormAttributes(const NormAttributes& attrs) {
+  if ((attrs.op_ints_set & (1u << kNumGroups)) == 0 || attrs.op_ints[kNumGroups] < 1) {
     return "attribute num_groups must be set to the number of groups (>= 1)";
   }
-  attrs->num_groups = value;
-  value = 0;
-  GetIntAttribute(info, "activation", &value);
-  if (value != 0 && value != 1) {
-    return "attribute activation=" + std::to_string(value) + " is not supported: use 0 (none) or 1 (SiLU)";
+  const int64_t activation = attrs.op_ints[kActivation];
+  if (activation != 0 && activation != 1) {
+    return "attribute activation=" + std::to_string(activation) + " is not supported: use 0 (none) or 1 (SiLU)";
   }
-  attrs->activation = static_cast<int>(value);
   return {};
 }
+
+// GroupNorm's row of the op table: X [N, C, ...], Scale and Bias [C], both optional; no axis (the groups fix it).
+const OpRegistrar kGroupNormRow{{{"GroupNorm", false, false, 3, 1, {"X", "Scale", "Bias"}, {"Y"}, kInput1 | kInput2,
+                                  {"epsilon", "normalized_type", "multiply_type", "output_type", "num_groups",
+                                   "activation"},
+                                  &CheckGroupNormAttributes},
+                                 &cpu::ComputeGroupNorm,
+                                 ONNX_NORM_CUDA_COMPUTE(ComputeGroupNorm)}};
+
+}  // namespace
 
 std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attrs, GroupNormProblem* g) {
   *g = GroupNormProblem{};
@@ -54,16 +68,17 @@ std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attr
   }
   if (shape.size() < 3) return "X must be [N, C, ...] of rank >= 3, got rank " + std::to_string(shape.size());
   const int64_t channels = shape[1];
-  if (channels % attrs.num_groups != 0) {
-    return "num_groups " + std::to_string(attrs.num_groups) + " does not divide the " + std::to_string(channels) +
+  const int64_t num_groups = attrs.op_ints[kNumGroups];
+  if (channels % num_groups != 0) {
+    return "num_groups " + std::to_string(num_groups) + " does not divide the " + std::to_string(channels) +
            " channels of X (dim 1)";
   }
   int64_t spatial = 1;
   for (size_t i = 2; i < shape.size(); ++i) spatial *= shape[i];
   g->channels = channels;
   g->spatial = spatial;
-  g->group_channels = channels / attrs.num_groups;
-  g->activation = attrs.activation;
+  g->group_channels = channels / num_groups;
+  g->activation = static_cast<int>(attrs.op_ints[kActivation]);
   const char* names[2] = {"Scale", "Bias"};
   const void** params[2] = {&g->scale, &g->bias};
   for (size_t k = 0; k < 2; ++k) {
@@ -83,7 +98,7 @@ std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attr
   NormProblem& p = g->rows;
   p.x = x.GetTensorRawData();
   p.y = y.GetTensorMutableRawData();
-  p.rows = shape[0] * attrs.num_groups;
+  p.rows = shape[0] * num_groups;
   p.cols = g->group_channels * spatial;
   p.epsilon = attrs.epsilon;
   p.x_type = x_type;

@@ -22,8 +22,11 @@ struct GroupNormProblem {
   int activation = 0;
 };
 
-// num_groups (required, >= 1) and activation (0 or 1): OpSignature::parse_attributes of GroupNorm.
-std::string ParseGroupNormAttributes(const OrtKernelInfo* info, NormAttributes* attrs);
+// GroupNorm's own attributes, NormAttributes::op_ints in the order of its signature's attribute list.
+enum GroupNormInt : size_t {
+  kNumGroups = 0,   // required, >= 1: the groups the channels (dim 1) are split into
+  kActivation = 1,  // 0 none, 1 SiLU after the affine
+};
 
 // Reads and checks X, Scale, Bias and the attributes, allocates Y and fills `problem`; returns an empty string or
 // an error message naming the offending input.

@@ -4,8 +4,17 @@
 #include <vector>
 
 #include "common/float_convert.h"
+#include "common/op_registry.h"
+#include "cpu/modulated_cpu.h"
 
 namespace onnx_norm {
+#ifdef ONNX_NORM_WITH_CUDA
+namespace cuda {
+// Defined in cuda/modulated_cuda.cc.
+OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+}  // namespace cuda
+#endif
+
 namespace {
 
 std::string Dims(const std::vector<int64_t>& shape, size_t begin = 0) {
@@ -93,6 +102,17 @@ std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, co
   m->rows_per_sample = x_shape[0] == 0 ? 0 : p.rows / x_shape[0];
   return {};
 }
+
+// The modulated ops' rows of the op table: the norm's inputs, then ModScale and ModShift; Y only.
+const OpRegistrar kModulatedLayerNormRow{
+    {{"ModulatedLayerNorm", false, false, 5, 1, {"X", "Scale", "Bias", "ModScale", "ModShift"}, {"Y"},
+      kInput1 | kInput2},
+     &cpu::ComputeModulated,
+     ONNX_NORM_CUDA_COMPUTE(ComputeModulated)}};
+const OpRegistrar kModulatedRMSNormRow{
+    {{"ModulatedRMSNorm", true, false, 4, 1, {"X", "Scale", "ModScale", "ModShift"}, {"Y"}, kInput1},
+     &cpu::ComputeModulated,
+     ONNX_NORM_CUDA_COMPUTE(ComputeModulated)}};
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // The modulated (adaLN) ops of docs/ops.md, ModulatedLayerNorm and ModulatedRMSNorm: a norm, then per sample
 // y = round_m(y * round_m(1 + ModScale)) and y = round_m(y + ModShift). What the CPU and CUDA wrappers share:
-// the validation of ModScale/ModShift (the last two inputs; the signatures are rows of register.cc's kOps). The
-// norm part (X, Scale, Bias, Y, attributes) is validated by PrepareProblem (norm_attributes.h) exactly as for the
+// the validation of ModScale/ModShift (the last two inputs; the signatures are the op table's rows in modulation.cc).
+// The norm part (X, Scale, Bias, Y, attributes) is validated by PrepareProblem (norm_attributes.h) exactly as for the
 // plain ops: the modulated signatures have no Skip and no statistics outputs, so it reads X, Scale and Bias at the
 // same input positions.
 #pragma once

@@ -1,7 +1,10 @@
 #include "common/norm_attributes.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -110,7 +113,18 @@ std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, No
     }
     *attr.field = static_cast<int>(value);
   }
-  return op.parse_attributes == nullptr ? std::string() : op.parse_attributes(info, attrs);
+  size_t own = 0;
+  for (const char* name : op.attributes) {
+    if (name == nullptr) break;
+    if (std::find_if(std::begin(kAttributeNames), std::end(kAttributeNames),
+                     [&](const char* shared) { return std::strcmp(shared, name) == 0; }) != std::end(kAttributeNames)) {
+      continue;
+    }
+    if (own == kMaxOpInts) return std::string("too many attributes of its own: ") + name;  // a table error
+    if (GetIntAttribute(info, name, &attrs->op_ints[own])) attrs->op_ints_set |= 1u << own;
+    ++own;
+  }
+  return op.check_attributes == nullptr ? std::string() : op.check_attributes(*attrs);
 }
 
 std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,

@@ -17,6 +17,7 @@ inline constexpr int kOpsetVersion = 1;
 inline constexpr size_t kMaxInputs = 5;
 inline constexpr size_t kMaxOutputs = 3;
 inline constexpr size_t kMaxAttributes = 8;
+inline constexpr size_t kMaxOpInts = 4;
 
 // The attributes the norms take, in NormAttributes' order (ParseAttributes reads these, and an op's own ones).
 inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
@@ -24,8 +25,8 @@ inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized
 
 struct NormAttributes;
 
-// One fused op as it is declared to ONNX Runtime (names as in docs/ops.md). The ops themselves are listed in one
-// place, register.cc's kOps table; tests/test_op_table.py checks that list against onnx_norm/ops/schema.py.
+// One fused op as it is declared to ONNX Runtime (names as in docs/ops.md). Each op's own source file defines its
+// row of the op table (common/op_registry.h); tests/test_op_table.py checks the table against onnx_norm/ops/schema.py.
 struct OpSignature {
   const char* name;
   bool rms;   // RMSNorm statistic: no mean, no Bias
@@ -35,13 +36,14 @@ struct OpSignature {
   const char* inputs[kMaxInputs];    // X first
   const char* outputs[kMaxOutputs];  // Y first; the others are optional
   unsigned optional_inputs;          // bit i set: input i may be left out (Scale, Bias)
-  // The attributes a node of the op may carry (null-terminated), as the Python record lists them; an op with
-  // attributes of its own (GroupNorm's num_groups, activation) lists them here, ParseAttributes reads those too.
+  // The attributes a node of the op may carry (null-terminated), as the Python record lists them. Those that are
+  // not kAttributeNames are the op's own int attributes: ParseAttributes reads them into NormAttributes::op_ints,
+  // in this order (the op's header names the indices).
   const char* attributes[kMaxAttributes] = {kAttributeNames[0], kAttributeNames[1], kAttributeNames[2],
                                             kAttributeNames[3], kAttributeNames[4]};
-  // Reads and checks the op's own attributes after the shared ones (empty string or an error message); null when
-  // it has none. Lives with the op's validation (common/<op>.cc), so that a new op does not edit this file.
-  std::string (*parse_attributes)(const OrtKernelInfo* info, NormAttributes* attrs) = nullptr;
+  // Checks the op's own attributes once they are read (empty string or an error message); null when it has none.
+  // Lives with the op's validation (common/<op>.cc).
+  std::string (*check_attributes)(const NormAttributes& attrs) = nullptr;
 
   constexpr bool OptionalInput(size_t i) const { return ((optional_inputs >> i) & 1u) != 0; }
 };
@@ -52,8 +54,10 @@ struct NormAttributes {
   int normalized_type = 0;
   int multiply_type = 0;
   int output_type = 0;
-  int64_t num_groups = 0;  // GroupNorm: groups the channels (dim 1) are split into
-  int activation = 0;      // GroupNorm: 0 none, 1 SiLU after the affine
+  // The op's own int attributes (OpSignature::attributes beyond kAttributeNames), in the order the signature
+  // lists them; bit k of op_ints_set: the node sets attribute k (else op_ints[k] is 0).
+  int64_t op_ints[kMaxOpInts] = {};
+  unsigned op_ints_set = 0;
 };
 
 // Everything a kernel needs for one call, validated; pointers into ORT-owned buffers.

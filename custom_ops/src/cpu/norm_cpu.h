@@ -20,8 +20,8 @@ using ParallelForFn = void (*)(void* ctx, size_t total, void (*fn)(void*, size_t
 bool Run(const NormProblem& problem, ParallelForFn parallel_for, void* parallel_ctx);
 
 // A float buffer of `count` elements owned by the calling thread (reused by its next call), or nullptr when it
-// cannot be allocated: for the ops built on Run (modulated, GroupNorm), whose chunks run on ORT's thread pool,
-// which no exception may leave.
+// cannot be allocated: for the ops built on Run (an epilogue of their own per chunk), whose chunks run on ORT's
+// thread pool, which no exception may leave.
 float* ThreadRows(int64_t count);
 
 // `chunk` normalised (with its own affine and rounding points) into the float32 `rows`; false when Run ran out of

@@ -1,11 +1,10 @@
-// The CUDAExecutionProvider side of every op: same validation as the CPU ops (common/), then one
-// LaunchNorm of the CUDA kernels (cuda/*.cu, interface cuda/launch.h) on ONNX Runtime's compute stream.
-// Compiled by the host compiler: no CUDA headers here.
+// The CUDAExecutionProvider side of the norms and their Skip forms, and what every op's wrapper shares
+// (ort_launch.h): same validation as the CPU ops (common/), then one LaunchNorm of the CUDA kernels (cuda/*.cu,
+// interface cuda/launch.h) on ONNX Runtime's compute stream. An op of its own has its wrapper in its own
+// cuda/<op>_cuda.cc. Compiled by the host compiler: no CUDA headers here.
 
 #include <string>
 
-#include "common/group_norm.h"
-#include "common/modulation.h"
 #include "common/norm_attributes.h"
 #include "common/ort_api.h"
 #include "cuda/ort_launch.h"
@@ -45,16 +44,11 @@ OrtStatusPtr LaunchStatus(const OpSignature& op, int rc, const char* message) {
                    ORT_RUNTIME_EXCEPTION);
 }
 
-namespace {
-
-// One launch on ORT's per-session compute stream (every ORT CUDA kernel of this run is ordered on it).
 OrtStatusPtr Launch(const OpSignature& op, const NormLaunchParams& params, Ort::KernelContext& ctx) {
   const char* launch_error = nullptr;
   const int rc = LaunchNorm(params, ctx.GetGPUComputeStream(), &launch_error);
   return LaunchStatus(op, rc, launch_error);
 }
-
-}  // namespace
 
 OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
   NormProblem p;
@@ -62,38 +56,6 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormA
   if (!error.empty()) return MakeError(op, error);
   if (p.rows == 0 || p.cols == 0) return nullptr;
   return Launch(op, LaunchParamsFor(p, ctx), ctx);
-}
-
-// The modulated ops: the norm's parameters plus ModScale/ModShift (validated by PrepareModulated).
-OrtStatusPtr ComputeModulated(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
-  NormProblem p;
-  Modulation m;
-  const std::string error = PrepareModulated(ctx, op, attrs, &p, &m);
-  if (!error.empty()) return MakeError(op, error);
-  if (p.rows == 0 || p.cols == 0) return nullptr;
-  NormLaunchParams params = LaunchParamsFor(p, ctx);
-  params.scale_type = m.type;  // Scale/Bias, when given, have the modulation's type (checked)
-  params.mod_scale = m.scale;
-  params.mod_shift = m.shift;
-  params.mod_batch = m.batch;
-  params.rows_per_sample = m.rows_per_sample;
-  return Launch(op, params, ctx);
-}
-
-// GroupNorm: the groups as rows (validated by PrepareGroupNorm, shared with the CPU op), Scale/Bias per channel.
-OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
-  GroupNormProblem g;
-  const std::string error = PrepareGroupNorm(ctx, attrs, &g);
-  if (!error.empty()) return MakeError(op, error);
-  if (g.rows.rows == 0 || g.rows.cols == 0) return nullptr;
-  NormLaunchParams params = LaunchParamsFor(g.rows, ctx);
-  params.scale = g.scale;
-  params.bias = g.bias;
-  params.scale_type = g.scale_type;
-  params.num_groups = g.channels / g.group_channels;
-  params.spatial = g.spatial;
-  params.activation = g.activation;
-  return Launch(op, params, ctx);
 }
 
 }  // namespace cuda

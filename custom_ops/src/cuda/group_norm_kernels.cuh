@@ -1,5 +1,5 @@
 // GroupNorm's CUDA row math (docs/ops.md): a group of one sample is a contiguous row of X (its C / G channels
-// times the spatial dims), normalised by the row kernels' statistics (RowStatistics, modulated_kernels.cuh); the
+// times the spatial dims), normalised by the row ops' statistics (RowStatistics, row_op_kernels.cuh); the
 // epilogue applies Scale and Bias of each element's channel and SiLU, every step rounded as the op says.
 #pragma once
 
@@ -7,13 +7,39 @@
 
 #include "element_types.cuh"
 #include "kernel_config.cuh"
-#include "modulated_kernels.cuh"
 #include "norm_args.cuh"
-#include "reduce.cuh"
-#include "vector_io.cuh"
+#include "row_op_kernels.cuh"
 
 namespace onnx_norm {
 namespace cuda {
+
+// The arguments of GroupNorm's kernel: a row is one group of one sample (rows = N * G,
+// cols = C / G * spatial); Scale and Bias, [C] of scale_type, are read at channel
+// (row % groups) * group_channels + col / spatial. The fields RowStatistics reads are named as in NormArgs.
+struct GroupNormArgs {
+  const void* x;
+  const void* scale;
+  const void* bias;
+  void* y;
+  int64_t rows;
+  int cols;
+  int group;  // threads per row, a power of two >= 8; when > 32 the block size (one row per block)
+  float epsilon;
+  bool rms;  // false: RowStatistics' LayerNorm statistics
+  int scale_type;
+  int y_type;
+  int normalized_type;
+  int multiply_type;
+  int spatial;
+  int groups;
+  int group_channels;
+  int activation;  // 0 none, 1 SiLU
+
+  static constexpr const char* kName = "group_norm";
+  // The kernel a configuration of kind kRowOp names, for X of type TX (kernel_dispatch.cuh).
+  template <typename TX>
+  static auto Kernel(const KernelConfig& config) -> void (*)(GroupNormArgs);
+};
 
 // Columns [col, col + N) of a group's row whose first channel is `first_channel`: normalise, the per-channel
 // affine, SiLU, store. Scale/Bias are read one element at a time (a unit may straddle two channels).
@@ -47,12 +73,12 @@ __device__ __forceinline__ void GroupAffineAndStore(const GroupNormArgs& a, floa
   StoreTyped<N>(a.y, a.y_type, offset, v);
 }
 
-// The row kernel of GroupNorm: as ModulatedNormKernel (its launch bounds and configurations), rows = N * G.
+// The row kernel of GroupNorm (the row ops' launch bounds and configurations, row_op_kernels.cuh), rows = N * G.
 template <typename TX, int N, bool kCached>
-__global__ void __launch_bounds__(kModulatedMaxBlock, 1) GroupNormKernel(GroupNormArgs a) {
+__global__ void __launch_bounds__(kRowOpMaxBlock, 1) GroupNormKernel(GroupNormArgs a) {
   __shared__ ReduceScratch scratch;
   NormRows<TX, N, kCached>(a, scratch, [&](int64_t row, const RowGroups& rows, const RowState<TX, N, kCached>& s) {
-    // 32-bit arithmetic (the launcher keeps rows below 2^31), as in ModulatedNormKernel.
+    // 32-bit arithmetic (the launcher keeps rows below 2^31): a 64-bit remainder is a subroutine call.
     const int first_channel =
         static_cast<int>(static_cast<uint32_t>(row) % static_cast<uint32_t>(a.groups)) * a.group_channels;
     ForEachUnit<TX, N, kCached>(a, rows, s, [&](int64_t offset, int col, float(&v)[N]) {
@@ -61,12 +87,11 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) GroupNormKernel(GroupNo
   });
 }
 
-// The kernel a configuration of kind kGroupNormRow names, for X of type TX (kernel_dispatch.cuh).
 template <typename TX>
-auto SelectGroupNormKernel(const KernelConfig& config) -> void (*)(GroupNormArgs) {
-  constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  return RowKernelVariant(config, &GroupNormKernel<TX, V, true>, &GroupNormKernel<TX, V, false>,
-                          &GroupNormKernel<TX, 1, true>, &GroupNormKernel<TX, 1, false>);
+auto GroupNormArgs::Kernel(const KernelConfig& config) -> void (*)(GroupNormArgs) {
+  return RowKernelFor<TX>(config, [](auto n, auto cached) {
+    return &GroupNormKernel<TX, decltype(n)::value, decltype(cached)::value>;
+  });
 }
 
 }  // namespace cuda

@@ -12,7 +12,8 @@
 namespace onnx_norm {
 namespace cuda {
 
-enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow, kModulatedRow, kGroupNormRow };
+// kRowOp: the kernel of a row op (row_op_kernels.cuh), the one its argument block names (Args::Kernel).
+enum class KernelKind { kRegisterRow, kSharedRowCached, kSharedRowUncached, kClusterRow, kRowOp };
 
 // Compile-time variants of the register-row kernel (RegisterRowKernel's kFlags): what would otherwise be
 // uniform runtime branches between a row's loads, which keep the compiler from issuing them back to back.
@@ -23,15 +24,15 @@ enum RegisterRowFlags : int {
   kFlagCombinations = 8,
 };
 
-// Variants of the row kernels (ModulatedNormKernel, modulated_kernels.cuh; GroupNormKernel): the row read in units of one
-// 16-byte vector (else single elements), and held in registers, up to kModulatedUnits units per thread (else
-// read again from global memory, L2, for the variance and the output).
-enum ModulatedFlags : int {
+// Variants of a row op's kernel (row_op_kernels.cuh): the row read in units of one 16-byte vector (else single
+// elements), and held in registers, up to kRowOpUnits units per thread (else read again from global memory, L2,
+// for the variance and the output).
+enum RowOpFlags : int {
   kVectorUnitsFlag = 1,
   kCachedRowFlag = 2,
 };
-constexpr int kModulatedUnits = 4;
-constexpr int kModulatedMaxBlock = 1024;
+constexpr int kRowOpUnits = 4;
+constexpr int kRowOpMaxBlock = 1024;
 
 // Values of vectors_per_thread that are instantiated (16-byte vectors of X held per thread).
 constexpr int kMaxVectorsPerThread = 4;
@@ -51,7 +52,7 @@ constexpr int kMinSliceVectors = 128;
 struct KernelConfig {
   KernelKind kind = KernelKind::kRegisterRow;
   int vectors_per_thread = 1;  // kRegisterRow only: 1, 2 or 4
-  int flags = 0;               // kRegisterRow: RegisterRowFlags; kModulatedRow, kGroupNormRow: ModulatedFlags
+  int flags = 0;               // kRegisterRow: RegisterRowFlags; kRowOp: RowOpFlags
   int group = 8;               // threads per row (NormArgs::group)
   int block = 128;
   unsigned grid = 1;
@@ -62,19 +63,15 @@ struct KernelConfig {
 };
 
 // The launch of the kernel `config` names, for X of ONNX type kXType (kFloat32, kFloat16, kBFloat16) and the
-// argument block of its op (NormArgs, or a block of its own such as ModulatedArgs). Returns the launch status
-// (cudaGetLastError).
-// Instantiated for every type and argument block by ONNX_NORM_INSTANTIATE_LAUNCH, in one translation unit per
-// type (norm_float32.cu, norm_float16.cu, norm_bfloat16.cu) so that builds compile them in parallel; the CPU
-// emulator (tools/gpu_harness/emulator.cc) defines and instantiates its own.
+// argument block of its op (NormArgs, or a row op's own block). Returns the launch status (cudaGetLastError).
+// Defined by norm_launch.cuh (the CPU emulator, tools/gpu_harness/emulator.cc, defines its own) and instantiated
+// by ONNX_NORM_INSTANTIATE_LAUNCH in the translation unit of each op: NormArgs one per X type (norm_float32.cu,
+// norm_float16.cu, norm_bfloat16.cu) so that builds compile them in parallel, a row op's in its own cuda/<op>.cu.
 template <int kXType, typename Args>
 cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStream_t stream);
 
-// The argument blocks of the ops, each launched through LaunchKernel: an op with its own block adds it here.
-#define ONNX_NORM_INSTANTIATE_LAUNCH(x_type)                                                                   \
-  template cudaError_t LaunchKernel<x_type, NormArgs>(const NormArgs&, const KernelConfig&, cudaStream_t);     \
-  template cudaError_t LaunchKernel<x_type, ModulatedArgs>(const ModulatedArgs&, const KernelConfig&, cudaStream_t); \
-  template cudaError_t LaunchKernel<x_type, GroupNormArgs>(const GroupNormArgs&, const KernelConfig&, cudaStream_t);
+#define ONNX_NORM_INSTANTIATE_LAUNCH(x_type, Args) \
+  template cudaError_t LaunchKernel<x_type, Args>(const Args&, const KernelConfig&, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace onnx_norm

@@ -7,8 +7,6 @@
 
 #include "kernel_config.cuh"
 #include "cluster_row_kernel.cuh"
-#include "group_norm_kernels.cuh"
-#include "modulated_kernels.cuh"
 #include "norm_kernels.cuh"
 
 namespace onnx_norm {
@@ -45,9 +43,8 @@ NormKernel SelectNormKernel(const KernelConfig& config) {
       return &SharedRowKernel<TX, false>;
     case KernelKind::kClusterRow:
       return &ClusterRowKernel<TX>;
-    case KernelKind::kModulatedRow:
-    case KernelKind::kGroupNormRow:
-      return nullptr;  // kernels of ModulatedArgs and GroupNormArgs (SelectKernel below)
+    case KernelKind::kRowOp:
+      return nullptr;  // a row op's kernel (SelectKernel below)
   }
   return nullptr;
 }
@@ -58,13 +55,10 @@ template <typename TX>
 NormKernel SelectKernel(const KernelConfig& config, const NormArgs* /*args*/) {
   return SelectNormKernel<TX>(config);
 }
-template <typename TX>
-auto SelectKernel(const KernelConfig& config, const ModulatedArgs* /*args*/) -> void (*)(ModulatedArgs) {
-  return config.kind == KernelKind::kModulatedRow ? SelectModulatedKernel<TX>(config) : nullptr;
-}
-template <typename TX>
-auto SelectKernel(const KernelConfig& config, const GroupNormArgs* /*args*/) -> void (*)(GroupNormArgs) {
-  return config.kind == KernelKind::kGroupNormRow ? SelectGroupNormKernel<TX>(config) : nullptr;
+// A row op's argument block names its kernel (Args::Kernel, in the op's kernels header, row_op_kernels.cuh).
+template <typename TX, typename Args>
+auto SelectKernel(const KernelConfig& config, const Args* /*args*/) -> void (*)(Args) {
+  return config.kind == KernelKind::kRowOp ? Args::template Kernel<TX>(config) : nullptr;
 }
 
 }  // namespace cuda

@@ -1,9 +1,9 @@
-// LaunchNorm (launch.h), the one launcher of every op: validates the parameters, picks a kernel configuration
-// from the row length and the pointers' alignment, makes the tensors' device current and launches on the given
-// stream, dispatching on X's type. An op family contributes its checks and its choice of kernel (the norms and
-// their Skip forms: PrepareNorm / ChooseNormConfig; the modulated ops: PrepareModulated / ChooseModulatedConfig);
-// the device, the grid and the dispatch are shared. No allocation, no synchronisation, no stream query: safe
-// inside CUDA graph capture. Host code only, so that the CPU emulator (tools/gpu_harness/emulator.cc) runs it.
+// LaunchNorm (launch.h), the one launcher of every op: for the norms and their Skip forms, validates the
+// parameters (PrepareNorm), picks a kernel configuration from the row length and the pointers' alignment
+// (ChooseNormConfig), makes the tensors' device current and launches on the given stream, dispatching on X's type;
+// for a row op, runs the launcher registered under its name (row_op_launch.h), which shares the device, the grid
+// and the dispatch (launch_common.h). No allocation, no synchronisation, no stream query: safe inside CUDA graph
+// capture. Host code only, so that the CPU emulator (tools/gpu_harness/emulator.cc) runs it.
 #include "launch.h"
 
 #include <cuda_runtime_api.h>
@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 
 #include "kernel_config.cuh"
 #include "launch_common.h"
+#include "row_op_launch.h"
 
 namespace onnx_norm {
 namespace cuda {
@@ -21,34 +23,6 @@ namespace {
 
 // The pieces every launcher shares: sizes, errors, overlap, the device and its cached attributes.
 using namespace launch;  // NOLINT(build/namespaces): launch_common.h, inside this file's anonymous namespace
-
-constexpr int kUnsupportedTypes = -1;
-
-unsigned GridSize(int64_t blocks) { return static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)); }
-
-// Blocks loop over rows: a few waves of resident blocks are enough, and a bounded grid.
-void CapGrid(KernelConfig* config, int sm_count) {
-  config->grid = std::min<unsigned>(config->grid, static_cast<unsigned>(sm_count * (2048 / config->block) * 4));
-}
-
-int OutputType(const NormLaunchParams& p) { return p.y_type == 0 ? p.x_type : p.y_type; }
-
-// The arguments every kernel reads the same way (NormArgs and ModulatedArgs name them alike).
-template <typename Args>
-void SetCommonArgs(const NormLaunchParams& p, Args* args) {
-  args->x = p.x;
-  args->scale = p.scale;
-  args->bias = p.bias;
-  args->y = p.y;
-  args->rows = p.rows;
-  args->cols = static_cast<int>(p.cols);
-  args->epsilon = p.epsilon;
-  args->rms = p.rms;
-  args->scale_type = p.scale_type;
-  args->y_type = OutputType(p);
-  args->normalized_type = p.normalized_type;
-  args->multiply_type = p.multiply_type;
-}
 
 // ------------------------------------------------------------------ LayerNorm, RMSNorm and their Skip forms
 
@@ -258,201 +232,36 @@ int ChooseNormConfig(const NormLaunchParams& p, int device, NormArgs* args, Kern
   return 0;
 }
 
-// ------------------------------------------------------------------------------- the modulated ops (adaLN)
+// The row ops' launchers (RowOpRegistrar): a fixed array, filled during static initialisation (no allocation).
+constexpr int kMaxRowOps = 16;
+struct RowOps {
+  struct Entry {
+    const char* name;
+    RowOpLaunch launch;
+  } entries[kMaxRowOps];
+  int count = 0;
+};
 
-int CheckModulated(const NormLaunchParams& p, const char** error) {
-  const int x_size = ElementSize(p.x_type);
-  const int y_size = ElementSize(OutputType(p));
-  const int param_size = ElementSize(p.scale_type);
-  if (p.skip != nullptr || p.sum != nullptr || p.mean != nullptr || p.inv_std != nullptr || (p.rms && p.bias)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: no Skip, Sum or statistics, and no Bias for RMSNorm",
-                error);
-  }
-  if ((p.scale != nullptr || p.bias != nullptr) && p.scale_size != p.cols) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: Scale/Bias must cover the whole row", error);
-  }
-  if (p.rows_per_sample <= 0 || p.rows % p.rows_per_sample != 0 ||
-      (p.mod_batch != 1 && p.mod_batch != p.rows / p.rows_per_sample)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: the modulation must have one row per sample, or one", error);
-  }
-  const int64_t y_bytes = p.rows * p.cols * y_size;
-  const int64_t mod_bytes = p.mod_batch * p.cols * param_size;
-  const int64_t param_bytes = p.cols * param_size;
-  if (Overlap(p.y, y_bytes, p.x, p.rows * p.cols * x_size) || Overlap(p.y, y_bytes, p.mod_scale, mod_bytes) ||
-      Overlap(p.y, y_bytes, p.mod_shift, mod_bytes) || Overlap(p.y, y_bytes, p.scale, param_bytes) ||
-      Overlap(p.y, y_bytes, p.bias, param_bytes)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: Y may not overlap an input", error);
-  }
-  return 0;
-}
-
-// Aligned for units of `vector` elements (every row and modulation row starts at a multiple of cols, which the
-// vector path needs to be a multiple of `vector`).
-bool UnitAligned(const void* p, int size, int vector) { return launch::VectorAligned(p, size, 0, vector); }
-
-// Checks the parameters of a modulated norm (rows == 0: types and sizes only) and fills `args`; `vector`: whether
-// every tensor can be read in 16-byte units.
-int PrepareModulated(const NormLaunchParams& p, ModulatedArgs* args, bool* vector, const char** error) {
-  const int x_size = ElementSize(p.x_type);
-  const int y_size = ElementSize(OutputType(p));
-  const int param_size = ElementSize(p.scale_type);
-  if (x_size == 0 || y_size == 0 || param_size == 0 || !IsRoundingType(p.normalized_type) ||
-      !IsRoundingType(p.multiply_type)) {
-    return Fail(kUnsupportedTypes,
-                "LaunchNorm: modulated: X, Y, the modulation (and Scale/Bias, of its type) and the rounding types "
-                "must be float32, float16 or bfloat16",
-                error);
-  }
-  if (p.rows < 0 || p.rows > INT_MAX || p.cols <= 0 || p.cols > INT_MAX) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: rows must be in [0, 2^31 - 1] and cols in [1, 2^31 - 1]",
-                error);
-  }
-  if (p.rows == 0) return 0;
-  if (p.x == nullptr || p.y == nullptr || p.mod_scale == nullptr || p.mod_shift == nullptr) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: X, Y, ModScale and ModShift are required", error);
-  }
-  if (const int rc = CheckModulated(p, error)) return rc;
-  const void* pointers[] = {p.x, p.y, p.scale, p.bias, p.mod_scale, p.mod_shift};
-  const int sizes[] = {x_size, y_size, param_size, param_size, param_size, param_size};
-  for (int i = 0; i < 6; ++i) {
-    if (!UnitAligned(pointers[i], sizes[i], 1)) {
-      return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
-    }
-  }
-  const int units = 16 / x_size;
-  *vector = p.cols % units == 0;
-  for (int i = 0; i < 6; ++i) *vector = *vector && UnitAligned(pointers[i], sizes[i], units);
-
-  SetCommonArgs(p, args);
-  args->mod_scale = p.mod_scale;
-  args->mod_shift = p.mod_shift;
-  args->rows_per_sample = p.rows_per_sample;
-  args->mod_broadcast = p.mod_batch == 1;
-  return 0;
-}
-
-// The row kernels' configuration (the modulated ops' and GroupNorm's, `kind`): up to kModulatedUnits units per
-// thread in registers, 8 to 1024 threads per row (blocks of at least 128 threads); rows longer than
-// 1024 * kModulatedUnits units are re-read, one row per 1024-thread block.
-template <typename Args>
-int ChooseRowConfig(KernelKind kind, bool vector, int element_size, int device, Args* args, KernelConfig* config,
-                    const char** error) {
-  const int64_t units = vector ? args->cols / (16 / element_size) : args->cols;
-  const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((units + kModulatedUnits - 1) / kModulatedUnits));
-  const bool cached = group <= kModulatedMaxBlock;
-  args->group = cached ? static_cast<int>(group) : kModulatedMaxBlock;
-  *config = KernelConfig{};
-  config->kind = kind;
-  config->flags = (vector ? kVectorUnitsFlag : 0) | (cached ? kCachedRowFlag : 0);
-  config->group = args->group;
-  config->block = std::max(args->group, 128);
-  config->device = device;
-  const int64_t rows_per_block = config->block / args->group;
-  config->grid = GridSize((args->rows + rows_per_block - 1) / rows_per_block);
-  int sm_count = 0;
-  const cudaError_t status = CachedAttribute(Info(device).sm_count, cudaDevAttrMultiProcessorCount, device, &sm_count);
-  if (status != cudaSuccess) return FailCuda(status, error);
-  CapGrid(config, sm_count);
-  return 0;
-}
-
-// ------------------------------------------------------------------------------------------------- GroupNorm
-
-// Checks GroupNorm's parameters (rows == 0: types and sizes only) and fills `args`; `vector`: whether X and Y
-// can be read and written in 16-byte units (Scale/Bias are read per element).
-int PrepareGroupNorm(const NormLaunchParams& p, GroupNormArgs* args, bool* vector, const char** error) {
-  const int x_size = ElementSize(p.x_type);
-  const int y_size = ElementSize(OutputType(p));
-  const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
-  const int param_size = has_parameters ? ElementSize(p.scale_type) : 4;
-  if (x_size == 0 || y_size == 0 || param_size == 0 || !IsRoundingType(p.normalized_type) ||
-      !IsRoundingType(p.multiply_type)) {
-    return Fail(kUnsupportedTypes, "LaunchNorm: GroupNorm: X, Y, Scale/Bias and the rounding types must be float32, "
-                "float16 or bfloat16", error);
-  }
-  const int64_t channels = p.spatial > 0 ? p.num_groups * (p.cols / p.spatial) : 0;
-  if (p.rows < 0 || p.rows > INT_MAX || p.cols <= 0 || p.cols > INT_MAX || p.spatial <= 0 ||
-      p.cols % p.spatial != 0 || p.rows % p.num_groups != 0 || channels > INT_MAX || p.activation < 0 ||
-      p.activation > 1) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: GroupNorm: rows must be N * num_groups, cols a multiple of "
-                "spatial, both below 2^31, and activation 0 or 1", error);
-  }
-  if (p.skip != nullptr || p.sum != nullptr || p.mean != nullptr || p.inv_std != nullptr || p.rms) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: GroupNorm: no Skip, Sum, statistics or RMS", error);
-  }
-  if (p.rows == 0) return 0;
-  const int64_t y_bytes = p.rows * p.cols * y_size;
-  if (p.x == nullptr || p.y == nullptr || Overlap(p.y, y_bytes, p.x, p.rows * p.cols * x_size) ||
-      Overlap(p.y, y_bytes, p.scale, channels * param_size) || Overlap(p.y, y_bytes, p.bias, channels * param_size)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: GroupNorm: X and Y are required and Y may not overlap an input",
-                error);
-  }
-  if (!UnitAligned(p.x, x_size, 1) || !UnitAligned(p.y, y_size, 1) || !UnitAligned(p.scale, param_size, 1) ||
-      !UnitAligned(p.bias, param_size, 1)) {
-    return Fail(cudaErrorInvalidValue, "LaunchNorm: a tensor is not aligned to its element size", error);
-  }
-  const int units = 16 / x_size;
-  *vector = p.cols % units == 0 && UnitAligned(p.x, x_size, units) && UnitAligned(p.y, y_size, units);
-  SetCommonArgs(p, args);
-  args->spatial = static_cast<int>(p.spatial);
-  args->groups = static_cast<int>(p.num_groups);
-  args->group_channels = static_cast<int>(p.cols / p.spatial);
-  args->activation = p.activation;
-  return 0;
-}
-
-// ----------------------------------------------------------------------------------- what every launch shares
-
-template <typename Args>
-cudaError_t LaunchForXType(int x_type, const Args& args, const KernelConfig& config, cudaStream_t stream) {
-  switch (x_type) {
-    case kFloat32:
-      return LaunchKernel<kFloat32>(args, config, stream);
-    case kFloat16:
-      return LaunchKernel<kFloat16>(args, config, stream);
-    default:
-      return LaunchKernel<kBFloat16>(args, config, stream);
-  }
-}
-
-// After the op's checks: the device, the op's configuration (`choose(device, &config)`), the launch.
-template <typename Args, typename Choose>
-int LaunchOnDevice(const NormLaunchParams& p, const Args& args, Choose&& choose, void* stream, const char** error) {
-  // The launch reports its status through cudaGetLastError: drop an error left by an earlier call of
-  // this runtime (already returned to its caller), so that it is not reported again here. Sticky errors
-  // (a corrupted context) come back from the launch itself.
-  (void)cudaGetLastError();
-  int device = 0;
-  if (const int rc = MakeDeviceCurrent(p.x, p.device, &device, error)) return rc;
-  KernelConfig config;
-  if (const int rc = choose(device, &config)) return rc;
-  const cudaError_t status = LaunchForXType(p.x_type, args, config, static_cast<cudaStream_t>(stream));
-  return status == cudaSuccess ? 0 : FailCuda(status, error);
-}
-
-// An op whose kernel is built on NormRows (modulated norms, GroupNorm): its checks and argument block
-// (`prepare`), its row configuration, the launch.
-template <typename Args, typename Prepare>
-int LaunchRowOp(KernelKind kind, Prepare&& prepare, const NormLaunchParams& p, void* stream, const char** error) {
-  Args args{};
-  bool vector = false;
-  const int rc = prepare(p, &args, &vector, error);
-  if (rc != 0 || p.rows == 0) return rc;
-  const auto choose = [&](int device, KernelConfig* config) {
-    return ChooseRowConfig(kind, vector, ElementSize(p.x_type), device, &args, config, error);
-  };
-  return LaunchOnDevice(p, args, choose, stream, error);
+RowOps& RegisteredRowOps() {
+  static RowOps ops;  // function-local: constructed by the first registrar, whatever the order of the units
+  return ops;
 }
 
 }  // namespace
 
+RowOpRegistrar::RowOpRegistrar(const char* name, RowOpLaunch launch) {
+  RowOps& ops = RegisteredRowOps();
+  if (ops.count < kMaxRowOps) ops.entries[ops.count++] = {name, launch};
+}
+
 int LaunchNorm(const NormLaunchParams& p, void* stream, const char** error) {
   if (error != nullptr) *error = nullptr;
-  if (p.num_groups > 0) {
-    return LaunchRowOp<GroupNormArgs>(KernelKind::kGroupNormRow, PrepareGroupNorm, p, stream, error);
-  }
-  if (p.mod_scale != nullptr || p.mod_shift != nullptr) {
-    return LaunchRowOp<ModulatedArgs>(KernelKind::kModulatedRow, PrepareModulated, p, stream, error);
+  if (p.row_op != nullptr) {
+    const RowOps& ops = RegisteredRowOps();
+    for (int i = 0; i < ops.count; ++i) {
+      if (std::strcmp(ops.entries[i].name, p.row_op) == 0) return ops.entries[i].launch(p, stream, error);
+    }
+    return Fail(cudaErrorInvalidValue, "LaunchNorm: row_op names no registered launcher", error);
   }
   NormArgs args{};
   const int rc = PrepareNorm(p, &args, error);

@@ -8,6 +8,9 @@
 namespace onnx_norm {
 namespace cuda {
 
+inline constexpr int kMaxLaunchInputs = 2;
+inline constexpr int kMaxLaunchInts = 4;
+
 // Element types use ONNXTensorElementDataType values: 1 float, 10 float16, 16 bfloat16; 0 = "not set".
 struct NormLaunchParams {
   const void* x = nullptr;      // [rows, cols], x_type
@@ -26,7 +29,7 @@ struct NormLaunchParams {
   float epsilon = 1e-5f;
   bool rms = false;
   int x_type = 0;
-  int scale_type = 0;           // also Bias's type, and ModScale/ModShift's
+  int scale_type = 0;           // also Bias's type, and that of a row op's own inputs
   int y_type = 0;
   int normalized_type = 0;
   int multiply_type = 0;
@@ -34,26 +37,18 @@ struct NormLaunchParams {
   // tensor's device index). -1: taken from X's pointer attributes. Never asked of the stream, so
   // nothing in a launch is a call that a CUDA graph capture can refuse.
   int device = -1;
-  // The modulated ops (adaLN): ModScale and ModShift, [mod_batch, cols] each, of scale_type; null for the other
-  // ops (their presence selects the modulated kernel). rows_per_sample consecutive rows share one modulation
-  // row; mod_batch is 1 (one for every sample) or rows / rows_per_sample. No Skip, Sum or statistics then, and
-  // Scale/Bias cover the whole row.
-  const void* mod_scale = nullptr;
-  const void* mod_shift = nullptr;
-  int64_t mod_batch = 0;
-  int64_t rows_per_sample = 0;
-  // GroupNorm: num_groups > 0 selects its kernel. A row is one group of one sample: rows = N * num_groups,
-  // cols = (C / num_groups) * spatial (spatial: the elements of one channel); Scale/Bias are [C] of scale_type,
-  // either may be null; activation 1 applies SiLU after them. No Skip, Sum, statistics or modulation then.
-  int64_t num_groups = 0;
-  int64_t spatial = 0;
-  int activation = 0;
+  // A row op (row_op_launch.h): the name its launcher registered under, and its own inputs and int parameters in
+  // the order its launch header (cuda/<op>_launch.h) gives; null for the norms. Its kernel reads no Skip, Sum or
+  // statistics.
+  const char* row_op = nullptr;
+  const void* op_inputs[kMaxLaunchInputs] = {};
+  int64_t op_ints[kMaxLaunchInts] = {};
   // false: never split a row over a thread-block cluster (one block per row, as on a GPU without
   // clusters), for comparing the two on a GPU (tools/gpu_check.py).
   bool clusters = true;
 };
 
-// Launches on `stream` (a cudaStream_t), after making `device` current. No allocation, no
+// Launches on `stream` (a cudaStream_t), after making `device` current: the norms' kernels, or row_op's launcher. No allocation, no
 // synchronisation, nothing on the default stream, no stream query: safe inside CUDA graph capture.
 // Sum may be X or Skip itself (in-place); no other output may overlap an input. Returns 0 on success, otherwise a cudaError_t
 // value (or -1 for an unsupported type combination); `error` then points at a static message.

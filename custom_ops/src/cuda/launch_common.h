@@ -1,14 +1,18 @@
-// Host-side pieces of the launcher (launch.cu): element sizes, error returns, overlap and alignment tests, and the
-// device a launch runs on with its attributes read once. Header-only (inline), so that the CPU emulator, which
-// compiles the launcher with a stand-in CUDA runtime, needs no extra file.
+// Host-side pieces of every op's launcher (launch.cu, a row op's cuda/<op>.cu): element sizes, error returns,
+// overlap and alignment tests, the device a launch runs on with its attributes read once, the grid cap, and the
+// launch on the device with the one dispatch on X's type. Header-only (inline), so that the CPU emulator, which
+// compiles the launchers with a stand-in CUDA runtime, needs no extra file.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 
+#include "kernel_config.cuh"
+#include "launch.h"
 #include "norm_args.cuh"
 
 namespace onnx_norm {
@@ -121,6 +125,66 @@ inline int MakeDeviceCurrent(const void* x, int hint, int* device, const char** 
   int current = -1;
   status = cudaGetDevice(&current);
   if (status == cudaSuccess && current != *device) status = cudaSetDevice(*device);
+  return status == cudaSuccess ? 0 : FailCuda(status, error);
+}
+
+// The return code of an unsupported type combination (launch.h).
+constexpr int kUnsupportedTypes = -1;
+
+inline unsigned GridSize(int64_t blocks) { return static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)); }
+
+// Blocks loop over rows: a few waves of resident blocks are enough, and a bounded grid.
+inline void CapGrid(KernelConfig* config, int sm_count) {
+  config->grid = std::min<unsigned>(config->grid, static_cast<unsigned>(sm_count * (2048 / config->block) * 4));
+}
+
+inline int OutputType(const NormLaunchParams& p) { return p.y_type == 0 ? p.x_type : p.y_type; }
+
+// Aligned for units of `vector` elements (every row starts at a multiple of cols, which the vector path needs to be
+// a multiple of `vector`).
+inline bool UnitAligned(const void* p, int size, int vector) { return VectorAligned(p, size, 0, vector); }
+
+// The arguments every kernel reads the same way (NormArgs and every row op's block name them alike).
+template <typename Args>
+void SetCommonArgs(const NormLaunchParams& p, Args* args) {
+  args->x = p.x;
+  args->scale = p.scale;
+  args->bias = p.bias;
+  args->y = p.y;
+  args->rows = p.rows;
+  args->cols = static_cast<int>(p.cols);
+  args->epsilon = p.epsilon;
+  args->rms = p.rms;
+  args->scale_type = p.scale_type;
+  args->y_type = OutputType(p);
+  args->normalized_type = p.normalized_type;
+  args->multiply_type = p.multiply_type;
+}
+
+template <typename Args>
+cudaError_t LaunchForXType(int x_type, const Args& args, const KernelConfig& config, cudaStream_t stream) {
+  switch (x_type) {
+    case kFloat32:
+      return LaunchKernel<kFloat32>(args, config, stream);
+    case kFloat16:
+      return LaunchKernel<kFloat16>(args, config, stream);
+    default:
+      return LaunchKernel<kBFloat16>(args, config, stream);
+  }
+}
+
+// After the op's checks: the device, the op's configuration (`choose(device, &config)`), the launch.
+template <typename Args, typename Choose>
+int LaunchOnDevice(const NormLaunchParams& p, const Args& args, Choose&& choose, void* stream, const char** error) {
+  // The launch reports its status through cudaGetLastError: drop an error left by an earlier call of
+  // this runtime (already returned to its caller), so that it is not reported again here. Sticky errors
+  // (a corrupted context) come back from the launch itself.
+  (void)cudaGetLastError();
+  int device = 0;
+  if (const int rc = MakeDeviceCurrent(p.x, p.device, &device, error)) return rc;
+  KernelConfig config;
+  if (const int rc = choose(device, &config)) return rc;
+  const cudaError_t status = LaunchForXType(p.x_type, args, config, static_cast<cudaStream_t>(stream));
   return status == cudaSuccess ? 0 : FailCuda(status, error);
 }
 

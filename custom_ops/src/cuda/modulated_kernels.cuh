@@ -1,7 +1,6 @@
-// The modulated (adaLN) norm kernel: y = norm(x) [* Scale + Bias], then * round_m(1 + ModScale[sample]) +
-// ModShift[sample], every step rounded as docs/ops.md says. Built from the shared pieces of the norm kernels
-// (vector_io.cuh loads/stores and conversions, element_types.cuh rounding, reduce.cuh group sums); statistics in
-// float32, LayerNorm's variance a second pass over the row held in registers.
+// The modulated (adaLN) ops' row math and kernel: y = norm(x) [* Scale + Bias], then * round_m(1 + ModScale[sample])
+// + ModShift[sample], every step rounded as docs/ops.md says. A row op (row_op_kernels.cuh): the shared statistics
+// and unit loop, this file's epilogue.
 #pragma once
 
 #include <cstdint>
@@ -9,57 +8,40 @@
 #include "element_types.cuh"
 #include "kernel_config.cuh"
 #include "norm_args.cuh"
-#include "reduce.cuh"
-#include "vector_io.cuh"
+#include "row_op_kernels.cuh"
 
 namespace onnx_norm {
 namespace cuda {
 
-// A unit of N elements of X held as 32-bit words: a 16-byte vector (4 words) or one element (its float bits).
-template <typename TX, int N>
-struct Unit {
-  static constexpr int kWords = N == 1 ? 1 : 4;
+// The arguments of the modulated kernel: the norm's (named as in NormArgs, which the launcher fills alike) and the
+// modulation, ModScale and ModShift, [1 or samples, cols] each, of scale_type; rows_per_sample consecutive rows
+// share one modulation row (every row the first when mod_broadcast). A block of its own, in this order, rather
+// than NormArgs extended: with NormArgs' fields first, ptxas spilled in two of the kernels on sm_100 (and a larger
+// NormArgs made register-row kernels spill on sm_90).
+struct ModulatedArgs {
+  const void* x;
+  const void* scale;  // the norm's own Scale/Bias, scale_type; may be null
+  const void* bias;
+  const void* mod_scale;
+  const void* mod_shift;
+  void* y;
+  int64_t rows;
+  int64_t rows_per_sample;
+  bool mod_broadcast;
+  int cols;
+  int group;  // threads per row, a power of two >= 8; when > 32 the block size (one row per block)
+  float epsilon;
+  bool rms;
+  int scale_type;  // Scale, Bias, ModScale, ModShift
+  int y_type;
+  int normalized_type;
+  int multiply_type;
 
-  __device__ __forceinline__ static void Load(const TX* p, uint32_t (&w)[kWords]) {
-    if constexpr (N == 1) {
-      w[0] = __float_as_uint(LoadScalar(p));
-    } else {
-      LoadWords<kWords, true>(p, w);
-    }
-  }
-
-  __device__ __forceinline__ static void Unpack(const uint32_t (&w)[kWords], float (&v)[N]) {
-    if constexpr (N == 1) {
-      v[0] = __uint_as_float(w[0]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kWords; ++j) WordCodec<TX>::Unpack(w[j], v + j * WordCodec<TX>::kValues);
-    }
-  }
+  static constexpr const char* kName = "modulated";
+  // The kernel a configuration of kind kRowOp names, for X of type TX (kernel_dispatch.cuh).
+  template <typename TX>
+  static auto Kernel(const KernelConfig& config) -> void (*)(ModulatedArgs);
 };
-
-// N values of a tensor whose type is a runtime (grid-uniform) choice.
-template <int N>
-__device__ __forceinline__ void LoadTyped(const void* p, int type, int64_t offset, float (&v)[N]) {
-  if (type == kFloat16) {
-    LoadVector<__half, N>(static_cast<const __half*>(p) + offset, v);
-  } else if (type == kBFloat16) {
-    LoadVector<__nv_bfloat16, N>(static_cast<const __nv_bfloat16*>(p) + offset, v);
-  } else {
-    LoadVector<float, N>(static_cast<const float*>(p) + offset, v);
-  }
-}
-
-template <int N>
-__device__ __forceinline__ void StoreTyped(void* p, int type, int64_t offset, const float (&v)[N]) {
-  if (type == kFloat16) {
-    StoreVector<__half, N>(static_cast<__half*>(p) + offset, v);
-  } else if (type == kBFloat16) {
-    StoreVector<__nv_bfloat16, N>(static_cast<__nv_bfloat16*>(p) + offset, v);
-  } else {
-    StoreVector<float, N>(static_cast<float*>(p) + offset, v);
-  }
-}
 
 // Columns [col, col + N) of one row: normalise, the norm's affine, the modulation, store.
 template <int N>
@@ -95,132 +77,10 @@ __device__ __forceinline__ void ModulateAndStore(const ModulatedArgs& a, float m
   StoreTyped<N>(a.y, a.y_type, offset, v);
 }
 
-// One row of a row kernel (a norm over each row, then an epilogue per unit): the units of X this thread holds
-// (kCached: up to kModulatedUnits in registers, else none: they are read again), and the row's statistics.
-template <typename TX, int N, bool kCached>
-struct RowState {
-  using U = Unit<TX, N>;
-  static constexpr int kSlots = kCached ? kModulatedUnits : 1;
-  uint32_t w[kSlots][U::kWords];
-  float mean = 0.0f;
-  float inv = 0.0f;
-  int live_units = 0;
-  int64_t base = 0;
-};
-
-// Reads row `row` (an empty row past the last one) and reduces it over its group of threads: mean (LayerNorm)
-// and 1 / sqrt(variance or mean square + epsilon), float32, LayerNorm's variance a second pass over the row held
-// in registers (or read again). Every thread of the block calls it the same number of times (block-wide sums).
-// Args: any argument block with x, rows, cols, epsilon and rms (ModulatedArgs, GroupNormArgs).
-template <typename TX, int N, bool kCached, typename Args>
-__device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& rows, int64_t row, ReduceScratch& scratch,
-                                              int& parity, RowState<TX, N, kCached>& s) {
-  using U = Unit<TX, N>;
-  constexpr int kSlots = RowState<TX, N, kCached>::kSlots;
-  const int group = rows.group;
-  const int rank = rows.rank;
-  const TX* x = static_cast<const TX*>(a.x);
-  s.live_units = row < a.rows ? a.cols / N : 0;
-  s.base = row * a.cols;
-  float sum = 0.0f;
-  if constexpr (kCached) {
-#pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      const int k = rank + i * group;
-      if (k < s.live_units) {
-        U::Load(x + s.base + k * N, s.w[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < U::kWords; ++j) s.w[i][j] = 0u;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      float v[N];
-      U::Unpack(s.w[i], v);
-#pragma unroll
-      for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
-    }
-  } else {
-    for (int k = rank; k < s.live_units; k += group) {
-      float v[N];
-      LoadVector<TX, N>(x + s.base + k * N, v);
-#pragma unroll
-      for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
-    }
-  }
-  s.mean = 0.0f;
-  if (a.rms) {
-    s.inv = 1.0f / sqrtf(GroupSum(sum, group, scratch, parity) / a.cols + a.epsilon);
-    return;
-  }
-  s.mean = GroupSum(sum, group, scratch, parity) / a.cols;
-  float squares = 0.0f;
-  if constexpr (kCached) {
-#pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      if (rank + i * group < s.live_units) {
-        float v[N];
-        U::Unpack(s.w[i], v);
-#pragma unroll
-        for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
-      }
-    }
-  } else {
-    for (int k = rank; k < s.live_units; k += group) {
-      float v[N];
-      LoadVector<TX, N>(x + s.base + k * N, v);
-#pragma unroll
-      for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
-    }
-  }
-  // IEEE sqrt and division, not rsqrtf's approximation: once per row.
-  s.inv = 1.0f / sqrtf(GroupSum(squares, group, scratch, parity) / a.cols + a.epsilon);
-}
-
-// Calls epilogue(offset, col, v) for each unit of the row this thread owns, v its N values of X.
-template <typename TX, int N, bool kCached, typename Args, typename Epilogue>
-__device__ __forceinline__ void ForEachUnit(const Args& a, const RowGroups& rows, const RowState<TX, N, kCached>& s,
-                                            Epilogue&& epilogue) {
-  using U = Unit<TX, N>;
-  if constexpr (kCached) {
-#pragma unroll
-    for (int i = 0; i < RowState<TX, N, kCached>::kSlots; ++i) {
-      const int k = rows.rank + i * rows.group;
-      if (k < s.live_units) {
-        float v[N];
-        U::Unpack(s.w[i], v);
-        epilogue(s.base + k * N, k * N, v);
-      }
-    }
-  } else {
-    for (int k = rows.rank; k < s.live_units; k += rows.group) {
-      float v[N];
-      LoadVector<TX, N>(static_cast<const TX*>(a.x) + s.base + k * N, v);
-      epilogue(s.base + k * N, k * N, v);
-    }
-  }
-}
-
-// The loop of a row kernel: `group` threads per row, blockDim.x / group rows per block, blocks looping over rows;
-// each row's statistics, then epilogue(row, rows, state) for a row that exists. Every thread runs the same
-// iterations (a row slot past the last row is an empty row), so block-wide sums (group > 32) miss no thread.
-template <typename TX, int N, bool kCached, typename Args, typename RowEpilogue>
-__device__ __forceinline__ void NormRows(const Args& a, ReduceScratch& scratch, RowEpilogue&& epilogue) {
-  int parity = 0;
-  const RowGroups rows(a.group);
-  for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
-    const int64_t row = first + rows.slot;
-    RowState<TX, N, kCached> s;
-    RowStatistics<TX, N, kCached>(a, rows, row, scratch, parity, s);
-    if (s.live_units != 0) epilogue(row, rows, s);
-  }
-}
-
 // Launch bounds: up to 1024 threads and at least one block per SM, i.e. 64 registers; without the minimum, ptxas
 // aimed at two 1024-thread blocks (32 registers) and spilled in the scalar-unit and re-reading variants.
 template <typename TX, int N, bool kCached>
-__global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(ModulatedArgs a) {
+__global__ void __launch_bounds__(kRowOpMaxBlock, 1) ModulatedNormKernel(ModulatedArgs a) {
   __shared__ ReduceScratch scratch;
   NormRows<TX, N, kCached>(a, scratch, [&](int64_t row, const RowGroups& rows, const RowState<TX, N, kCached>& s) {
     // 32-bit division (the launcher keeps rows below 2^31): a 64-bit one is a subroutine call, whose calling
@@ -233,22 +93,11 @@ __global__ void __launch_bounds__(kModulatedMaxBlock, 1) ModulatedNormKernel(Mod
   });
 }
 
-// Of a row kernel's four instantiations (16-byte vector units or scalar ones, the row kept in registers or read
-// again), the one `config`'s flags name. Shared by every op whose kernel is built on NormRows.
-template <typename Kernel>
-Kernel RowKernelVariant(const KernelConfig& config, Kernel vector_cached, Kernel vector_reread, Kernel scalar_cached,
-                        Kernel scalar_reread) {
-  const bool cached = (config.flags & kCachedRowFlag) != 0;
-  if ((config.flags & kVectorUnitsFlag) != 0) return cached ? vector_cached : vector_reread;
-  return cached ? scalar_cached : scalar_reread;
-}
-
-// The kernel a configuration of kind kModulatedRow names, for X of type TX (kernel_dispatch.cuh).
 template <typename TX>
-auto SelectModulatedKernel(const KernelConfig& config) -> void (*)(ModulatedArgs) {
-  constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  return RowKernelVariant(config, &ModulatedNormKernel<TX, V, true>, &ModulatedNormKernel<TX, V, false>,
-                          &ModulatedNormKernel<TX, 1, true>, &ModulatedNormKernel<TX, 1, false>);
+auto ModulatedArgs::Kernel(const KernelConfig& config) -> void (*)(ModulatedArgs) {
+  return RowKernelFor<TX>(config, [](auto n, auto cached) {
+    return &ModulatedNormKernel<TX, decltype(n)::value, decltype(cached)::value>;
+  });
 }
 
 }  // namespace cuda

@@ -1,5 +1,5 @@
 // Parameters of one kernel launch, shared by the host-side launcher (launch.cu, no device code) and every
-// kernel (norm_kernels.cuh, cluster_row_kernel.cuh, modulated_kernels.cuh).
+// norm kernel (norm_kernels.cuh, cluster_row_kernel.cuh); a row op's kernel has a block of its own, in its header.
 #pragma once
 
 #include <cstdint>
@@ -36,58 +36,10 @@ struct NormArgs {
   // Scale and Bias can be read as vectors at the same columns (launch.cu says when).
   bool scale_vector;
   bool rms;
-  int scale_type;  // also Bias's type (and the modulation's); float32 when none is given
+  int scale_type;  // also Bias's type; float32 when none is given
   int y_type;
   int normalized_type;
   int multiply_type;
-};
-
-// The arguments of the modulated kernel (modulated_kernels.cuh): the norm's (named as in NormArgs, which the
-// launcher fills alike) and the modulation, ModScale and ModShift, [1 or samples, cols] each, of scale_type;
-// rows_per_sample consecutive rows share one modulation row (every row the first when mod_broadcast). A block of
-// its own, in this order, rather than NormArgs extended: with NormArgs' fields first, ptxas spilled in two of the
-// kernels on sm_100 (and a larger NormArgs made register-row kernels spill on sm_90).
-struct ModulatedArgs {
-  const void* x;
-  const void* scale;  // the norm's own Scale/Bias, scale_type; may be null
-  const void* bias;
-  const void* mod_scale;
-  const void* mod_shift;
-  void* y;
-  int64_t rows;
-  int64_t rows_per_sample;
-  bool mod_broadcast;
-  int cols;
-  int group;  // threads per row, a power of two >= 8; when > 32 the block size (one row per block)
-  float epsilon;
-  bool rms;
-  int scale_type;  // Scale, Bias, ModScale, ModShift
-  int y_type;
-  int normalized_type;
-  int multiply_type;
-};
-
-// The arguments of GroupNorm's kernel (group_norm_kernels.cuh): a row is one group of one sample (rows = N * G,
-// cols = C / G * spatial); Scale and Bias, [C] of scale_type, are read at channel
-// (row % groups) * group_channels + col / spatial. The fields RowStatistics reads are named as in ModulatedArgs.
-struct GroupNormArgs {
-  const void* x;
-  const void* scale;
-  const void* bias;
-  void* y;
-  int64_t rows;
-  int cols;
-  int group;  // threads per row, a power of two >= 8; when > 32 the block size (one row per block)
-  float epsilon;
-  bool rms;  // false: RowStatistics' LayerNorm statistics
-  int scale_type;
-  int y_type;
-  int normalized_type;
-  int multiply_type;
-  int spatial;
-  int groups;
-  int group_channels;
-  int activation;  // 0 none, 1 SiLU
 };
 
 // Scratch for cross-warp sums: two buffers used alternately, so consecutive reductions need one

@@ -4,7 +4,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16)
+ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16, NormArgs)
 
 }  // namespace cuda
 }  // namespace onnx_norm

@@ -4,7 +4,7 @@
 namespace onnx_norm {
 namespace cuda {
 
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32)
+ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32, NormArgs)
 
 }  // namespace cuda
 }  // namespace onnx_norm

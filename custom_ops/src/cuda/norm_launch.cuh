@@ -1,6 +1,10 @@
-// Launch of one kernel, of any op, for a configuration chosen by launch.cu: LaunchKernel (kernel_config.cuh),
-// instantiated once per X type.
+// Launch of one kernel, of any op, for a configuration chosen by its launcher: LaunchKernel (kernel_config.cuh),
+// instantiated by each op's translation unit after it includes its kernels. The CPU emulator of the kernels
+// (tools/gpu_harness/emulator.cc) defines LaunchKernel itself and ONNX_NORM_EMULATED_LAUNCH, which leaves this
+// definition out, so that the same translation units instantiate the emulated launch.
 #pragma once
+
+#ifndef ONNX_NORM_EMULATED_LAUNCH
 
 #include <cuda_runtime.h>
 
@@ -63,3 +67,5 @@ cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStrea
 
 }  // namespace cuda
 }  // namespace onnx_norm
+
+#endif  // ONNX_NORM_EMULATED_LAUNCH

@@ -1,5 +1,6 @@
 // What every CUDAExecutionProvider op wrapper does around its launch (defined in cuda_ops.cc): the launch
-// parameters of a prepared problem, and the launcher's return code as an ORT status. Host compiler, no CUDA headers.
+// parameters of a prepared problem, the launch, and the launcher's return code as an ORT status. Host compiler, no
+// CUDA headers.
 #pragma once
 
 #include "common/norm_attributes.h"
@@ -16,6 +17,10 @@ NormLaunchParams LaunchParamsFor(const NormProblem& p, Ort::KernelContext& ctx);
 
 // nullptr for rc == 0; otherwise a runtime error naming the op, the code and the launcher's message.
 OrtStatusPtr LaunchStatus(const OpSignature& op, int rc, const char* message);
+
+// One LaunchNorm on ORT's per-session compute stream (every ORT CUDA kernel of this run is ordered on it), its
+// return code as LaunchStatus says.
+OrtStatusPtr Launch(const OpSignature& op, const NormLaunchParams& params, Ort::KernelContext& ctx);
 
 }  // namespace cuda
 }  // namespace onnx_norm
