@@ -490,7 +490,8 @@ def timm_group_norm_fixtures() -> Iterator[Fixture]:
     from timm.models.metaformer import GroupNorm1NoBias, MetaFormer
 
     torch = _torch()
-    tiny = {"depths": (1, 1, 1, 1), "dims": (8, 8, 16, 16), "num_classes": 4, "use_mlp_head": False}
+    # 64 classes: verify's max and mean over the logits are statistics, not one or two extreme draws of fp32 noise.
+    tiny = {"depths": (1, 1, 1, 1), "dims": (8, 8, 16, 16), "num_classes": 64, "use_mlp_head": False}
     v1 = {"downsample_norm": None, "mlp_act": torch.nn.GELU, "mlp_bias": True, "res_scale_init_values": None}
     models = {
         "poolformer": MetaFormer(**tiny, **v1, norm_layers=GroupNorm1, layer_scale_init_values=1e-5),
@@ -501,10 +502,13 @@ def timm_group_norm_fixtures() -> Iterator[Fixture]:
 
 def timm_group_norm_registered_fixtures() -> Iterator[Fixture]:
     """timm's registered `poolformer_s12` and `poolformerv2_s12` as `timm.create_model` builds them (random weights,
-    12M parameters each, 64x64 images), through both torch exporters: the full-zoo run's check of the real sizes."""
+    12M parameters each, 1000 classes, 64x64 images), through both torch exporters: the full-zoo run's check of the
+    real sizes. (With 4 classes, the fp32 noise of 28 norms re-summed drew a max error 3.4x the original's over the
+    4 logits of one export, while each fused GroupNorm is closer to float64 than ONNX Runtime's InstanceNormalization
+    route.)"""
     timm, torch = _timm(), _torch()
     names = ("poolformer_s12", "poolformerv2_s12")
-    models = {name: timm.create_model(name, pretrained=False, num_classes=4) for name in names}
+    models = {name: timm.create_model(name, pretrained=False) for name in names}
     yield from _timm_group_norm(models, torch.randn(1, 3, 64, 64))
 
 
