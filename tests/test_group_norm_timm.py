@@ -33,7 +33,7 @@ FULL_CASES = [
 ]
 
 
-def _timm_env() -> dict[str, str] | None:
+def timm_env() -> dict[str, str] | None:
     """The environment in which this Python imports timm (build/timm-site on PYTHONPATH where timm is there), or
     None when it cannot."""
     env = dict(os.environ)
@@ -46,7 +46,7 @@ def _timm_env() -> dict[str, str] | None:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory):
     """`exported(family) -> {name: manifest entry}` with the family's fresh exports, made once per module."""
-    env = _timm_env()
+    env = timm_env()
     if env is None:
         pytest.skip(f"timm is not importable here nor from {TIMM_SITE} (bash tools/setup.sh installs it)")
     made: dict[str, dict[str, dict]] = {}
