@@ -332,6 +332,23 @@ def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
     )
 
 
+def _restores(back: ir.Node, x: ir.Value) -> bool:
+    """The Reshape `back` gives X's shape: as inferred, or by its target being Shape(X) or Shape of a twin Cast of X
+    (onnxconverter-common's float16 conversion drops the exporters' inferred shapes, and ONNX's shape inference
+    names the dims of a Reshape to a computed shape anew)."""
+    y = back.outputs[0]
+    if y.shape is not None and x.shape is not None and list(y.shape) == list(x.shape):
+        return True
+    target = back.inputs[1] if len(back.inputs) > 1 else None
+    shape = None if target is None else target.producer()
+    if shape is None or shape.op_type != "Shape" or not is_onnx_domain(shape.domain):
+        return False
+    start, end = shape.attributes.get("start"), shape.attributes.get("end")  # dynamo writes start=0
+    if (start is not None and start.value != 0) or end is not None:
+        return False
+    return shape.inputs[0] is x or shape.inputs[0] in _twin_casts(x)
+
+
 def _spec(x: ir.Value, fields: dict, attrs: GroupNormAttributes, y: ir.Value) -> NormSpec:
     """The fused op rounds once, at its output (casts.op_rounding, as the other families' ops): a float16/bfloat16
     graph also rounds the normalised value, the affine and the activation to X's type (`graph_attrs`), but neither
@@ -361,7 +378,7 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     assert x.shape is not None
     rank, channels = len(x.shape), int(x.shape[1])
     y = back.outputs[0]
-    if y.shape is None or list(y.shape) != list(x.shape):
+    if not _restores(back, x):
         raise NearMiss("the Reshape after the grouped norm does not restore X's shape (or its shape is unknown)", y)
     affine_nodes, y, fields, made = _affine(y, channels, rank)
     silu = _silu(y)
@@ -386,6 +403,7 @@ def find(anchor: ir.Node) -> match.Candidate | None:
         variant=f"grouped {variant}" + (" + SiLU" if silu is not None else ""),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
+        aliases=_twin_casts(x),
     )
 
 
