@@ -103,8 +103,8 @@ def _fused_no_less_accurate(model: onnx.ModelProto, shape: list[int], **toleranc
 def test_exports_converted_to_float16_fuse_no_less_accurate(entry: dict, keep_io_types: bool) -> None:
     """The exports converted to float16 after export as users do (onnxconverter-common's float16 converter, with
     float32 inputs and outputs kept or not): one GroupNorm, which rounds once (at its output, or not at all where the
-    converted graph's float16 result is Cast back to float32: the op then writes float32), with the converter's
-    second Cast of X (a dynamic batch's Reshape back reads X's Shape through it) taken as X."""
+    converted graph's float16 result is Cast back to float32: the op then reads X widened and writes float32), with
+    the converter's second Cast of X (a dynamic batch's Reshape back reads X's Shape through it) taken as X."""
     from onnxconverter_common import float16
 
     model = float16.convert_float_to_float16(onnx.load(str(FIXTURES / entry["file"])), keep_io_types=keep_io_types)
@@ -114,7 +114,12 @@ def test_exports_converted_to_float16_fuse_no_less_accurate(entry: dict, keep_io
     (node,) = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert (attrs["num_groups"], attrs["activation"]) == (entry["groups"], int(entry["silu"]))
-    assert attrs["output_type"] == (onnx.TensorProto.FLOAT if keep_io_types else 0)
+    # float32 outputs: the op reads X widened to float32 and writes float32 (the library types Y like X)
+    producers = {o: n for n in optimized.graph.node for o in n.output}
+    widen = producers.get(node.input[0])
+    to = [helper.get_attribute_value(a) for a in widen.attribute if a.name == "to"] if widen is not None else []
+    assert (widen is not None and widen.op_type == "Cast" and to == [onnx.TensorProto.FLOAT]) == keep_io_types
+    assert attrs["output_type"] == 0
 
 
 @pytest.mark.parametrize("entry", _FP16_MANIFEST, ids=[e["file"].removesuffix(".onnx") for e in _FP16_MANIFEST])

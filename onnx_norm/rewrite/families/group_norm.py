@@ -428,7 +428,14 @@ def _emit_onnx_norm(op, spec: NormSpec, opset: int) -> list[ir.Value]:
         inputs.pop()
     if len({v.dtype for v in inputs[1:] if v is not None}) > 1:  # one declared type for Scale and Bias
         inputs = [inputs[0], *(None if v is None else op.Cast(v, to=_FLOAT) for v in inputs[1:])]
-    return [op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **spec.attrs.as_dict())]
+    attrs = spec.attrs
+    if attrs.output_type == _FLOAT and spec.x.dtype != ir.DataType.FLOAT:
+        # The library types Y like X (rewrite/targets.py): a float32 Y from a narrower X is the op on X widened, as
+        # the other families write it (exact: the kernels compute from the widened X anyway).
+        x = op.Cast(spec.x, to=_FLOAT)
+        x.type, x.shape = ir.TensorType(ir.DataType.FLOAT), spec.x.shape  # the model-local function reads X's type
+        inputs[0], attrs = x, dataclasses.replace(attrs, output_type=0)
+    return [op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **attrs.as_dict())]
 
 
 def _unsupported_onnx_norm(spec: NormSpec, opset: int) -> str | None:
