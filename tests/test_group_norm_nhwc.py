@@ -124,8 +124,14 @@ def test_exports_converted_to_float16_fuse_no_less_accurate(entry: dict, keep_io
 
 @pytest.mark.parametrize("entry", _FP16_MANIFEST, ids=[e["file"].removesuffix(".onnx") for e in _FP16_MANIFEST])
 def test_keras_mixed_float16_exports_fuse_no_less_accurate(entry: dict) -> None:
-    """Keras' mixed_float16 policy: the GroupNormalization computes in float32 and its output is Cast to float16
-    (the swish after it computes in float16 and stays, outside the fused op); float16 outputs, fp16's tolerance."""
+    """Keras' mixed_float16 policy: the GroupNormalization computes in float32, its output is Cast to float16 and
+    the swish computes in float16; fused with that swish, which the op computes in float32 before one Cast to
+    float16 (float16 outputs, fp16's tolerance)."""
     optimized = _fused_no_less_accurate(onnx.load(str(FIXTURES / entry["file"])), entry["shape"])
-    assert "Cast" in {n.op_type for n in optimized.graph.node}
+    (node,) = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_groups"], attrs["activation"]) == (entry["groups"], int(entry["silu"]))
+    assert not {"Sigmoid", "Mul"} & {n.op_type for n in optimized.graph.node}
+    casts = [n for n in optimized.graph.node if n.op_type == "Cast"]
+    assert [helper.get_attribute_value(c.attribute[0]) for c in casts] == [onnx.TensorProto.FLOAT16]
     assert entry["policy"] == "mixed_float16" and optimized.graph.output[0].type.tensor_type.elem_type == 10

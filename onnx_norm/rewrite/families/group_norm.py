@@ -197,6 +197,24 @@ def _widening_cast(y: ir.Value) -> tuple[list[ir.Node], ir.Value, int]:
     return [node], node.outputs[0], _FLOAT
 
 
+def _epilogue(y: ir.Value) -> tuple[list[ir.Node], ir.Value, bool, int]:
+    """What the fused op takes after the affine: (nodes, their output, SiLU or not, output_type). A SiLU
+    (`_silu`), or a Cast of a float32 `y` to float16/bfloat16 and the SiLU after it (Keras' mixed_float16 policy: the
+    norm in float32, the swish in float16; the op computes the SiLU in float32 and rounds once, output_type the
+    narrow type); then a Cast of a narrow result to float32 (`_widening_cast`)."""
+    found = _silu(y)
+    uses = list(y.uses())
+    if found is None and y.dtype == ir.DataType.FLOAT and not y.is_graph_output() and len(uses) == 1:
+        cast = uses[0].node
+        to = cast.attributes.get("to")
+        narrowed = _silu(cast.outputs[0]) if cast.op_type == "Cast" and is_onnx_domain(cast.domain) else None
+        if narrowed is not None and to is not None and to.value in NARROW_TYPES:
+            return [cast, *narrowed[0]], narrowed[1], True, int(to.value)
+    nodes, y = found if found is not None else ([], y)
+    cast_nodes, y, output_type = _widening_cast(y)
+    return [*nodes, *cast_nodes], y, found is not None, output_type
+
+
 def _channels_last_groups(anchor: ir.Node) -> tuple[ir.Value, ir.Value, int] | None:
     """(X, the grouped value, G) when `anchor` is Reshape(X [N, ..., C], [N, 0 or -1, ..., G, C/G]): the groups
     split off the last dim, as Keras' GroupNormalization writes it (channels last)."""
@@ -308,22 +326,18 @@ def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
     if not fields:  # jax2onnx (flax GroupNorm): the affine after the Reshape back
         tail, y, fields, after = _affine(y, channels, rank, rank - 1)
         made |= after
-    silu = _silu(y)
-    if silu is not None:
-        tail += silu[0]
-        y = silu[1]
-    cast, y, output_type = _widening_cast(y)
+    after, y, silu, output_type = _epilogue(y)
     attrs = GroupNormAttributes(
         axis=1 - rank, epsilon=eps, num_groups=g, activation=ACTIVATIONS["silu" if silu else "none"]
     )
     spec = _spec(x, fields, dataclasses.replace(attrs, output_type=output_type), y)
     return match.Candidate(
         spec=spec,
-        nodes=[anchor, *nodes, back, *tail, *cast],
+        nodes=[anchor, *nodes, back, *tail, *after],
         axes=tuple(range(1, rank)),
         perm=(0, rank - 1, *range(1, rank - 1)),
         new_constants=made,
-        variant="grouped channels-last decomposed" + (" + SiLU" if silu is not None else ""),
+        variant="grouped channels-last decomposed" + (" + SiLU" if silu else ""),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
         # onnxconverter-common's float16 conversion (keep_io_types) casts an input once per reader: a dynamic batch's
@@ -381,14 +395,8 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     if not _restores(back, x):
         raise NearMiss("the Reshape after the grouped norm does not restore X's shape (or its shape is unknown)", y)
     affine_nodes, y, fields, made = _affine(y, channels, rank)
-    silu = _silu(y)
-    activation = ACTIVATIONS["none"]
-    if silu is not None:
-        activation = ACTIVATIONS["silu"]
-        affine_nodes += silu[0]
-        y = silu[1]
-    cast, y, output_type = _widening_cast(y)
-    affine_nodes += cast
+    after, y, silu, output_type = _epilogue(y)
+    activation = ACTIVATIONS["silu" if silu else "none"]
     attrs = GroupNormAttributes(
         axis=1 - rank, epsilon=eps, num_groups=g, activation=activation, output_type=output_type
     )
@@ -396,11 +404,11 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     variant = "InstanceNormalization" if nodes[0].op_type == "InstanceNormalization" else "decomposed"
     return match.Candidate(
         spec=spec,
-        nodes=[anchor, *nodes, back, *affine_nodes],
+        nodes=[anchor, *nodes, back, *affine_nodes, *after],
         axes=tuple(range(1, rank)),
         perm=None,
         new_constants=made,
-        variant=f"grouped {variant}" + (" + SiLU" if silu is not None else ""),
+        variant=f"grouped {variant}" + (" + SiLU" if silu else ""),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
         aliases=_twin_casts(x),
@@ -428,14 +436,18 @@ def _emit_onnx_norm(op, spec: NormSpec, opset: int) -> list[ir.Value]:
         inputs.pop()
     if len({v.dtype for v in inputs[1:] if v is not None}) > 1:  # one declared type for Scale and Bias
         inputs = [inputs[0], *(None if v is None else op.Cast(v, to=_FLOAT) for v in inputs[1:])]
-    attrs = spec.attrs
+    attrs, y_cast = spec.attrs, 0
+    # The library types Y like X (rewrite/targets.py), so another Y type is written as the other families write it:
     if attrs.output_type == _FLOAT and spec.x.dtype != ir.DataType.FLOAT:
-        # The library types Y like X (rewrite/targets.py): a float32 Y from a narrower X is the op on X widened, as
-        # the other families write it (exact: the kernels compute from the widened X anyway).
+        # float32 Y from a narrower X: the op on X widened (exact: the kernels compute from the widened X anyway)
         x = op.Cast(spec.x, to=_FLOAT)
         x.type, x.shape = ir.TensorType(ir.DataType.FLOAT), spec.x.shape  # the model-local function reads X's type
         inputs[0], attrs = x, dataclasses.replace(attrs, output_type=0)
-    return [op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **attrs.as_dict())]
+    elif attrs.output_type and spec.x.dtype == ir.DataType.FLOAT:
+        # a narrow Y from float32 X: the float32 result, then a Cast (the one rounding the op would make)
+        attrs, y_cast = dataclasses.replace(attrs, output_type=0), attrs.output_type
+    y = op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **attrs.as_dict())
+    return [op.Cast(y, to=y_cast) if y_cast else y]
 
 
 def _unsupported_onnx_norm(spec: NormSpec, opset: int) -> str | None:
