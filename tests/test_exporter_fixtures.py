@@ -45,11 +45,11 @@ def _param(key: str, value: Any) -> Any:
 
 def check_fused_with_parity(
     original: onnx.ModelProto, norms: int, feeds: list[dict[str, np.ndarray]] | None, shapes: Any = None
-) -> None:
+) -> onnx.ModelProto:
     """Every norm of `original` becomes one fused op, nothing decomposed or native is left, and the optimized model
-    computes what the original computes. A model converted to float16 inside (float32 inputs and outputs kept) is
-    held to float16's tolerance: ONNX Runtime's CPU provider runs the original's float16 ops in float32, while a
-    fused op rounds its output to float16."""
+    (returned) computes what the original computes. A model converted to float16 inside (float32 inputs and outputs
+    kept) is held to float16's tolerance: ONNX Runtime's CPU provider runs the original's float16 ops in float32,
+    while a fused op rounds its output to float16."""
     take_over = bool(native_norms(original))
     optimized, report = onnx_norm.optimize(original, take_over_native=take_over)
     misses = [(m.reason, m.nodes[:3]) for m in report.near_misses]
@@ -63,6 +63,7 @@ def check_fused_with_parity(
     parity = onnx_norm.verify(original, optimized, inputs=feeds, shapes=shapes, **tolerance)
     failed = [o.message for o in parity.outputs if not o.passed]
     assert parity.passed, failed
+    return optimized
 
 
 @pytest.mark.parametrize("entry", [_param(e["file"], e) for e in load_manifest()])

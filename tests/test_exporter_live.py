@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx
 import pytest
 from test_exporter_fixtures import KNOWN_MISSES, check_fused_with_parity, load_manifest
+from test_group_norm_timm import timm_env
 
 FULL_ZOO = os.environ.get("ONNX_NORM_FULL_ZOO", "") not in ("", "0")
 pytestmark = pytest.mark.skipif(not FULL_ZOO, reason="live exports run with ONNX_NORM_FULL_ZOO=1")
@@ -50,7 +51,13 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
     def get(family: str) -> Path:
         if family not in folders:
             python = _python(family)
-            probe = subprocess.run([python, "-c", f"import {FAMILIES[family]}"], capture_output=True, check=False)
+            # timm (and its torchvision) live in build/timm-site where tools/setup.sh installs them, and import beside
+            # the CPU torch through onnx_norm.zoo.compat, as the generator imports them
+            env = (timm_env() if family == "timm" and python == sys.executable else None) or dict(os.environ)
+            code = f"import {FAMILIES[family]}"
+            if family == "timm":
+                code = f"from onnx_norm.zoo.compat import tolerate_cuda_torchvision as t; t(); {code}"
+            probe = subprocess.run([python, "-c", code], capture_output=True, check=False, env=env)
             if probe.returncode != 0:
                 folders[family] = f"{python} cannot import {FAMILIES[family]}"
             else:
@@ -61,6 +68,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
                     text=True,
                     check=False,
                     timeout=1800,
+                    env=env,
                 )
                 assert run.returncode == 0, f"{family} export failed:\n{run.stderr[-3000:]}"
                 folders[family] = out

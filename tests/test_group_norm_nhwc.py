@@ -77,3 +77,61 @@ def test_a_region_read_from_outside_is_not_fused() -> None:
     assert "GroupNorm" not in {n.op_type for n in optimized.graph.node}
     feeds = _feeds(model, entry["shape"])
     np.testing.assert_allclose(_with_library(optimized, feeds), run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+_FP16_MANIFEST = json.loads((FIXTURES / "manifest-channels-last-fp16.json").read_text())
+
+
+def _fused_no_less_accurate(model: onnx.ModelProto, shape: list[int], **tolerance: float) -> onnx.ModelProto:
+    """`model` optimized: its one GroupNorm within fp16's tolerance of the original under ONNX Runtime, and no farther
+    from the float64 evaluation than the original, in max and in mean, up to float32 noise (1%; verify's rule allows
+    an fp16 ulp of margin, 1.95e-3 here, above every max error; rounding where the graph rounds was 1.4-2.5x farther
+    in mean and passed it). Returns the optimized model."""
+    optimized, report = optimize(model)
+    assert [n.op_type for n in optimized.graph.node].count("GroupNorm") == 1, report.near_misses
+    assert not {"ReduceMean", "Reshape"} & {n.op_type for n in optimized.graph.node}
+    parity = onnx_norm.verify(model, optimized, shapes={model.graph.input[0].name: shape}, **tolerance)
+    golden = parity.outputs[0].golden
+    assert parity.passed and golden is not None, [o.message for o in parity.outputs]
+    assert golden.optimized_mean_abs <= 1.01 * golden.original_mean_abs, golden
+    assert golden.optimized_max_abs <= 1.01 * golden.original_max_abs, golden
+    return optimized
+
+
+@pytest.mark.parametrize("keep_io_types", [True, False], ids=["fp32-io", "fp16-io"])
+@pytest.mark.parametrize("entry", _MANIFEST, ids=_IDS)
+def test_exports_converted_to_float16_fuse_no_less_accurate(entry: dict, keep_io_types: bool) -> None:
+    """The exports converted to float16 after export as users do (onnxconverter-common's float16 converter, with
+    float32 inputs and outputs kept or not): one GroupNorm, which rounds once (at its output, or not at all where the
+    converted graph's float16 result is Cast back to float32: the op then reads X widened and writes float32), with
+    the converter's second Cast of X (a dynamic batch's Reshape back reads X's Shape through it) taken as X."""
+    from onnxconverter_common import float16
+
+    model = float16.convert_float_to_float16(onnx.load(str(FIXTURES / entry["file"])), keep_io_types=keep_io_types)
+    # fp32 outputs computed in fp16 inside get fp16's tolerance, as tests/test_exporter_fixtures.py gives them
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if keep_io_types else {}
+    optimized = _fused_no_less_accurate(model, entry["shape"], **tolerance)
+    (node,) = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_groups"], attrs["activation"]) == (entry["groups"], int(entry["silu"]))
+    # float32 outputs: the op reads X widened to float32 and writes float32 (the library types Y like X)
+    producers = {o: n for n in optimized.graph.node for o in n.output}
+    widen = producers.get(node.input[0])
+    to = [helper.get_attribute_value(a) for a in widen.attribute if a.name == "to"] if widen is not None else []
+    assert (widen is not None and widen.op_type == "Cast" and to == [onnx.TensorProto.FLOAT]) == keep_io_types
+    assert attrs["output_type"] == 0
+
+
+@pytest.mark.parametrize("entry", _FP16_MANIFEST, ids=[e["file"].removesuffix(".onnx") for e in _FP16_MANIFEST])
+def test_keras_mixed_float16_exports_fuse_no_less_accurate(entry: dict) -> None:
+    """Keras' mixed_float16 policy: the GroupNormalization computes in float32, its output is Cast to float16 and
+    the swish computes in float16; fused with that swish, which the op computes in float32 before one Cast to
+    float16 (float16 outputs, fp16's tolerance)."""
+    optimized = _fused_no_less_accurate(onnx.load(str(FIXTURES / entry["file"])), entry["shape"])
+    (node,) = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_groups"], attrs["activation"]) == (entry["groups"], int(entry["silu"]))
+    assert not {"Sigmoid", "Mul"} & {n.op_type for n in optimized.graph.node}
+    casts = [n for n in optimized.graph.node if n.op_type == "Cast"]
+    assert [helper.get_attribute_value(c.attribute[0]) for c in casts] == [onnx.TensorProto.FLOAT16]
+    assert entry["policy"] == "mixed_float16" and optimized.graph.output[0].type.tensor_type.elem_type == 10

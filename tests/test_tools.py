@@ -156,3 +156,25 @@ def test_bf16_conversion_runs_every_op_onnx_runtime_cannot_run_in_bf16_in_fp32()
     golden = parity.outputs[0].golden
     assert golden is not None
     assert golden.optimized_mean_abs <= golden.original_mean_abs + ulp(ml_dtypes.bfloat16, 1.0), golden
+
+
+def test_bench_group_norm_nhwc_prints_one_row_per_export(tmp_path: Path) -> None:
+    """tools/bench_group_norm_nhwc.py on two of the committed channels-last fixtures (a Keras and a flax export) in
+    the folder layout tools/group_norm_nhwc_fixtures.py --bench writes; without a manifest, one line and exit 2."""
+    import json
+    import shutil
+
+    fixtures = ROOT / "tests" / "data" / "group_norm"
+    entries = json.loads((fixtures / "manifest-channels-last.json").read_text())
+    chosen = [e for e in entries if e["file"] in ("keras-group-norm-g4-swish.onnx", "flax-nnx-group-norm-g1.onnx")]
+    for entry in chosen:
+        shutil.copy(fixtures / entry["file"], tmp_path / entry["file"])
+    (tmp_path / "manifest-bench.json").write_text(json.dumps(chosen))
+    done = _run("tools/bench_group_norm_nhwc.py", str(tmp_path), "--warmup", "0", "--repeat", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| keras-", "| flax-"))]
+    assert [r.split(" | ")[0] for r in rows] == ["| keras-group-norm-g4-swish", "| flax-nnx-group-norm-g1"]
+    assert all("x (" in r for r in rows), rows
+    missing = _run("tools/bench_group_norm_nhwc.py", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr

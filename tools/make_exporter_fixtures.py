@@ -481,14 +481,93 @@ def timm_fixtures() -> Iterator[Fixture]:
     )
 
 
-def _randomize_norms(module: Any) -> None:
+def timm_group_norm_fixtures() -> Iterator[Fixture]:
+    """timm's GroupNorm1 models at toy sizes: MetaFormer with the arguments of timm's `poolformer_s12` (GroupNorm1,
+    with bias; a LayerNorm2d before the head) and `poolformerv2_s12` (GroupNorm1NoBias; LayerNorm2dNoBias in the
+    downsampling), depths and widths shrunk (the registered functions fix both), through both torch exporters."""
+    _timm()
+    from timm.layers import GroupNorm1
+    from timm.models.metaformer import GroupNorm1NoBias, MetaFormer
+
+    torch = _torch()
+    # 64 classes: verify's max and mean over the logits are statistics, not one or two extreme draws of fp32 noise.
+    tiny = {"depths": (1, 1, 1, 1), "dims": (8, 8, 16, 16), "num_classes": 64, "use_mlp_head": False}
+    v1 = {"downsample_norm": None, "mlp_act": torch.nn.GELU, "mlp_bias": True, "res_scale_init_values": None}
+    models = {
+        "poolformer": MetaFormer(**tiny, **v1, norm_layers=GroupNorm1, layer_scale_init_values=1e-5),
+        "poolformerv2": MetaFormer(**tiny, norm_layers=GroupNorm1NoBias),
+    }
+    yield from _timm_group_norm(models, torch.randn(2, 3, 32, 32))
+
+
+def timm_group_norm_registered_fixtures() -> Iterator[Fixture]:
+    """timm's registered `poolformer_s12` and `poolformerv2_s12` as `timm.create_model` builds them (random weights,
+    12M parameters each, 1000 classes, 64x64 images), through both torch exporters: the full-zoo run's check of the
+    real sizes. (With 4 classes, the fp32 noise of 28 norms re-summed drew a max error 3.4x the original's over the
+    4 logits of one export, while each fused GroupNorm is closer to float64 than ONNX Runtime's InstanceNormalization
+    route.)"""
+    timm, torch = _timm(), _torch()
+    names = ("poolformer_s12", "poolformerv2_s12")
+    models = {name: timm.create_model(name, pretrained=False) for name in names}
+    yield from _timm_group_norm(models, torch.randn(1, 3, 64, 64))
+
+
+def _timm_group_norm(models: dict[str, Any], image: Any) -> Iterator[Fixture]:
+    """The models' fixtures, each entry also counting the GroupNorm calls of one forward pass (`group_norms`; `norms`
+    counts them too, beside the LayerNorms)."""
+    for module in models.values():
+        _randomize_norms(module, group_norms=True)
+    calls = {name: _group_norm_calls(module.eval(), image) for name, module in models.items()}
+    fixtures = _torch_fixtures(
+        {name: (module, (image,)) for name, module in models.items()},
+        ("torchscript", "dynamo"),
+        version("timm", "torchvision", "torch"),
+        "timm",
+    )
+    for fixture in fixtures:
+        name = fixture["name"].rsplit("-", 1)[0]
+        fixture["group_norms"] = calls[name]
+        fixture["norms"] += calls[name]
+        yield fixture
+
+
+def _timm() -> Any:
+    """timm, imported beside a torchvision whose C ops do not load (onnx_norm.zoo.compat)."""
+    from onnx_norm.zoo.compat import tolerate_cuda_torchvision
+
+    tolerate_cuda_torchvision()
+    import timm
+
+    return timm
+
+
+def _group_norm_calls(module: Any, image: Any) -> int:
+    """How many times one forward pass runs a `torch.nn.GroupNorm` (timm's GroupNorm1 is one)."""
+    torch = _torch()
+    count = 0
+
+    def hook(*_: Any) -> None:
+        nonlocal count
+        count += 1
+
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, torch.nn.GroupNorm)]
+    try:
+        with torch.no_grad():
+            module(image)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return count
+
+
+def _randomize_norms(module: Any, group_norms: bool = False) -> None:
     """Norm weights away from 1 and biases away from 0, so that a scale dropped or applied twice shows."""
     from onnx_norm.zoo.models import is_norm_module
 
     torch = _torch()
     with torch.no_grad():
         for sub in module.modules():
-            if is_norm_module(sub):
+            if is_norm_module(sub) or (group_norms and isinstance(sub, torch.nn.GroupNorm)):
                 for param in sub.parameters(recurse=False):
                     param.uniform_(0.5, 1.5)
 
@@ -744,6 +823,8 @@ FAMILIES: dict[str, Callable[[], Iterator[Fixture]]] = {
     "onnxscript": onnxscript_fixtures,
     "onnx-functions": onnx_function_fixtures,
     "timm": timm_fixtures,
+    "timm-groupnorm": timm_group_norm_fixtures,
+    "timm-groupnorm-registered": timm_group_norm_registered_fixtures,
     "diffusers": diffusers_fixtures,
     "toolchains": toolchain_fixtures,
     "genai": genai_fixtures,

@@ -16,6 +16,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 PYTHON=${PYTHON:-python3}
 VENV=${ONNX_NORM_VENV:-.venv}
 TORCH_VERSION=2.13.0
+TORCHVISION_VERSION=0.28.0 # the release built against torch $TORCH_VERSION (timm needs it)
+TIMM_VERSION=1.0.31
+TIMM_SITE=build/timm-site
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
@@ -94,6 +97,18 @@ step "integrations: onnxruntime-genai, olive-ai (tests/test_integrations_*.py; ~
 python -m pip freeze | grep -E '^(torch|onnx|onnxruntime-gpu|onnxruntime|onnxscript|onnx-ir|numpy|transformers)==' >build/constraints.txt || true
 python -m pip install -q --no-deps "onnxruntime-genai>=0.18" || echo "onnxruntime-genai not installed; its tests skip"
 python -m pip install -q -c build/constraints.txt "olive-ai>=0.13" requests || echo "olive-ai not installed; its tests skip"
+
+step "timm $TIMM_VERSION and torchvision $TORCHVISION_VERSION into $TIMM_SITE (tests/test_group_norm_timm.py; ~5 s)"
+# Not into the venv: torchvision's PyPI wheel is built for CUDA torch, and beside the CPU torch its C ops do not load
+# and its import fails; transformers imports torchvision whenever it can find it, so every transformers test would
+# fail. Only the timm exports put this folder on their path (onnx_norm/zoo/compat.py lets torchvision import there
+# without its C ops). --no-deps: what the two need besides (torch, pillow, PyYAML, huggingface_hub, safetensors) is
+# the venv's, and pip would otherwise put a second torch into the folder.
+if [[ ! -d $TIMM_SITE/timm-$TIMM_VERSION.dist-info || ! -d $TIMM_SITE/torchvision-$TORCHVISION_VERSION.dist-info ]]; then
+  rm -rf "$TIMM_SITE"
+  python -m pip install -q --no-deps --target "$TIMM_SITE" "timm==$TIMM_VERSION" "torchvision==$TORCHVISION_VERSION" ||
+    echo "timm not installed; its tests skip"
+fi
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
 
 if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then

@@ -52,6 +52,7 @@ from onnx_norm.ops.numerics import np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
 from onnx_norm.rewrite import constants, evaluate, match
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
+from onnx_norm.rewrite.match_outside import _twin_casts
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
@@ -184,6 +185,37 @@ def _silu(y: ir.Value) -> tuple[list[ir.Node], ir.Value] | None:
     return [sigmoid, mul], mul.outputs[0]
 
 
+def _widening_cast(y: ir.Value) -> tuple[list[ir.Node], ir.Value, int]:
+    """([the Cast], its output, float32) when the only reader of a float16/bfloat16 `y` is a Cast to float32 (the
+    last norm of a model converted to float16 with float32 outputs): the fused op then writes float32 directly,
+    as casts.op_rounding has the other families' ops do; ([], y, 0) otherwise."""
+    uses = list(y.uses())
+    if y.dtype is None or int(y.dtype) not in NARROW_TYPES or y.is_graph_output() or len(uses) != 1:
+        return [], y, 0
+    node = uses[0].node
+    if node.op_type != "Cast" or not is_onnx_domain(node.domain) or node.attributes["to"].value != _FLOAT:
+        return [], y, 0
+    return [node], node.outputs[0], _FLOAT
+
+
+def _epilogue(y: ir.Value) -> tuple[list[ir.Node], ir.Value, bool, int]:
+    """What the fused op takes after the affine: (nodes, their output, SiLU or not, output_type). A SiLU
+    (`_silu`), or a Cast of a float32 `y` to float16/bfloat16 and the SiLU after it (Keras' mixed_float16 policy: the
+    norm in float32, the swish in float16; the op computes the SiLU in float32 and rounds once, output_type the
+    narrow type); then a Cast of a narrow result to float32 (`_widening_cast`)."""
+    found = _silu(y)
+    uses = list(y.uses())
+    if found is None and y.dtype == ir.DataType.FLOAT and not y.is_graph_output() and len(uses) == 1:
+        cast = uses[0].node
+        to = cast.attributes.get("to")
+        narrowed = _silu(cast.outputs[0]) if cast.op_type == "Cast" and is_onnx_domain(cast.domain) else None
+        if narrowed is not None and to is not None and to.value in NARROW_TYPES:
+            return [cast, *narrowed[0]], narrowed[1], True, int(to.value)
+    nodes, y = found if found is not None else ([], y)
+    cast_nodes, y, output_type = _widening_cast(y)
+    return [*nodes, *cast_nodes], y, found is not None, output_type
+
+
 def _channels_last_groups(anchor: ir.Node) -> tuple[ir.Value, ir.Value, int] | None:
     """(X, the grouped value, G) when `anchor` is Reshape(X [N, ..., C], [N, 0 or -1, ..., G, C/G]): the groups
     split off the last dim, as Keras' GroupNormalization writes it (channels last)."""
@@ -295,32 +327,54 @@ def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
     if not fields:  # jax2onnx (flax GroupNorm): the affine after the Reshape back
         tail, y, fields, after = _affine(y, channels, rank, rank - 1)
         made |= after
-    silu = _silu(y)
-    if silu is not None:
-        tail += silu[0]
-        y = silu[1]
+    after, y, silu, output_type = _epilogue(y)
     attrs = GroupNormAttributes(
         axis=1 - rank, epsilon=eps, num_groups=g, activation=ACTIVATIONS["silu" if silu else "none"]
     )
-    attrs = dataclasses.replace(attrs, normalized_type=_rounding(x)[0], multiply_type=_rounding(x)[1])
-    spec = NormSpec(KIND, x, None, fields.get("scale"), fields.get("bias"), attrs, y)
+    spec = _spec(x, fields, dataclasses.replace(attrs, output_type=output_type), y)
     return match.Candidate(
         spec=spec,
-        nodes=[anchor, *nodes, back, *tail],
+        nodes=[anchor, *nodes, back, *tail, *after],
         axes=tuple(range(1, rank)),
         perm=(0, rank - 1, *range(1, rank - 1)),
         new_constants=made,
-        variant="grouped channels-last decomposed" + (" + SiLU" if silu is not None else ""),
+        variant="grouped channels-last decomposed" + (" + SiLU" if silu else ""),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
+        # onnxconverter-common's float16 conversion (keep_io_types) casts an input once per reader: a dynamic batch's
+        # Reshape back reads X's Shape through a twin of X's Cast, which the proof feeds X's values.
+        aliases=_twin_casts(x),
     )
 
 
-def _rounding(x: ir.Value) -> tuple[int, int]:
-    """(normalized_type, multiply_type): a float16/bfloat16 graph rounds the normalised value, the affine and the
-    activation to X's type; the proof checks it."""
+def _restores(back: ir.Node, x: ir.Value) -> bool:
+    """The Reshape `back` gives X's shape: as inferred, or by its target being Shape(X) or Shape of a twin Cast of X
+    (onnxconverter-common's float16 conversion drops the exporters' inferred shapes, and ONNX's shape inference
+    names the dims of a Reshape to a computed shape anew)."""
+    y = back.outputs[0]
+    if y.shape is not None and x.shape is not None and list(y.shape) == list(x.shape):
+        return True
+    target = back.inputs[1] if len(back.inputs) > 1 else None
+    shape = None if target is None else target.producer()
+    if shape is None or shape.op_type != "Shape" or not is_onnx_domain(shape.domain):
+        return False
+    start, end = shape.attributes.get("start"), shape.attributes.get("end")  # dynamo writes start=0
+    if (start is not None and start.value != 0) or end is not None:
+        return False
+    return shape.inputs[0] is x or shape.inputs[0] in _twin_casts(x)
+
+
+def _spec(x: ir.Value, fields: dict, attrs: GroupNormAttributes, y: ir.Value) -> NormSpec:
+    """The fused op rounds once, at its output (casts.op_rounding, as the other families' ops): a float16/bfloat16
+    graph also rounds the normalised value, the affine and the activation to X's type (`graph_attrs`), but neither
+    the float64 result nor ONNX Runtime's CPU run of the graph (its float16 ops run in float32 between Casts it
+    removes) has those roundings, and reproducing them made a float16-converted Keras GroupNorm 2x farther from
+    float64 in mean than the original (docs/accuracy.md). The proof checks both the rounding and the accuracy."""
+    spec = NormSpec(KIND, x, None, fields.get("scale"), fields.get("bias"), attrs, y)
     t = int(x.dtype) if x.dtype is not None else 0
-    return (t, t) if t in NARROW_TYPES else (0, 0)
+    if t in NARROW_TYPES:
+        spec.graph_attrs = dataclasses.replace(attrs, normalized_type=t, multiply_type=t)
+    return spec
 
 
 def find(anchor: ir.Node) -> match.Candidate | None:
@@ -339,35 +393,26 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     assert x.shape is not None
     rank, channels = len(x.shape), int(x.shape[1])
     y = back.outputs[0]
-    if y.shape is None or list(y.shape) != list(x.shape):
+    if not _restores(back, x):
         raise NearMiss("the Reshape after the grouped norm does not restore X's shape (or its shape is unknown)", y)
     affine_nodes, y, fields, made = _affine(y, channels, rank)
-    silu = _silu(y)
-    activation = ACTIVATIONS["none"]
-    if silu is not None:
-        activation = ACTIVATIONS["silu"]
-        affine_nodes += silu[0]
-        y = silu[1]
-    normalized, multiply = _rounding(x)
+    after, y, silu, output_type = _epilogue(y)
+    activation = ACTIVATIONS["silu" if silu else "none"]
     attrs = GroupNormAttributes(
-        axis=1 - rank,
-        epsilon=eps,
-        normalized_type=normalized,
-        multiply_type=multiply,
-        num_groups=g,
-        activation=activation,
+        axis=1 - rank, epsilon=eps, num_groups=g, activation=activation, output_type=output_type
     )
-    spec = NormSpec(KIND, x, None, fields.get("scale"), fields.get("bias"), attrs, y)
+    spec = _spec(x, fields, attrs, y)
     variant = "InstanceNormalization" if nodes[0].op_type == "InstanceNormalization" else "decomposed"
     return match.Candidate(
         spec=spec,
-        nodes=[anchor, *nodes, back, *affine_nodes],
+        nodes=[anchor, *nodes, back, *affine_nodes, *after],
         axes=tuple(range(1, rank)),
         perm=None,
         new_constants=made,
-        variant=f"grouped {variant}" + (" + SiLU" if silu is not None else ""),
+        variant=f"grouped {variant}" + (" + SiLU" if silu else ""),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
+        aliases=_twin_casts(x),
     )
 
 
@@ -392,7 +437,18 @@ def _emit_onnx_norm(op, spec: NormSpec, opset: int) -> list[ir.Value]:
         inputs.pop()
     if len({v.dtype for v in inputs[1:] if v is not None}) > 1:  # one declared type for Scale and Bias
         inputs = [inputs[0], *(None if v is None else op.Cast(v, to=_FLOAT) for v in inputs[1:])]
-    return [op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **spec.attrs.as_dict())]
+    attrs, y_cast = spec.attrs, 0
+    # The library types Y like X (rewrite/targets.py), so another Y type is written as the other families write it:
+    if attrs.output_type == _FLOAT and spec.x.dtype != ir.DataType.FLOAT:
+        # float32 Y from a narrower X: the op on X widened (exact: the kernels compute from the widened X anyway)
+        x = op.Cast(spec.x, to=_FLOAT)
+        x.type, x.shape = ir.TensorType(ir.DataType.FLOAT), spec.x.shape  # the model-local function reads X's type
+        inputs[0], attrs = x, dataclasses.replace(attrs, output_type=0)
+    elif attrs.output_type and spec.x.dtype == ir.DataType.FLOAT:
+        # a narrow Y from float32 X: the float32 result, then a Cast (the one rounding the op would make)
+        attrs, y_cast = dataclasses.replace(attrs, output_type=0), attrs.output_type
+    y = op.op(GROUP_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **attrs.as_dict())
+    return [op.Cast(y, to=y_cast) if y_cast else y]
 
 
 def _unsupported_onnx_norm(spec: NormSpec, opset: int) -> str | None:
@@ -420,6 +476,8 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
     y = op.op(_ONNX_OP, spec.x, scale, bias, _version=_ONNX_OPSET, epsilon=float(a.epsilon), num_groups=a.num_groups)
     if a.activation == ACTIVATIONS["silu"]:
         y = op.Mul(y, op.Sigmoid(y))
+    if a.output_type:
+        y = op.Cast(y, to=a.output_type)
     return [y]
 
 
@@ -429,10 +487,10 @@ def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
             f"ONNX's GroupNormalization takes per-channel scale and bias from opset {_ONNX_OPSET}; "
             f"the model imports {opset}"
         )
-    a = spec.attrs
+    a = spec.graph_attrs or spec.attrs  # GroupNormalization then the Cast (_emit_onnx) round as the graph does
     t = int(spec.x.dtype) if spec.x.dtype is not None else 0
     rounds_like_onnx = (a.normalized_type, a.multiply_type) == ((t, t) if t in NARROW_TYPES else (0, 0))
-    if not rounds_like_onnx or a.output_type not in (0, t):
+    if not rounds_like_onnx:
         return "GroupNormalization rounds to X's type after the normalisation and each affine step, the graph does not"
     if spec.x.shape is None or not isinstance(spec.x.shape[1], int):
         return "the channel count is not static"
