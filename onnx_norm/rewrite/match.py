@@ -41,7 +41,7 @@ from onnx_norm.rewrite.match_affine import (
     default_affine,
     runtime_rows,
 )
-from onnx_norm.rewrite.match_outside import Replaced, replaced
+from onnx_norm.rewrite.match_outside import Replaced, replaced, twin_casts
 from onnx_norm.rewrite.match_state import Layout, MatchState, StatReading, TailOp, fold_product
 from onnx_norm.rewrite.match_tail import extends, walk_tail
 from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, row_mean
@@ -58,7 +58,7 @@ from onnx_norm.rewrite.structure import (
 )
 
 __all__ = ["ANCHOR_OPS", "Affine", "AffineInputs", "AffineStrategy", "Candidate", "Layout", "MatchState"]
-__all__ += ["Replaced", "StatReading", "constant_rows", "default_affine", "find_norm", "runtime_rows"]
+__all__ += ["Replaced", "StatReading", "constant_rows", "default_affine", "find_norm", "runtime_rows", "twin_casts"]
 
 #: Ops a norm can end with (Sub: the distributed LayerNorm without a bias, `x * s - mean * s`).
 ANCHOR_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Cast"})

@@ -68,7 +68,7 @@ def _is_input_cast(node: ir.Node, x: ir.Value) -> bool:
         current = producer
 
 
-def _twin_casts(x: ir.Value) -> list[ir.Value]:
+def twin_casts(x: ir.Value) -> list[ir.Value]:
     """Other Casts of what `x` is a Cast of, to the same type: the same values under other names (onnxconverter's
     float16 conversion with `keep_io_types` casts an input once per reader)."""
     node = x.producer()
@@ -136,7 +136,7 @@ def replaced(
     """The nodes between the input and `y`, less what must stay because something else reads it; `runtime`: the
     scale and bias the model takes at run time, which the fused op reads like the input."""
     strip_all = strip_casts(statistic.x)
-    twins = _twin_casts(x)
+    twins = twin_casts(x)
     nodes = _collect_nodes(y, {x, strip_all, *twins, *runtime})
     if strip_all is not x and any(strip_all in node.inputs for node in nodes):
         raise NearMiss("the subgraph reads the input both before and after a narrowing Cast", x)

@@ -52,7 +52,6 @@ from onnx_norm.ops.numerics import np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
 from onnx_norm.rewrite import constants, evaluate, match
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
-from onnx_norm.rewrite.match_outside import _twin_casts
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
@@ -343,7 +342,7 @@ def _find_channels_last(anchor: ir.Node) -> match.Candidate | None:
         x_value=x,
         # onnxconverter-common's float16 conversion (keep_io_types) casts an input once per reader: a dynamic batch's
         # Reshape back reads X's Shape through a twin of X's Cast, which the proof feeds X's values.
-        aliases=_twin_casts(x),
+        aliases=match.twin_casts(x),
     )
 
 
@@ -361,7 +360,7 @@ def _restores(back: ir.Node, x: ir.Value) -> bool:
     start, end = shape.attributes.get("start"), shape.attributes.get("end")  # dynamo writes start=0
     if (start is not None and start.value != 0) or end is not None:
         return False
-    return shape.inputs[0] is x or shape.inputs[0] in _twin_casts(x)
+    return shape.inputs[0] is x or shape.inputs[0] in match.twin_casts(x)
 
 
 def _spec(x: ir.Value, fields: dict, attrs: GroupNormAttributes, y: ir.Value) -> NormSpec:
@@ -412,7 +411,7 @@ def find(anchor: ir.Node) -> match.Candidate | None:
         variant=f"grouped {variant}" + (" + SiLU" if silu else ""),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
-        aliases=_twin_casts(x),
+        aliases=match.twin_casts(x),
     )
 
 
