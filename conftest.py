@@ -40,7 +40,7 @@ HEAVY_FIRST = (
     "tests/test_tools.py",  # ~22 s: tools/bench_models.py exports and benchmarks
     "zoo-gemma2",  # ~20 s cold
     "zoo-whisper",  # ~20 s cold
-    "cuda-emulator-mutant",  # ~8 s: an emulator built from an altered copy of the kernels
+    "cuda-emulator-mutant",  # ~5 s: an emulator built (at -O0) from an altered copy of the kernels
     "tests/test_ops_kernels.py",  # ~16 s: the kernels again in a process without SIMD
 )
 
