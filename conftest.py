@@ -36,11 +36,11 @@ HEAVY_FIRST = (
     "tests/test_integrations_olive.py",  # ~45 s: Olive runs
     "zoo-t5",  # ~40 s cold: encoder and decoder, each export of them twice as long as another model's
     "tests/test_gpu_models.py",  # ~25 s: tools/device/run_gpu.sh's models stage, dry run
-    "cuda-emulator",  # ~30 s: the kernels' emulator (built once), the cases of test_cuda_build and test_adaln_cuda
+    "cuda-emulator",  # ~40 s: the emulator (built once), the cases of test_{cuda_build,adaln_cuda,group_norm_cuda}
     "tests/test_tools.py",  # ~22 s: tools/bench_models.py exports and benchmarks
     "zoo-gemma2",  # ~20 s cold
     "zoo-whisper",  # ~20 s cold
-    "cuda-emulator-mutant",  # ~8 s: an emulator built from an altered copy of the kernels
+    "cuda-emulator-mutant",  # ~5 s: an emulator built (at -O0) from an altered copy of the kernels
     "tests/test_ops_kernels.py",  # ~16 s: the kernels again in a process without SIMD
 )
 

@@ -1,8 +1,8 @@
 """The CPU emulator of the CUDA kernels (tools/gpu_harness/emulator.cc with the real launcher and harness entry),
-built once per test run and shared by the modules that run cases on it (tests/test_cuda_build.py and
-tests/test_adaln_cuda.py load this plugin): each build is a minute of g++ on a loaded 2-core machine, and both
-modules built the same library. The folder is the run's, shared by its pytest-xdist workers under a file lock, so a
-second worker that asks while the build is under way waits for it; nothing outlives the run."""
+built once per test run and shared by the modules that run cases on it (tests/test_cuda_build.py,
+tests/test_adaln_cuda.py and tests/test_group_norm_cuda.py load this plugin): each build is ~11 CPU-s of g++, and
+the modules built the same library. The folder is the run's, shared by its pytest-xdist workers under a file lock,
+so a second worker that asks while the build is under way waits for it; nothing outlives the run."""
 
 from __future__ import annotations
 

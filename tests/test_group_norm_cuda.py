@@ -24,11 +24,16 @@ needs_emulator = pytest.mark.skipif(
 )
 
 
+# `emulator_library`: the emulator of the kernels, built once per run for this module, tests/test_cuda_build.py and
+# tests/test_adaln_cuda.py (the same build: gpu_build.build_emulator of the repository's kernels, ~11 CPU-s at
+# -O1), whose emulator tests share this module's pytest-xdist unit (conftest.py): one worker builds it and runs all.
+pytest_plugins = ("emulator_fixtures",)
+pytestmark = pytest.mark.xdist_group("cuda-emulator")
+
+
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> check.Harness:
-    include = check.cuda_include()
-    assert include is not None
-    return check.Harness(check.build_emulator(include, tmp_path_factory.mktemp("emulator")))
+def harness(emulator_library: Path) -> check.Harness:
+    return check.Harness(emulator_library)
 
 
 @needs_emulator

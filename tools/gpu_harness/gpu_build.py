@@ -76,11 +76,14 @@ def find_cuda_include(nvcc: str | None) -> Path | None:
     return None
 
 
-def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources: Path = SOURCES) -> Path:
+def build_emulator(
+    cuda_include: Path, out_dir: Path, cxx: str = "g++", sources: Path = SOURCES, optimization: str = "-O1"
+) -> Path:
     """Builds the CPU emulator of the kernels (tools/gpu_harness/emulator.cc) with the real launcher and
     harness entry into out_dir/libonnx_norm_emulator.so; `sources`: the kernels' folder (a test's altered
     copy). At -O1: the build takes a third of -O2's CPU time (11 s against 36 s of g++ on 2 cores) and the cases run
-    as fast (their time goes to the numpy references and the launches' bookkeeping)."""
+    as fast (their time goes to the numpy references and the launches' bookkeeping); -O0 takes a third of -O1's
+    (4 s), for a build that runs a case or two."""
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / "libonnx_norm_emulator.so"
     # One translation unit: the emulator, then every kernel unit (the norms' per X type, each row op's), whose
@@ -89,7 +92,7 @@ def build_emulator(cuda_include: Path, out_dir: Path, cxx: str = "g++", sources:
     unity = out_dir / "emulated_kernels.cc"
     unity.write_text("".join(f'#include "{path}"\n' for path in [HARNESS.parent / "emulator.cc", *units]))
     cmd = [
-        cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{sources}",
+        cxx, "-std=c++17", optimization, "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include}", f"-I{sources}",
         str(unity), "-x", "c++", str(sources / "launch.cu"), str(HARNESS), "-o", str(library),
     ]  # fmt: skip
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
