@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Checks the CUDA kernels of the row ops (every op launched through `LaunchRowOp`: the modulated ops, GroupNorm)
-against their op records' float64 references.
+"""Checks the CUDA kernels of the row ops (the ops launched through `LaunchRowOp`, each with a check module listed in
+`CHECKS`) against their op records' float64 references.
 
-    python tools/gpu_harness/row_op_checks.py --emulate            # no GPU: the kernels' real source in the emulator
-    python tools/gpu_harness/row_op_checks.py --gpu --op group_norm  # a GPU, nvcc and torch: the kernels themselves
+    python tools/gpu_harness/row_op_checks.py --emulate      # no GPU: the kernels' real source in the CPU emulator
+    python tools/gpu_harness/row_op_checks.py --gpu --op OP  # a GPU, nvcc and torch: the kernels themselves (OP: a
+                                                             # check module's name without `_check`; default: all)
 
 The machinery every op's cases share: the host and torch runners (each tensor at the case's offset, guard bands
 around Y that must stay untouched), the case loop, the tolerance, the reference call through the op record
@@ -61,7 +62,8 @@ TOLERANCE = {F32: 3e-5, F16: 4e-3, BF16: 3.2e-2}
 
 class RowOpCase(Protocol):
     """What the runners and `run_cases` ask of a case. Inputs are keyed by the op record's input names in snake
-    case (`ModScale` -> `mod_scale`), which are also the pointers' names that `launch` reads (None: not given)."""
+    case (`Scale` -> `scale`, `InputName` -> `input_name`), which are also the names of the pointers that `launch`
+    reads (None: not given)."""
 
     @property
     def y_type(self) -> int: ...
