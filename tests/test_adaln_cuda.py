@@ -1,6 +1,7 @@
 """The CUDA kernel of the modulated (adaLN) ops, run from its real source by the CPU emulator of the kernels
-(tools/gpu_harness/modulated_emulator.cc, built on tools/gpu_harness/emulator.cc) through the real launcher, against
-the numpy reference. A GPU runs the same cases with `python tools/gpu_harness/modulated_check.py --gpu`."""
+(tools/gpu_harness/emulator.cc) through the real launcher, against the op records' float64 references. The cases
+are tools/gpu_harness/modulated_check.py's, the runners row_op_checks.py's; a GPU runs the same cases with
+`python tools/gpu_harness/row_op_checks.py --gpu --op modulated`."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
 import modulated_check as check
+import row_op_checks as rows
 
-F32, F16, BF16 = check.F32, check.F16, check.BF16
+F32, F16, BF16 = rows.F32, rows.F16, rows.BF16
 
 needs_emulator = pytest.mark.skipif(
-    check.cuda_include() is None or shutil.which("g++") is None,
+    rows.cuda_include() is None or shutil.which("g++") is None,
     reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
 )
 
@@ -29,8 +31,8 @@ pytestmark = pytest.mark.xdist_group("cuda-emulator")
 
 
 @pytest.fixture(scope="module")
-def emulated(emulator_library: Path) -> check.HostRunner:
-    return check.HostRunner(check.Harness(emulator_library))
+def emulated(emulator_library: Path) -> rows.HostRunner:
+    return rows.HostRunner(rows.Harness(emulator_library))
 
 
 # One case per kernel variant and per feature of the epilogue, small enough for the emulator (one coroutine per
@@ -49,8 +51,8 @@ CASES = [
 
 
 @needs_emulator
-def test_kernel_matches_the_reference_in_the_emulator(emulated: check.HostRunner) -> None:
-    failures = check.run_cases(emulated, CASES)
+def test_kernel_matches_the_reference_in_the_emulator(emulated: rows.HostRunner) -> None:
+    failures = rows.run_cases(emulated, CASES)
     assert failures == []
     assert set(emulated.kernels) == {
         "modulated vector registers",
@@ -60,20 +62,20 @@ def test_kernel_matches_the_reference_in_the_emulator(emulated: check.HostRunner
 
 
 @needs_emulator
-def test_a_wrong_output_is_caught(emulated: check.HostRunner) -> None:
+def test_a_wrong_output_is_caught(emulated: rows.HostRunner) -> None:
     """The comparison fails where the kernel and the reference disagree: a reference without the `1 +`."""
     case = CASES[0]
-    inputs = check.make_inputs(case, np.random.default_rng(0))
+    inputs = case.inputs(np.random.default_rng(0))
     got = emulated.run(case, inputs)
-    assert check.compare(case, got, check.reference(case, inputs)) is None
+    assert case.compare(got, case.reference(inputs)) is None
     wrong = dict(inputs, mod_scale=(inputs["mod_scale"].astype(np.float32) - 1).astype(inputs["mod_scale"].dtype))
-    assert check.compare(case, got, check.reference(case, wrong)) is not None
+    assert case.compare(got, case.reference(wrong)) is not None
 
 
 def test_gpu_mode_without_a_gpu_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: --gpu runs")
-    assert check.main(["--gpu", "--quick"]) == 2
+    assert rows.main(["--gpu", "--quick"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "needs a CUDA GPU" in captured.err

@@ -1,6 +1,7 @@
 """GroupNorm's CUDA kernel (custom_ops/src/cuda/group_norm_kernels.cuh), run from its real source by the CPU emulator
 of the kernels (tools/gpu_harness/emulator.cc) through the real launcher and ctypes entry, against the numpy
-reference. Not run on a GPU yet (no GPU was available to this work)."""
+reference (the op record's), with the runners of tools/gpu_harness/row_op_checks.py. Not run on a GPU yet (no GPU
+was available to this work)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
 import group_norm_check
-import modulated_check as check
+import row_op_checks as check
 
 F32, F16, BF16 = check.F32, check.F16, check.BF16
 

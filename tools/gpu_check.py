@@ -27,7 +27,8 @@ case through the CPU emulator of the kernels, the ORT comparison on the CPU prov
 This file runs the checks, the capture, the launch plan and the results; its parts are modules of
 tools/gpu_harness: gpu_cases.py (cases, inputs, reference, comparison), gpu_build.py (nvcc and emulator builds, the
 ctypes binding of harness.cu), gpu_backends.py (torch, emulator and fake backends), gpu_ort.py (ONNX Runtime) and
-gpu_bandwidth.py (the bandwidth table); the modulated ops' cases are modulated_check.py's.
+gpu_bandwidth.py (the bandwidth table); each row op's cases are its own check module's, which row_op_checks.py lists
+(`CHECKS`, one line per op) and runs (`check_row_ops` here runs each one).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -55,6 +55,7 @@ for _path in (REPO, REPO / "tools" / "gpu_harness"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import row_op_checks  # noqa: E402
 from gpu_backends import FakeBackend, HostHarnessBackend, TorchHarnessBackend  # noqa: E402
 from gpu_bandwidth import (  # noqa: E402
     BENCH_HEADER,
@@ -71,7 +72,6 @@ from gpu_cases import (  # noqa: E402
     F16,
     F32,
     FLOAT_TYPES,
-    HARNESS,
     IN_PLACE,
     OPS,
     SIGNATURES,
@@ -94,8 +94,7 @@ from gpu_ort import (  # noqa: E402
     ort_cases,
 )
 
-# What tests/test_cuda_build.py and tools/gpu_harness/modulated_check.py take from this module (defined in the
-# gpu_* modules of tools/gpu_harness, or below).
+# What tests/test_cuda_build.py takes from this module (defined in the gpu_* modules of tools/gpu_harness, or below).
 __all__ = [
     "BF16", "F16", "F32", "IN_PLACE", "OPS", "PLAN_SHAPES", "FakeBackend", "Harness", "HostHarnessBackend", "Outcome",
     "_default_case", "build_cases", "build_emulator", "build_harness", "bytes_moved", "device_cases",
@@ -117,38 +116,17 @@ class Outcome:
             print(f"FAIL {what}", flush=True)
 
 
-def _op_check(name: str) -> Any:
-    """tools/gpu_harness/<name>.py (an op's cases), imported when used (it imports this module)."""
-    if str(HARNESS.parent) not in sys.path:
-        sys.path.insert(0, str(HARNESS.parent))
-    return importlib.import_module(name)
-
-
-def check_op_cases(name: str, harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
-    """The cases of an op's check module (`modulated_check`, `group_norm_check`) through `harness`: torch tensors
-    on the GPU, or host memory in the CPU emulator. Failures go to `outcome`; returns the summary line."""
-    check, runners = _op_check(name), _op_check("modulated_check")
-    runner = runners.TorchRunner(harness) if on_gpu else runners.HostRunner(harness)
-    cases = check.build_cases(quick)
-    started = time.perf_counter()
-    failures = runners.run_cases(runner, cases)
-    outcome.checked += len(cases) - len(failures)
-    label = name.removesuffix("_check")
-    for failure in failures:
-        outcome.fail(f"[{label}] {failure}")
-    seconds = time.perf_counter() - started
-    kernels = "".join(f", {k} x{n}" for k, n in sorted(runner.kernels.items()))
-    return f"{label} cases: {len(cases)}, {len(failures)} failures ({seconds:.0f} s){kernels}"
-
-
-def check_modulated(harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
-    """The modulated ops' cases (modulated_check.py)."""
-    return check_op_cases("modulated_check", harness, on_gpu, quick, outcome)
-
-
-def check_group_norm(harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> str:
-    """GroupNorm's cases (group_norm_check.py)."""
-    return check_op_cases("group_norm_check", harness, on_gpu, quick, outcome)
+def check_row_ops(harness: Harness, on_gpu: bool, quick: bool, outcome: Outcome) -> list[str]:
+    """The cases of every row op's check module (`row_op_checks.CHECKS`) through `harness`: torch tensors on the
+    GPU, or host memory in the CPU emulator. Failures go to `outcome`; returns one summary line per module."""
+    lines = []
+    for name in row_op_checks.CHECKS:
+        result = row_op_checks.check_module(name, harness, on_gpu, quick)
+        outcome.checked += result.cases - len(result.failures)
+        for failure in result.failures:
+            outcome.fail(failure)
+        lines.append(result.summary)
+    return lines
 
 
 def run_cases(backend: Any, cases: list[Case], label: str, outcome: Outcome) -> None:
@@ -427,8 +405,8 @@ def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path | Non
         if not _run_emulated(other, device_cases(device), f"on emulated device {device} ({EMULATED_DEVICES[device]})"):
             return False
     outcome = Outcome()
-    print(f"self-test: {check_modulated(backend.harness, on_gpu=False, quick=True, outcome=outcome)}")
-    print(f"self-test: {check_group_norm(backend.harness, on_gpu=False, quick=True, outcome=outcome)}")
+    for line in check_row_ops(backend.harness, on_gpu=False, quick=True, outcome=outcome):
+        print(f"self-test: {line}")
     if outcome.failures:
         return False
     plan = launch_plan(emulator)
@@ -571,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     captured, capture_line = check_graph_capture(backend, outcome)
     results.say(capture_line)
     run_cases(backend, cases, "harness", outcome)
-    results.say(check_modulated(harness, on_gpu=True, quick=args.quick, outcome=outcome))
-    results.say(check_group_norm(harness, on_gpu=True, quick=args.quick, outcome=outcome))
+    for line in check_row_ops(harness, on_gpu=True, quick=args.quick, outcome=outcome):
+        results.say(line)
     check_other_device(harness, outcome)
     results.say(
         f"kernels: {outcome.checked} checks over {len(cases)} cases (every op x dtype x shape, layouts, in-place), "

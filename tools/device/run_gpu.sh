@@ -6,8 +6,8 @@
 #   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (< 8 min on an H200)
 #      the kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
 #      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
-#      thread-block cluster and the same shapes with clusters off; the adaLN ops' cases of
-#      tools/gpu_harness/modulated_check.py, and GroupNorm's of group_norm_check.py, through the same harness)
+#      thread-block cluster and the same shapes with clusters off; each row op's cases, its
+#      tools/gpu_harness/<op>_check.py listed in row_op_checks.py's CHECKS, through the same harness)
 #      against the reference, CUDA graph capture
 #      of every kernel path (cluster launches included), and GB/s against a device-to-device copy, torch and
 #      a one-row-per-program Triton kernel, plus ours with clusters off where the launcher splits rows (few or

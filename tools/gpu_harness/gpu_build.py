@@ -1,5 +1,5 @@
-"""Builds of the kernels for tools/gpu_check.py and the modulated check: the harness with nvcc, the CPU emulator with
-g++, and the ctypes binding of the one harness entry (tools/gpu_harness/harness.cu)."""
+"""Builds of the kernels for tools/gpu_check.py and the row ops' checks (row_op_checks.py): the harness with nvcc, the
+CPU emulator with g++, and the ctypes binding of the one harness entry (tools/gpu_harness/harness.cu)."""
 
 from __future__ import annotations
 

@@ -29,9 +29,9 @@ from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 TYPE_NAMES = {t: type_name(t) for t in (0, F32, F16, BF16)}  # the spellings of onnx_norm.dtypes
 FLOAT_TYPES = (F32, F16, BF16)
-# The LayerNorm/RMSNorm ops and their Skip forms. The modulated (adaLN) ops go through the same launcher and harness
-# entry; their cases, reference and runners are tools/gpu_harness/modulated_check.py's, run from here too
-# (check_modulated). GroupNorm's kernel is checked in the emulator only, by tests/test_group_norm_cuda.py.
+# The LayerNorm/RMSNorm ops and their Skip forms. The row ops go through the same launcher and harness entry; their
+# cases are their own check modules' (`row_op_checks.CHECKS`), run through row_op_checks.py's runners, from
+# gpu_check.py too (check_row_ops).
 OPS = tuple(op.name for op in NORM_OPS)
 HIDDEN_SIZES = (1, 7, 127, 768, 4097, 16384)
 # The issue's goals: >= 85% of copy bandwidth at [8192, 4096] and [32768, 1024], >= 75% from 16K to 64K hidden,

@@ -1,7 +1,7 @@
-"""GroupNorm's CUDA kernel cases (group_norm_kernels.cuh) through the one ctypes entry, against the numpy reference:
-in the CPU emulator (tests/test_group_norm_cuda.py, `gpu_check.py --self-test`) and on a GPU (`gpu_check.py`).
-The runners and the loop are modulated_check.py's; a case here answers what they ask (inputs, reference, compare,
-launch, offset_of)."""
+"""GroupNorm's CUDA kernel cases (group_norm_kernels.cuh) through the one ctypes entry, against the op record's
+reference (GroupNorm; docs/ops.md): in the CPU emulator (tests/test_group_norm_cuda.py, `gpu_check.py --self-test`)
+and on a GPU (`gpu_check.py`, `row_op_checks.py --gpu --op group_norm`). The runners and the loop are
+row_op_checks.py's; a case here answers what they ask (`RowOpCase`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from modulated_check import BF16, F16, F32, TOLERANCE, TYPE_NAMES, Harness
+from row_op_checks import BF16, F16, F32, TYPE_NAMES, Harness, record_reference, within_tolerance
 
-from onnx_norm.ops.group_norm import group_norm
+from onnx_norm.ops.group_norm import ACTIVATIONS
 from onnx_norm.ops.numerics import np_dtype
 
 
@@ -34,6 +34,10 @@ class Case:
     @property
     def y_type(self) -> int:
         return self.x_type
+
+    @property
+    def activation(self) -> int:
+        return ACTIVATIONS["silu" if self.silu else "none"]
 
     def name(self) -> str:
         parts = ["gn", TYPE_NAMES[self.x_type], "x".join(map(str, self.shape)), f"g{self.groups}"]
@@ -53,16 +57,10 @@ class Case:
 
     def reference(self, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
         attrs = {"normalized_type": self.rounding, "multiply_type": self.rounding}
-        (y,) = group_norm(
-            inputs["x"], inputs["scale"], inputs["bias"], num_groups=self.groups, activation=int(self.silu), **attrs
-        )
-        return y
+        return record_reference("GroupNorm", inputs, num_groups=self.groups, activation=self.activation, **attrs)
 
     def compare(self, got: np.ndarray, want: np.ndarray) -> str | None:
-        tol = TOLERANCE[self.y_type]
-        g, w = got.astype(np.float64), want.astype(np.float64)
-        bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
-        return None if not bad.any() else f"{int(bad.sum())} of {bad.size} elements differ"
+        return within_tolerance(self.y_type, got, want)
 
     def offset_of(self, name: str) -> int:
         return 1 if self.misaligned and name in ("x", "y") else 0
@@ -74,7 +72,7 @@ class Case:
             cols=self.shape[1] // self.groups * spatial, x_type=self.x_type, y_type=self.y_type, stream=stream,
             scale=pointers["scale"], bias=pointers["bias"], scale_type=self.x_type if self.affine else 0,
             normalized_type=self.rounding, multiply_type=self.rounding, device=device, row_op="GroupNorm",
-            op_ints=(self.groups, spatial, int(self.silu)),  # group_norm_launch.h: num_groups, spatial, activation
+            op_ints=(self.groups, spatial, self.activation),  # group_norm_launch.h: num_groups, spatial, activation
         )  # fmt: skip
 
 

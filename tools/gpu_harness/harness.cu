@@ -1,4 +1,4 @@
-// A C entry point to LaunchNorm for tools/gpu_check.py and tools/gpu_harness/modulated_check.py, which call it
+// A C entry point to LaunchNorm for tools/gpu_check.py and tools/gpu_harness/row_op_checks.py, which call it
 // through ctypes (on torch tensors on a GPU, on host memory in the CPU emulator): the product library exports only
 // RegisterCustomOps and OnnxNormDescribeOps, and this checks the kernels on a machine without onnxruntime-gpu.
 // Built together with custom_ops/src/cuda/*.cu by gpu_check.py. Every op goes through it, and it names none: row_op
