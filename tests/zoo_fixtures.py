@@ -1,5 +1,5 @@
 """Fixtures for the zoo tests (a plugin of tests/test_zoo.py; kept out of conftest.py, which other test modules
-own). Exports are cached on disk (ONNX_NORM_ZOO_CACHE, default .cache/zoo) and in memory for the session.
+own). Exports are cached on disk (ONNX_NORM_ZOO_CACHE, default ~/.cache/onnx-norm/zoo) and in memory for the session.
 """
 
 from __future__ import annotations

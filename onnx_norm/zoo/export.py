@@ -9,6 +9,8 @@ golden outputs that fp16 comparisons need), and how many norm modules the forwar
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -80,14 +82,26 @@ class ZooExport:
 
 
 def default_cache_dir() -> Path:
-    """$ONNX_NORM_ZOO_CACHE, else `.cache/zoo` in the source checkout (git-ignored), else the temp dir."""
+    """$ONNX_NORM_ZOO_CACHE, else `onnx-norm/zoo` in the user's cache folder ($XDG_CACHE_HOME, else ~/.cache), as
+    pip keeps its wheels: a clone or worktree reuses the exports an earlier one made with the same code and versions
+    (the cache key holds both), else the temp dir when there is no home folder."""
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env)
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / ".git").exists():
-        return checkout / ".cache" / "zoo"
+    base = os.environ.get("XDG_CACHE_HOME") or (os.path.join(Path.home(), ".cache") if "HOME" in os.environ else "")
+    if base:
+        return Path(base) / "onnx-norm" / "zoo"
     return Path(tempfile.gettempdir()) / "onnx-norm-zoo"
+
+
+@functools.cache
+def _source_fingerprint() -> str:
+    """A hash of this package's sources (configs, export steps, norm counting): an export made by other code is
+    another cache entry, so that a cache shared between checkouts never serves a stale graph."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _versions() -> str:
@@ -100,12 +114,20 @@ def _versions() -> str:
 
     parts = [
         f"v{_FORMAT_VERSION}",
+        _source_fingerprint(),
         torch.__version__,
         transformers.__version__,
         onnx.__version__,
         onnxscript.__version__,
     ]
     return "-".join(p.replace("+", "_") for p in parts)
+
+
+def _ort_version() -> str:
+    """ONNX Runtime's version: its float16 converter makes the fp16-converted exports."""
+    import onnxruntime
+
+    return onnxruntime.__version__.replace("+", "_")
 
 
 def export(name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path | str | None = None) -> ZooExport:
@@ -122,7 +144,7 @@ def export(name: str, exporter: Exporter, dtype: Dtype = "fp32", cache_dir: Path
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     spec = ZOO[name]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    versions = _versions() + (f"-{_FP16_CONVERTER}" if dtype == "fp16-converted" else "")
+    versions = _versions() + (f"-{_FP16_CONVERTER}-{_ort_version()}" if dtype == "fp16-converted" else "")
     directory = root / f"{name}-{exporter}-{dtype}-{spec.fingerprint()}-{versions}"
     if not (directory / "meta.json").exists():
         _export_once(spec, exporter, dtype, directory)
