@@ -281,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the exporter fixtures (tests/data/exporters) instead of the zoo; optionally comma-separated families",
     )
     parser.add_argument(
-        "--cache", type=Path, default=None, help="export cache (default: $ONNX_NORM_ZOO_CACHE, else ~/.cache/onnx-norm/zoo)"
+        "--cache",
+        type=Path,
+        default=None,
+        help="export cache (default: $ONNX_NORM_ZOO_CACHE, else ~/.cache/onnx-norm/zoo)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and tool failures")
     args = parser.parse_args(argv)
