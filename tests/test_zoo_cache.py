@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,15 @@ def test_the_cache_is_the_users_unless_the_variable_names_one(monkeypatch: pytes
     assert zoo_export.default_cache_dir() == tmp_path / "home" / ".cache" / "onnx-norm" / "zoo"
     monkeypatch.setenv(zoo_export.CACHE_ENV, str(tmp_path / "mine"))
     assert zoo_export.default_cache_dir() == tmp_path / "mine"
+
+
+def test_a_cache_folder_that_cannot_be_made_falls_back_to_the_temp_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(zoo_export.CACHE_ENV, raising=False)
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    assert zoo_export.default_cache_dir() == Path(tempfile.gettempdir()) / "onnx-norm-zoo"
 
 
 def test_the_key_changes_with_the_zoo_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -90,7 +90,12 @@ def default_cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or (os.path.join(Path.home(), ".cache") if "HOME" in os.environ else "")
     if base:
-        return Path(base) / "onnx-norm" / "zoo"
+        folder = Path(base) / "onnx-norm" / "zoo"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder
+        except OSError as err:  # a read-only home (some CI containers): the exports are made anew in the temp dir
+            logger.info("zoo export cache %s cannot be made (%s); using the temp dir", folder, err)
     return Path(tempfile.gettempdir()) / "onnx-norm-zoo"
 
 
