@@ -149,39 +149,116 @@ def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
             missing = _MISSING_KERNEL.search(str(err))
             if missing is None:
                 raise
-            op_type = missing.group(1)
-            if any(node.op_type == op_type and len(node.input) != 1 for node in model.graph.node):
-                raise  # only unary ops are known to take just the float tensor that a Cast can narrow
-            logger.info("no float64 kernel for %s in ONNX Runtime; evaluating it in float32", op_type)
-            model = _run_in_float32(model, op_type)
+            op_types = _narrowable(model, missing.group(1))
+            if not op_types:
+                raise
+            logger.info("no float64 kernel for %s in ONNX Runtime; evaluating it in float32", ", ".join(op_types))
+            for op_type in op_types:
+                model = _run_in_float32(model, op_type)
     raise SessionError("too many ops without a float64 kernel")
 
 
+def _narrowable(model: onnx.ModelProto, op_type: str) -> list[str]:
+    """The op types to run in float32 when ORT has no float64 kernel for `op_type`: `op_type` itself, or, when no
+    node of the model is one, the ops ORT expands into their ONNX function bodies (Gelu-20 into Erf and others);
+    empty when one of them may read or write an integer, which a Cast to float32 could change."""
+    bodies = [model.graph.node, *(function.node for function in model.functions)]
+    nodes = [node for body in bodies for node in body if is_onnx_domain(node.domain)]
+    if any(node.op_type == op_type for node in nodes):
+        candidates = [op_type]
+    else:
+        opset = next((entry.version for entry in model.opset_import if is_onnx_domain(entry.domain)), None)
+        candidates = sorted({node.op_type for node in nodes if op_type in _function_body_ops(node, opset)})
+    if not candidates or any(_float_slots(model, t) is None for t in candidates):
+        return []
+    return candidates
+
+
+def _function_body_ops(node: onnx.NodeProto, opset: int | None) -> set[str]:
+    """The op types of the ONNX function body `node`'s op expands into (for its attributes), empty for a primitive."""
+    if not onnx.defs.has(node.op_type):
+        return set()
+    schema = onnx.defs.get_schema(node.op_type, opset) if opset else onnx.defs.get_schema(node.op_type)
+    if schema.has_function:
+        return {inner.op_type for inner in schema.function_body.node}
+    if not schema.has_context_dependent_function:
+        return set()
+    double = onnx.helper.make_tensor_type_proto(TensorProto.DOUBLE, None).SerializeToString()
+    try:
+        body = onnx.FunctionProto.FromString(
+            schema.get_context_dependent_function(node.SerializeToString(), [double] * len(node.input))
+        )
+    except Exception:  # a body onnx cannot build for these types: not the op to narrow
+        return set()
+    return {inner.op_type for inner in body.node}
+
+
+_FLOAT_TENSORS = frozenset({"tensor(float16)", "tensor(float)", "tensor(double)", "tensor(bfloat16)"})
+
+
+def _float_slots(model: onnx.ModelProto, op_type: str) -> tuple[list[bool], list[bool]] | None:
+    """Which inputs and outputs of the default-domain op `op_type` are float tensors by its schema (a formal whose
+    type constraint admits float types only: Conv's X, W, B), or None when one may hold another type too (Reshape's
+    data, Cast's input), which only the graph's types could tell."""
+    opset = next((entry.version for entry in model.opset_import if is_onnx_domain(entry.domain)), None)
+    try:
+        schema = onnx.defs.get_schema(op_type, opset) if opset else onnx.defs.get_schema(op_type)
+    except onnx.defs.SchemaError:
+        return None
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+    def slots(formals: Sequence[Any]) -> list[bool] | None:
+        kinds = [allowed.get(f.type_str, {f.type_str}) for f in formals]
+        if any(not (kind <= _FLOAT_TENSORS or not kind & _FLOAT_TENSORS) for kind in kinds):
+            return None
+        return [kind <= _FLOAT_TENSORS for kind in kinds]
+
+    inputs, outputs = slots(schema.inputs), slots(schema.outputs)
+    return None if inputs is None or outputs is None else (inputs, outputs)
+
+
+def _slot(flags: list[bool], index: int) -> bool:
+    """A formal's flag; the inputs past the last formal are its variadic tail."""
+    return flags[min(index, len(flags) - 1)] if flags else False
+
+
 def _run_in_float32(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
+    """`op_type`'s nodes, in the main graph and in the model's functions (ORT inlines them), run in float32 between
+    Casts: their float inputs narrowed, their float outputs widened back."""
+    slots = _float_slots(model, op_type) or ([True], [True])
     patched = onnx.ModelProto()
     patched.CopyFrom(model)
+    bodies = [("", patched.graph.node)] + [(f"{i}_", f.node) for i, f in enumerate(patched.functions)]
+    for tag, body in bodies:
+        nodes = _narrowed(list(body), op_type, slots, f"onnx_norm_f32_{tag}")
+        del body[:]
+        body.extend(nodes)
+    return patched
+
+
+def _narrowed(
+    body: list[onnx.NodeProto], op_type: str, slots: tuple[list[bool], list[bool]], prefix: str
+) -> list[onnx.NodeProto]:
+    """`body` with each default-domain `op_type` node between Casts to float32 and back (by `slots`)."""
+    float_inputs, float_outputs = slots
     nodes: list[onnx.NodeProto] = []
-    for index, node in enumerate(patched.graph.node):
+    for index, node in enumerate(body):
         if node.op_type != op_type or not is_onnx_domain(node.domain):
             nodes.append(node)
             continue
-        prefix = f"onnx_norm_f32_{index}"
-        new_inputs = []
         for i, name in enumerate(node.input):
-            cast_name = f"{prefix}_in{i}"
-            nodes.append(onnx.helper.make_node("Cast", [name], [cast_name], to=TensorProto.FLOAT))
-            new_inputs.append(cast_name)
-        outputs = list(node.output)
-        del node.input[:]
-        node.input.extend(new_inputs)
-        del node.output[:]
-        node.output.extend(f"{prefix}_out{i}" for i in range(len(outputs)))
+            if name and _slot(float_inputs, i):
+                nodes.append(onnx.helper.make_node("Cast", [name], [f"{prefix}{index}_in{i}"], to=TensorProto.FLOAT))
+                node.input[i] = f"{prefix}{index}_in{i}"
+        widened = []
+        for i, name in enumerate(node.output):
+            if name and _slot(float_outputs, i):
+                cast = onnx.helper.make_node("Cast", [f"{prefix}{index}_out{i}"], [name], to=TensorProto.DOUBLE)
+                widened.append(cast)
+                node.output[i] = f"{prefix}{index}_out{i}"
         nodes.append(node)
-        for i, name in enumerate(outputs):
-            nodes.append(onnx.helper.make_node("Cast", [f"{prefix}_out{i}"], [name], to=TensorProto.DOUBLE))
-    del patched.graph.node[:]
-    patched.graph.node.extend(nodes)
-    return patched
+        nodes.extend(widened)
+    return nodes
 
 
 def runtime_only_ops(model: onnx.ModelProto) -> list[str]:
