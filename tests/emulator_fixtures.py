@@ -7,6 +7,7 @@ so a second worker that asks while the build is under way waits for it; nothing 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from filelock import FileLock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
 import gpu_build
+
+#: The mark of the tests that run cases on the emulator: it needs the CUDA headers (cuda_fp16.h) and g++.
+needs_emulator = pytest.mark.skipif(
+    gpu_build.find_cuda_include(gpu_build.find_nvcc(None)) is None or shutil.which("g++") is None,
+    reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
+)
 
 
 def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

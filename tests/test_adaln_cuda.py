@@ -5,7 +5,6 @@ are tools/gpu_harness/modulated_check.py's, the runners row_op_checks.py's; a GP
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -15,13 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
 import modulated_check as check
 import row_op_checks as rows
+from emulator_fixtures import needs_emulator
 
 F32, F16, BF16 = rows.F32, rows.F16, rows.BF16
-
-needs_emulator = pytest.mark.skipif(
-    rows.cuda_include() is None or shutil.which("g++") is None,
-    reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
-)
 
 
 # `emulator_library`: the emulator of the kernels, built once per run for this module and tests/test_cuda_build.py,

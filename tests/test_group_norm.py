@@ -377,18 +377,25 @@ def test_native_group_normalization_21_is_taken_over_and_18_is_not() -> None:
     assert "per group" in record["reason"]
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_dynamic_batch_and_spatial_dims_fuse(tmp_path, dynamo: bool) -> None:
-    """N, H and W symbolic: the Reshape back to Shape(X) is read as X's shape; run at another size than exported."""
-    torch = pytest.importorskip("torch")
-    module = torch.nn.Sequential(torch.nn.GroupNorm(4, C), torch.nn.SiLU()).eval()
-    path = tmp_path / "dynamic.onnx"
+def _export_dynamic(module: Any, path: Path, dynamo: bool) -> None:
+    """`module` exported with N, H and W symbolic, by the dynamo or the TorchScript exporter."""
+    import torch
+
     if dynamo:
         dims = {0: torch.export.Dim("n"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")}
         kwargs = {"dynamo": True, "dynamic_shapes": (dims,)}
     else:
         kwargs = {"dynamo": False, "opset_version": 17, "dynamic_axes": {"x": {0: "n", 2: "h", 3: "w"}}}
     torch.onnx.export(module, (torch.randn(*SHAPE),), str(path), input_names=["x"], **kwargs)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_dynamic_batch_and_spatial_dims_fuse(tmp_path, dynamo: bool) -> None:
+    """N, H and W symbolic: the Reshape back to Shape(X) is read as X's shape; run at another size than exported."""
+    torch = pytest.importorskip("torch")
+    module = torch.nn.Sequential(torch.nn.GroupNorm(4, C), torch.nn.SiLU()).eval()
+    path = tmp_path / "dynamic.onnx"
+    _export_dynamic(module, path, dynamo)
     model = onnx.load(str(path))
     optimized, report = optimize(model)
     assert fused_ops(optimized) == ["GroupNorm"], report.near_misses
@@ -412,12 +419,7 @@ def test_exports_converted_to_float16_fuse_no_less_accurate(tmp_path, dynamo: bo
         sequential[0].weight.normal_(1.0, 0.3)
         sequential[0].bias.normal_(0.0, 0.3)
     path = tmp_path / "dynamic.onnx"
-    if dynamo:
-        dims = {0: torch.export.Dim("n"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")}
-        kwargs = {"dynamo": True, "dynamic_shapes": (dims,)}
-    else:
-        kwargs = {"dynamo": False, "opset_version": 17, "dynamic_axes": {"x": {0: "n", 2: "h", 3: "w"}}}
-    torch.onnx.export(sequential, (torch.randn(*SHAPE),), str(path), input_names=["x"], **kwargs)
+    _export_dynamic(sequential, path, dynamo)
     for keep_io_types in (True, False):
         model = float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=keep_io_types)
         optimized, report = optimize(model)

@@ -6,7 +6,6 @@ was available to this work)."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,13 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "gpu_harness"))
 import group_norm_check
 import row_op_checks as check
+from emulator_fixtures import needs_emulator
 
 F32, F16, BF16 = check.F32, check.F16, check.BF16
-
-needs_emulator = pytest.mark.skipif(
-    check.cuda_include() is None or shutil.which("g++") is None,
-    reason="the CPU emulator of the kernels needs the CUDA headers (cuda_fp16.h) and g++",
-)
 
 
 # `emulator_library`: the emulator of the kernels, built once per run for this module, tests/test_cuda_build.py and
