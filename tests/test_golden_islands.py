@@ -68,12 +68,25 @@ def test_conv_and_gelu_models_get_a_float64_result_from_onnx_runtime() -> None:
 
 def test_only_ops_whose_inputs_and_outputs_are_float_by_their_schema_are_narrowed() -> None:
     model = _conv_gelu_layer_norm()
-    assert golden._narrowable(model, "Conv") == ["Conv"]
-    assert golden._narrowable(model, "Erf") == ["Gelu"]  # no Erf node: ORT expanded Gelu's function body
+    assert golden._narrowable(model, "Conv") == {"Conv": ([True, True, True], [True])}
+    assert list(golden._narrowable(model, "Erf")) == ["Gelu"]  # no Erf node: ORT expanded Gelu's function body
     # Transpose's data may be an integer tensor: a Cast to float32 could change it, so it is never narrowed
-    assert golden._narrowable(model, "Transpose") == []
-    narrowed = golden._run_in_float32(model, "Conv")
+    assert golden._narrowable(model, "Transpose") == {}
+    narrowed = golden._run_in_float32(model, golden._narrowable(model, "Conv"))
     conv = next(node for node in narrowed.graph.node if node.op_type == "Conv")
     casts = [node for node in narrowed.graph.node if node.op_type == "Cast"]
     assert len(casts) == 4  # X, W, B to float32, Y back
     assert all(name.startswith("onnx_norm_f32_") for name in conv.input)
+
+
+def test_narrowing_rounds_make_distinct_names() -> None:
+    """Each round narrows the op types ORT names then (Conv, then Gelu): the Casts of a later round, whose nodes sit
+    at other positions, must not reuse a name of an earlier one."""
+    model = _conv_gelu_layer_norm()
+    twice = golden._run_in_float32(
+        golden._run_in_float32(model, golden._narrowable(model, "Conv")),
+        {"Gelu": golden._narrowable(model, "Erf")["Gelu"]},
+    )
+    outputs = [name for node in twice.graph.node for name in node.output]
+    assert len(outputs) == len(set(outputs))
+    onnx.checker.check_model(twice)

@@ -149,29 +149,40 @@ def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
             missing = _MISSING_KERNEL.search(str(err))
             if missing is None:
                 raise
-            op_types = _narrowable(model, missing.group(1))
-            if not op_types:
+            slots = _narrowable(model, missing.group(1))
+            if not slots:
                 raise
-            logger.info("no float64 kernel for %s in ONNX Runtime; evaluating it in float32", ", ".join(op_types))
-            for op_type in op_types:
-                model = _run_in_float32(model, op_type)
+            logger.info("no float64 kernel for %s in ONNX Runtime; evaluating it in float32", ", ".join(slots))
+            model = _run_in_float32(model, slots)
     raise SessionError("too many ops without a float64 kernel")
 
 
-def _narrowable(model: onnx.ModelProto, op_type: str) -> list[str]:
+Slots = tuple[list[bool], list[bool]]  # per formal input, per formal output: a float tensor
+
+
+def _onnx_opset(model: onnx.ModelProto) -> int | None:
+    return next((entry.version for entry in model.opset_import if is_onnx_domain(entry.domain)), None)
+
+
+def _narrowable(model: onnx.ModelProto, op_type: str) -> dict[str, Slots]:
     """The op types to run in float32 when ORT has no float64 kernel for `op_type`: `op_type` itself, or, when no
     node of the model is one, the ops ORT expands into their ONNX function bodies (Gelu-20 into Erf and others);
-    empty when one of them may read or write an integer, which a Cast to float32 could change."""
+    empty when one of them may read or write an integer, which a Cast to float32 could change. By op type, the
+    inputs and outputs a Cast narrows and widens."""
     bodies = [model.graph.node, *(function.node for function in model.functions)]
     nodes = [node for body in bodies for node in body if is_onnx_domain(node.domain)]
     if any(node.op_type == op_type for node in nodes):
         candidates = [op_type]
     else:
-        opset = next((entry.version for entry in model.opset_import if is_onnx_domain(entry.domain)), None)
+        opset = _onnx_opset(model)
         candidates = sorted({node.op_type for node in nodes if op_type in _function_body_ops(node, opset)})
-    if not candidates or any(_float_slots(model, t) is None for t in candidates):
-        return []
-    return candidates
+    slots: dict[str, Slots] = {}
+    for candidate in candidates:
+        found = _float_slots(model, candidate)
+        if found is None:
+            return {}
+        slots[candidate] = found
+    return slots
 
 
 def _function_body_ops(node: onnx.NodeProto, opset: int | None) -> set[str]:
@@ -196,11 +207,11 @@ def _function_body_ops(node: onnx.NodeProto, opset: int | None) -> set[str]:
 _FLOAT_TENSORS = frozenset({"tensor(float16)", "tensor(float)", "tensor(double)", "tensor(bfloat16)"})
 
 
-def _float_slots(model: onnx.ModelProto, op_type: str) -> tuple[list[bool], list[bool]] | None:
+def _float_slots(model: onnx.ModelProto, op_type: str) -> Slots | None:
     """Which inputs and outputs of the default-domain op `op_type` are float tensors by its schema (a formal whose
     type constraint admits float types only: Conv's X, W, B), or None when one may hold another type too (Reshape's
     data, Cast's input), which only the graph's types could tell."""
-    opset = next((entry.version for entry in model.opset_import if is_onnx_domain(entry.domain)), None)
+    opset = _onnx_opset(model)
     try:
         schema = onnx.defs.get_schema(op_type, opset) if opset else onnx.defs.get_schema(op_type)
     except onnx.defs.SchemaError:
@@ -222,30 +233,29 @@ def _slot(flags: list[bool], index: int) -> bool:
     return flags[min(index, len(flags) - 1)] if flags else False
 
 
-def _run_in_float32(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
-    """`op_type`'s nodes, in the main graph and in the model's functions (ORT inlines them), run in float32 between
-    Casts: their float inputs narrowed, their float outputs widened back."""
-    slots = _float_slots(model, op_type) or ([True], [True])
+def _run_in_float32(model: onnx.ModelProto, slots: Mapping[str, Slots]) -> onnx.ModelProto:
+    """The nodes of the op types in `slots`, in the main graph and in the model's functions (ORT inlines them), run
+    in float32 between Casts: their float inputs narrowed, their float outputs widened back."""
     patched = onnx.ModelProto()
     patched.CopyFrom(model)
     bodies = [("", patched.graph.node)] + [(f"{i}_", f.node) for i, f in enumerate(patched.functions)]
     for tag, body in bodies:
-        nodes = _narrowed(list(body), op_type, slots, f"onnx_norm_f32_{tag}")
+        nodes = _narrowed(list(body), slots, tag)
         del body[:]
         body.extend(nodes)
     return patched
 
 
-def _narrowed(
-    body: list[onnx.NodeProto], op_type: str, slots: tuple[list[bool], list[bool]], prefix: str
-) -> list[onnx.NodeProto]:
-    """`body` with each default-domain `op_type` node between Casts to float32 and back (by `slots`)."""
-    float_inputs, float_outputs = slots
+def _narrowed(body: list[onnx.NodeProto], slots: Mapping[str, Slots], tag: str) -> list[onnx.NodeProto]:
+    """`body` with each default-domain node of an op type in `slots` between Casts to float32 and back. The new
+    names hold the op type, so that a later round (another op type, the nodes at other positions) makes other ones."""
     nodes: list[onnx.NodeProto] = []
     for index, node in enumerate(body):
-        if node.op_type != op_type or not is_onnx_domain(node.domain):
+        if node.op_type not in slots or not is_onnx_domain(node.domain):
             nodes.append(node)
             continue
+        float_inputs, float_outputs = slots[node.op_type]
+        prefix = f"onnx_norm_f32_{node.op_type}_{tag}"
         for i, name in enumerate(node.input):
             if name and _slot(float_inputs, i):
                 nodes.append(onnx.helper.make_node("Cast", [name], [f"{prefix}{index}_in{i}"], to=TensorProto.FLOAT))
