@@ -492,3 +492,32 @@ def test_bandwidth_row_times_each_contender_on_rotated_inputs(
     assert {launch["clusters"] for launch in launches} == ({True, False} if decode else {True})
     # The rotation walks every input set twice.
     assert len({launch["x"] for launch in launches}) == timed[0] // 2
+
+
+def test_bandwidth_table_cut_by_its_deadline_keeps_the_goal_rows_of_every_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU run's minutes are few: when --budget runs out, the rows measured are the goal shapes in 16-bit
+    types for every op (never one op's whole table and another's nothing), and the table still reads op by op."""
+    bandwidth = sys.modules["gpu_bandwidth"]
+    measured: list[tuple[str, int, tuple[int, int]]] = []
+
+    def bench_one(_backend: object, op: str, dtype: int, rows: int, cols: int, *_: object) -> object:
+        measured.append((op, dtype, (rows, cols)))
+        return types.SimpleNamespace(op=op, dtype=dtype, shape=(rows, cols))
+
+    monkeypatch.setattr(bandwidth, "_bench_one", bench_one)
+    # Each row takes one "second"; the deadline falls after the first two goal shapes in fp16 and bf16.
+    monkeypatch.setattr(bandwidth, "time", types.SimpleNamespace(perf_counter=lambda: float(len(measured))))
+    cuda = types.SimpleNamespace(get_device_properties=lambda _: types.SimpleNamespace(), synchronize=lambda: None,
+                                 empty_cache=lambda: None)  # fmt: skip
+    backend = types.SimpleNamespace(torch=types.SimpleNamespace(cuda=cuda), device=0)
+    ops, types_ = gpu_check.OPS, (F32, F16, BF16)
+    deadline = 2 * 2 * len(ops) - 0.5
+    rows, left_out = bandwidth.bench(backend, gpu_check.BENCH_SHAPES, types_, True, deadline)
+
+    plan = [(op, dtype, shape) for op in ops for dtype in types_ for shape in gpu_check.BENCH_SHAPES]
+    goals = {(op, dtype, shape) for op in ops for dtype in (F16, BF16) for shape in ((8192, 4096), (32768, 1024))}
+    assert set(measured) == goals and left_out == len(plan) - len(goals)
+    assert measured[: len(ops)] == [(op, F16, (8192, 4096)) for op in ops]  # the first goal, every op at once
+    assert [(r.op, r.dtype, r.shape) for r in rows] == [item for item in plan if item in goals]
+    by_priority = sys.modules["gpu_cases"].by_priority
+    assert by_priority(plan)[-1][1] == F32 and sorted(by_priority(plan)) == sorted(plan)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_backends import TorchHarnessBackend
-from gpu_cases import HARNESS, OPS, SIGNATURES, TYPE_NAMES
+from gpu_cases import HARNESS, OPS, SIGNATURES, TYPE_NAMES, by_priority
 
 # --------------------------------------------------------------------------------------------- bandwidth
 
@@ -241,21 +241,22 @@ def bench(
     use_graph: bool,
     deadline: float,
 ) -> tuple[list[BenchRow], int]:
-    """The bandwidth rows, in order, until `deadline` (time.perf_counter()); also how many were left out."""
+    """The bandwidth rows until `deadline` (time.perf_counter()), measured goals first (`by_priority`) and
+    returned op by op; also how many were left out."""
     torch = backend.torch
     l2_bytes = 2 * getattr(torch.cuda.get_device_properties(backend.device), "L2_cache_size", 64 << 20)
     plan = [(op, dtype, shape) for op in OPS for dtype in dtypes for shape in shapes]
-    rows = []
-    for op, dtype, (n_rows, cols) in plan:
+    measured: dict[tuple[str, int, tuple[int, int]], BenchRow] = {}
+    for op, dtype, (n_rows, cols) in by_priority(plan):
         if time.perf_counter() > deadline:
             break
         try:
-            rows.append(_bench_one(backend, op, dtype, n_rows, cols, l2_bytes, use_graph))
+            measured[op, dtype, (n_rows, cols)] = _bench_one(backend, op, dtype, n_rows, cols, l2_bytes, use_graph)
         except Exception as exc:  # one shape that cannot be timed (memory, a capture) does not end the table
             print(f"bench {op} {TYPE_NAMES[dtype]} {n_rows}x{cols}: {type(exc).__name__}: {exc}", flush=True)
             torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    return rows, len(plan) - len(rows)
+    return [measured[item] for item in plan if item in measured], len(plan) - len(measured)
 
 
 def format_table(header: list[str], rows: list[list[str]], markdown: bool = False) -> str:

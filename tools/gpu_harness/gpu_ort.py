@@ -13,7 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpu_cases import BF16, F32, OPS, TYPE_NAMES, Case, Inputs, _as_f64, _default_case, make_inputs, requested_outputs
+from gpu_cases import (
+    BF16,
+    F32,
+    OPS,
+    TYPE_NAMES,
+    Case,
+    Inputs,
+    _as_f64,
+    _default_case,
+    by_priority,
+    make_inputs,
+    requested_outputs,
+)
 
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import OPS as SIGNATURES
@@ -257,55 +269,60 @@ def compare_with_ort_kernels(
     provider: str, shapes: Iterable[tuple[int, int]], dtypes: Iterable[int], runs: int, deadline: float
 ) -> list[list[str]]:
     """Our ops and ONNX Runtime's own kernels in ONNX Runtime, same inputs, same binding: time per run (CUDA
-    graphs off and on) and the largest difference of Y. One row per op x dtype x shape; a failure (a capture
-    that ORT refused, a missing kernel) is written into the row, not raised."""
+    graphs off and on) and the largest difference of Y. One row per op x dtype x shape, measured goals first
+    (`by_priority`) until `deadline` and returned op by op; a failure (a capture that ORT refused, a missing
+    kernel) is written into the row, not raised."""
     import onnxruntime as ort
 
     backend = OrtBackend(provider)
-    rows = []
-    for op in OPS:
-        for dtype in dtypes:
-            for shape in shapes:
-                if time.perf_counter() > deadline:
-                    return rows
-                case = dataclasses.replace(_default_case(op, dtype, shape), outputs=SIGNATURES[op].skip)
-                inputs = make_inputs(case, seed=7)
-                feeds = {"X": inputs.x, "Scale": inputs.scale}
-                if inputs.skip is not None:
-                    feeds["Skip"] = inputs.skip
-                if inputs.bias is not None:
-                    feeds["Bias"] = inputs.bias
-                dtype_np = np_dtype(dtype)
-                outputs = dict.fromkeys(requested_outputs(case), (case.shape, dtype_np))
-                cells = [op, TYPE_NAMES[dtype], "x".join(map(str, shape))]
-                results: dict[str, dict[str, np.ndarray]] = {}
-                for graphs in (False, True):
-                    for who, model, options in (
-                        ("ours", backend._model(case), backend._session_options(profile=False)),
-                        ("ort", ort_native_model(case), ort.SessionOptions()),
-                    ):
-                        if graphs and provider != "CUDAExecutionProvider":
-                            cells.append("-")
-                            continue
-                        try:
-                            us, got = time_ort_session(ort, model, options, feeds, outputs, provider, graphs, runs)
-                            results[who] = got
-                            cells.append(f"{us:.1f}")
-                        except Exception as exc:  # written into the table
-                            cells.append(f"failed: {type(exc).__name__}: {str(exc)[:80]}")
-                ratios = []
-                for i in (3, 5):
-                    try:
-                        ratios.append(f"{float(cells[i + 1]) / float(cells[i]):.2f}x")
-                    except ValueError:
-                        ratios.append("-")
-                if "ours" in results and "ort" in results:
-                    diff = np.max(np.abs(_as_f64(results["ours"]["Y"]) - _as_f64(results["ort"]["Y"])))
-                    ratios.append(f"{diff:.3g}")
-                else:
-                    ratios.append("-")
-                rows.append(cells + ratios)
-    return rows
+    plan = [(op, dtype, shape) for op in OPS for dtype in dtypes for shape in shapes]
+    measured: dict[tuple[str, int, tuple[int, int]], list[str]] = {}
+    for item in by_priority(plan):
+        if time.perf_counter() > deadline:
+            break
+        measured[item] = _ort_row(ort, backend, *item, provider, runs)
+    return [measured[item] for item in plan if item in measured]
+
+
+def _ort_row(
+    ort: Any, backend: OrtBackend, op: str, dtype: int, shape: tuple[int, int], provider: str, runs: int
+) -> list[str]:
+    """One row of the comparison: ours and ORT's kernel, CUDA graphs off and on, their ratios and Y's difference."""
+    case = dataclasses.replace(_default_case(op, dtype, shape), outputs=SIGNATURES[op].skip)
+    inputs = make_inputs(case, seed=7)
+    feeds = {"X": inputs.x, "Scale": inputs.scale}
+    if inputs.skip is not None:
+        feeds["Skip"] = inputs.skip
+    if inputs.bias is not None:
+        feeds["Bias"] = inputs.bias
+    outputs = dict.fromkeys(requested_outputs(case), (case.shape, np_dtype(dtype)))
+    cells = [op, TYPE_NAMES[dtype], "x".join(map(str, shape))]
+    results: dict[str, dict[str, np.ndarray]] = {}
+    for graphs in (False, True):
+        for who, model, options in (
+            ("ours", backend._model(case), backend._session_options(profile=False)),
+            ("ort", ort_native_model(case), ort.SessionOptions()),
+        ):
+            if graphs and provider != "CUDAExecutionProvider":
+                cells.append("-")
+                continue
+            try:
+                us, got = time_ort_session(ort, model, options, feeds, outputs, provider, graphs, runs)
+                results[who] = got
+                cells.append(f"{us:.1f}")
+            except Exception as exc:  # written into the table
+                cells.append(f"failed: {type(exc).__name__}: {str(exc)[:80]}")
+    ratios = []
+    for i in (3, 5):
+        try:
+            ratios.append(f"{float(cells[i + 1]) / float(cells[i]):.2f}x")
+        except ValueError:
+            ratios.append("-")
+    if "ours" in results and "ort" in results:
+        ratios.append(f"{np.max(np.abs(_as_f64(results['ours']['Y']) - _as_f64(results['ort']['Y']))):.3g}")
+    else:
+        ratios.append("-")
+    return cells + ratios
 
 
 ORT_HEADER = [
