@@ -70,6 +70,13 @@ def test_models_stage_dry_run(tmp_path: Path) -> None:
     for name in make_gpu_models.MODELS:
         assert summary.count(f"| {name} |") == 2  # one row per sequence length
     assert "onnx-norm bench" in summary  # the commands that made the table
+    # The goals: the kernel ones not measured (no gpu_check tables in this stage), the whole-model ones judged.
+    goals = [
+        line.split(" | ")[1]
+        for line in summary.splitlines()
+        if line.startswith(("| >= ", "| [1, ", "| faster", "| whole"))
+    ]
+    assert goals[:4] == ["not measured"] * 4 and set(goals[4:]) <= {"met", "NOT met"} and len(goals) == 6
     # A CUDA-graph report beside a model's plain one (the stage writes it on the GPU only; here the plain report
     # stands in for it) adds that model's rows marked "on", the plain ones staying "off".
     graph_report = out / "models" / "llama-reciprocal.bench-graph.json"
@@ -78,3 +85,62 @@ def test_models_stage_dry_run(tmp_path: Path) -> None:
     assert summary is not None
     rows = [line for line in summary.splitlines() if line.startswith("| llama-reciprocal |")]
     assert [row.split(" | ")[5] for row in rows] == ["off", "off", "on", "on"]
+
+
+def _bandwidth_row(op: str, dtype: str, shape: str, of_copy: int, us: float = 5.0) -> dict[str, str]:
+    return {"op": op, "dtype": dtype, "shape": shape, "of copy": f"{of_copy}%", "ours us": f"{us}", "timing": "graph"}
+
+
+def test_goals_are_judged_from_the_tables_and_name_the_worst_row() -> None:
+    """Each of the GPU-run issue's goals is met only when every row it covers passes, NOT met naming the worst
+    failing row, and not measured when the run left no rows for it (a part cut by its deadline)."""
+    bandwidth = [
+        _bandwidth_row("SkipRMSNorm", "fp16", "8192x4096", 96),
+        _bandwidth_row("SkipLayerNorm", "bf16", "32768x1024", 91),
+        _bandwidth_row("SkipLayerNorm", "fp16", "32768x1024", 93),
+        _bandwidth_row("SkipLayerNorm", "fp32", "32768x1024", 50),  # float32: not in the goal
+        _bandwidth_row("RMSNorm", "fp16", "4096x16384", 88),
+        _bandwidth_row("LayerNorm", "bf16", "1024x65536", 86),
+        _bandwidth_row("LayerNorm", "bf16", "256x262144", 40),  # beyond 64K: not in the goal
+        _bandwidth_row("RMSNorm", "fp16", "1x4096", 3, us=1.8),
+        _bandwidth_row("RMSNorm", "bf16", "1x4096", 3, us=1.9),
+    ]
+    ort = [{"op": "RMSNorm", "dtype": "fp16", "shape": "1x4096", "ORT/ours": "1.40x", "ORT/ours (graph)": "0.97x"}]
+
+    def point(median: float, high: float) -> dict[str, object]:
+        return {"dims": {"sequence": 512}, "speedup": {"median": median, "ci_low": median - 0.1, "ci_high": high}}
+
+    benches = {"llama-reciprocal": [point(1.3, 1.4), point(1.2, 1.3)], "bert-decomposed": [point(0.97, 1.01)]}
+    tables = {"Bandwidth": bandwidth, summarize.ORT_TABLE: ort}
+    skip, wide, decode, ort_goal, unfused, fused = summarize.judge(tables, benches)
+    assert (
+        skip.status == "NOT met"
+        and "2 failing" in skip.evidence
+        and "SkipLayerNorm bf16 32768x1024: 91" in skip.evidence
+    )
+    assert wide.status == "met" and "2 rows" in wide.evidence and "LayerNorm bf16 1024x65536: 86" in wide.evidence
+    assert decode.status == "met" and "RMSNorm bf16 1x4096: 1.9" in decode.evidence
+    assert ort_goal.status == "NOT met" and "graph: 0.97" in ort_goal.evidence
+    assert unfused.status == "met" and "llama-reciprocal {'sequence': 512}: 1.2" in unfused.evidence
+    assert fused.status == "met"
+    nothing = summarize.judge({}, {"bert-decomposed": [point(0.9, 0.95)]})
+    assert [v.status for v in nothing] == ["not measured"] * 5 + ["NOT met"]
+
+
+def test_summary_reads_the_kernel_tables_of_an_earlier_call(tmp_path: Path) -> None:
+    """The kernels call and the last call bring their files back in separate folders: the summary judges the
+    bandwidth goals from the earlier folder's gpu_check.json and writes where --output says."""
+    kernels, last = tmp_path / "kernels", tmp_path / "last"
+    kernels.mkdir()
+    last.mkdir()
+    table = [_bandwidth_row("SkipRMSNorm", "fp16", "8192x4096", 97), _bandwidth_row("RMSNorm", "fp16", "1x4096", 2)]
+    (kernels / "gpu_check.json").write_text(json.dumps({"Bandwidth": table}))
+    (kernels / "environment.txt").write_text("NVIDIA H200, 580.00\n")
+    (last / "examples.tsv").write_text("bert\tpassed\n")
+    output = tmp_path / "summary.md"
+    assert summarize.main([str(last), str(kernels), "--output", str(output)]) == 0
+    text = output.read_text()
+    assert "NVIDIA H200" in text and "| bert | passed |" in text
+    goals = [line for line in text.splitlines() if line.startswith("| >= 95%")]
+    assert len(goals) == 1 and "| met |" in goals[0] and "SkipRMSNorm fp16 8192x4096: 97" in goals[0]
+    assert not (last / "summary.md").exists()
