@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the CUDA norm kernels on a machine with an NVIDIA GPU and measures their bandwidth.
 
-One prepared command (under 8 minutes on an H200, no network; `tools/device/run_gpu.sh kernels` runs it):
+One prepared command (no network; as long as --budget allows; `tools/device/run_gpu.sh kernels` runs it):
 
 1. builds `tools/gpu_harness/harness.cu` with `custom_ops/src/cuda/*.cu` into a small shared library with the
    machine's nvcc, for the GPU's own architecture, and loads it with ctypes;

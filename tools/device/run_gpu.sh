@@ -1,47 +1,59 @@
 #!/usr/bin/env bash
-# The GPU run (the GPU-run issue), in stages, each one `run` of the device tool from the repository root,
-# with results written under $OUT (default ./gpu-out; the device tool gives each call an empty one). Prepare here
-# first: bash tools/device/prepare.sh, then bash ../shared/tools/ort-gpu-parts.sh.
+# The GPU run (the GPU-run issue): stages, each call one `run` of the device tool from the repository root, with
+# results written under $OUT (default ./gpu-out; the device tool gives each call an empty one). Several stages may
+# share a call: `bash tools/device/run_gpu.sh ort models`.
 #
-#   1. bash tools/device/run_gpu.sh kernels      carry [".gpucarry/wheels"]          (< 8 min on an H200)
-#      the kernel check: tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every
-#      op x dtype x shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
-#      thread-block cluster and the same shapes with clusters off; each row op's cases, its
-#      tools/gpu_harness/<op>_check.py listed in row_op_checks.py's CHECKS, through the same harness)
-#      against the reference, CUDA graph capture
-#      of every kernel path (cluster launches included), and GB/s against a device-to-device copy, torch and
-#      a one-row-per-program Triton kernel, plus ours with clusters off where the launcher splits rows (few or
-#      wide rows). The bandwidth table stops growing at --budget (280 s, KERNEL_BUDGET=S to change), inside its
-#      timeout of 60 s more, so that the stage ends within 340 s. Tables: $OUT/gpu_check.md and .json.
-#   2. once per part: bash tools/device/run_gpu.sh receive   carry [".ortgpu/part-NN"]   (seconds each)
-#      Ignored files already on the machine stay between calls while it is warm, so the parts add up there;
-#      naming all of .ortgpu in one carry would exceed the 64 MiB a transfer takes.
-#   3. bash tools/device/run_gpu.sh ort          carry [".gpucarry", ".ortgpu/install.sh"]   (~5 min)
-#      installs onnxruntime-gpu from the parts, preload_dlls(), loads our library (rebuilds it for sm_90 there
-#      if the carried one does not load), then: our ops through ONNX Runtime's CUDA provider against the
-#      reference, against ONNX Runtime's LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels (CUDA graphs off
-#      and on), and `onnx-norm optimize` + `verify --provider cuda` of the bundled examples ($OUT/examples.tsv).
-#   4. bash tools/device/run_gpu.sh models       carry []   (same warm machine: the install and library of 3 stay;
-#      ~5 min; models that would start after 420 s (MODELS_DEADLINE=S) are skipped and say so; run with
-#      timeout_s 600, summary.md is rewritten after every model so a killed run still brings its tables back)
-#      builds the whole-model bench models there (tools/device/make_gpu_models.py: LLaMA-like, hidden 4096, MLP
-#      11008, and BERT-like, hidden 2048, MLP 8192, 2 layers each, fp16, random weights; ~0.7 and ~0.3 GB, so
-#      they cannot be carried), then per model `onnx-norm optimize`, `verify --provider cuda` and `bench
-#      --provider cuda --sweep sequence:512,2048` (IO binding always on there), and for GRAPH_MODELS (default
-#      llama-reciprocal bert-decomposed) once more with `--cuda-graph` at the first sequence (ORT refuses the
-#      capture when nodes stay on the CPU: said in skipped.txt, not a failure). Norms ORT fuses itself (llama-div, bert-decomposed, bert-native) and one it does not
-#      (llama-reciprocal). Reports under $OUT/models/, the tables in $OUT/summary.md.
-#   .gpucarry is about 55 MB (the library with SASS for 5 architectures is 46 MB): carry nothing else with it.
+# Prepare here first: bash tools/device/prepare.sh (fills .gpucarry/ with a library built for the GPU's sm_90, the
+# ORT headers and wheels; runs ../shared/tools/ort-gpu-parts.sh for .ortgpu/; prints the calls below with what
+# each one transfers, and fails if one is over the 64 MiB a call carries).
+#
+# Device time is 15 minutes in all, the machine's start and idle waits included, a rerun included: the stages are
+# bounded by deadlines, write their results as they go, and the calls follow back to back (a warm machine goes
+# back after ~30 s idle, and a fresh one loses what the earlier calls left). Estimates, not yet measured:
+#
+#   call  command                                   carry                                    limit  estimate
+#   1     run_gpu.sh kernels                        .gpucarry/wheels, .ortgpu/<last part>     260 s  ~3.5 min
+#   2..   run_gpu.sh receive (one per other part)   .ortgpu/part-NN                            60 s  ~15 s each
+#   last  run_gpu.sh ort models                     .gpucarry, .ortgpu/install.sh             600 s  ~7 min
+#   then  give_back                                 (the idle wait counts)
+#   here  python tools/device/summarize.py LAST_CALL_FOLDER KERNELS_CALL_FOLDER --output build/gpu-summary.md
+#         (the goals judged from both calls' tables, the whole-model table, the examples, the commands)
+#
+#   kernels  tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every op x dtype x
+#            shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
+#            thread-block cluster and the same shapes with clusters off; each row op's cases, its
+#            tools/gpu_harness/<op>_check.py listed in row_op_checks.py's CHECKS, through the same harness) against
+#            the reference, CUDA graph capture of every kernel path (cluster launches included), then GB/s against
+#            a device-to-device copy, torch and a one-row-per-program Triton kernel (plus ours with clusters off
+#            where the launcher splits rows), the goal shapes in 16-bit types first, until KERNEL_BUDGET seconds
+#            (default 170) from its start; killed at KERNEL_BUDGET + 60. Tables: $OUT/gpu_check.md and .json.
+#   receive  lists .ortgpu: ignored files stay on the machine between calls while it is warm, so the parts add up
+#            there (all of .ortgpu in one call would exceed 64 MiB).
+#   ort      installs onnxruntime-gpu from the parts, preload_dlls(), loads our library (the carried sm_90 build;
+#            rebuilt there for sm_90 if it does not load), then: our ops through ONNX Runtime's CUDA provider
+#            against the reference, against ONNX Runtime's LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels
+#            (CUDA graphs off and on; goal shapes first, until ORT_BUDGET seconds, default 75), and `onnx-norm
+#            optimize` + `verify --provider cuda` of the bundled examples ($OUT/examples.tsv).
+#   models   (after ort on the same machine: its install and library stay) builds the whole-model bench models
+#            there (tools/device/make_gpu_models.py: LLaMA-like, hidden 4096, MLP 11008, and BERT-like, hidden
+#            2048, MLP 8192, 2 layers each, fp16, random weights; ~0.7 and ~0.3 GB, so they cannot be carried),
+#            then per model `onnx-norm optimize`, `verify --provider cuda` and `bench --provider cuda --sweep
+#            sequence:512,2048` (IO binding always on there), and for GRAPH_MODELS (default llama-reciprocal
+#            bert-decomposed) once more with `--cuda-graph` at the first sequence (ORT refuses the capture when
+#            nodes stay on the CPU: said in skipped.txt, not a failure). The norm ORT does not fuse first
+#            (llama-reciprocal, the >= 1.15x goal), then one it fuses (bert-decomposed, never slower), then
+#            llama-div and bert-native; no model starts MODELS_DEADLINE seconds (default 150) after the stage began.
+#            Reports under $OUT/models/; summary.md is rewritten after every model, so a killed call still brings
+#            its tables back.
 #
 # Without a GPU (to check the invocations): GPU_DRY=1 PYTHON=.venv/bin/python OUT=/tmp/gpu-dry \
-#   bash tools/device/run_gpu.sh ort|models   runs the same commands on the CPU provider at tiny sizes, without
+#   bash tools/device/run_gpu.sh ort models   runs the same commands on the CPU provider at tiny sizes, without
 #   the install, the library copy and gpu_check (tests/test_gpu_models.py runs `models` this way).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-stage=${1:-kernels}
 PY=${PYTHON:-python3}
 DRY=${GPU_DRY:-0}
 if [[ $DRY == 1 ]]; then
@@ -62,8 +74,11 @@ else
   # One session per variant: building one of a 0.7 GB model takes seconds, and this stage has minutes.
   ROUNDS=(--warmup 5 --repeat 30 --sessions 1)
 fi
-MODELS_DEADLINE=${MODELS_DEADLINE:-420}  # seconds into the models stage after which no further model is started
-KERNEL_BUDGET=${KERNEL_BUDGET:-280}      # gpu_check's --budget (s); its timeout is 60 s more
+# The stages' deadlines (the device-time plan above): seconds after which a table stops growing or no further
+# model starts. gpu_check is killed 60 s after its budget.
+KERNEL_BUDGET=${KERNEL_BUDGET:-170}
+ORT_BUDGET=${ORT_BUDGET:-75}
+MODELS_DEADLINE=${MODELS_DEADLINE:-150}
 
 python_deps() {
   # Carried wheels, only for the modules the machine lacks (a carried onnx must not shadow the machine's).
@@ -163,7 +178,7 @@ examples() {
 
 whole_models() {
   # Builds the models here (see make_gpu_models.py), then optimize, verify and bench each; reports in $OUT/models.
-  local dir=build/gpu-models reports=$OUT/models status=0 name model fused extra rc
+  local dir=build/gpu-models reports=$OUT/models status=0 name model fused extra rc began=$SECONDS
   mkdir -p "$dir" "$reports"
   local llama=(tools/device/make_gpu_models.py --out "$dir/llama" --models llama-div llama-reciprocal "${LLAMA_SIZES[@]}")
   local bert=(tools/device/make_gpu_models.py --out "$dir/bert" --models bert-decomposed bert-native "${BERT_SIZES[@]}")
@@ -171,8 +186,9 @@ whole_models() {
   "$PY" "${llama[@]}" && "$PY" "${bert[@]}" || return 1
   "$PY" -c 'import json, sys; print(json.dumps({**json.load(open(sys.argv[1])), **json.load(open(sys.argv[2]))}))' \
     "$dir/llama/models.json" "$dir/bert/models.json" >"$reports/models.json"
-  for name in llama-div llama-reciprocal bert-decomposed bert-native; do
-    if ((SECONDS > MODELS_DEADLINE)); then
+  # The unfused norm first (the speedup goal), then one ORT fuses (never slower), then the other two.
+  for name in llama-reciprocal bert-decomposed llama-div bert-native; do
+    if ((SECONDS - began > MODELS_DEADLINE)); then
       echo "$name: skipped, the stage is past ${MODELS_DEADLINE}s" | tee -a "$reports/skipped.txt"
       continue
     fi
@@ -180,7 +196,7 @@ whole_models() {
     fused=$dir/$name.fused.onnx
     extra=()
     [[ $name == bert-native ]] && extra=(--take-over-native) # ORT's own op: ours only when asked to replace it
-    echo "== $name (${SECONDS}s)"
+    echo "== $name ($((SECONDS - began))s into the stage)"
     onnx_norm 180 optimize "$model" -o "$fused" --report "$reports/$name.optimize.json" "${extra[@]}" ||
       { echo "FAIL optimize $name"; status=1; continue; }
     # No float64 golden: its upcast copy of a 0.7 GB fp16 model exceeds protobuf's 2 GB, and the fallback
@@ -204,48 +220,60 @@ whole_models() {
 }
 
 summary() {
-  "$PY" tools/device/summarize.py "$OUT" && echo "summary: $OUT/summary.md"
+  "$PY" tools/device/summarize.py "$OUT"
 }
 
-case $stage in
-  kernels)
-    python_deps
-    environment
-    # Every op, the adaLN ops included, through gpu_check's one harness build and LaunchNorm.
-    timeout "$((KERNEL_BUDGET + 60))" "$PY" tools/gpu_check.py --no-ort --budget "$KERNEL_BUDGET" --out "$OUT" \
-      --build-dir build/harness 2>&1 |
-      tee "$OUT/kernels.log"
-    exit "${PIPESTATUS[0]}"
-    ;;
-  receive)
-    ls -la .ortgpu/
-    ;;
-  ort)
-    python_deps
-    ort_runtime || exit 1
-    environment
-    library || exit 1
-    status=0
-    if [[ $DRY != 1 ]]; then
-      timeout 240 "$PY" tools/gpu_check.py --ort-only --out "$OUT" 2>&1 | tee "$OUT/ort.log"
-      ((PIPESTATUS[0] == 0)) || status=1
-    fi
-    examples || status=1
-    summary || status=1
-    exit $status
-    ;;
-  models)
-    python_deps
-    ort_runtime || exit 1
-    environment
-    library || exit 1
-    status=0
-    whole_models || status=1
-    summary || status=1
-    exit $status
-    ;;
-  *)
-    echo "usage: $0 kernels|receive|ort|models" >&2
-    exit 2
-    ;;
-esac
+kernels_stage() {
+  python_deps
+  environment
+  # Every op, the adaLN ops included, through gpu_check's one harness build and LaunchNorm.
+  timeout "$((KERNEL_BUDGET + 60))" "$PY" tools/gpu_check.py --no-ort --budget "$KERNEL_BUDGET" --out "$OUT" \
+    --build-dir build/harness 2>&1 |
+    tee "$OUT/kernels.log"
+  return "${PIPESTATUS[0]}"
+}
+
+ort_stage() {
+  local status=0
+  python_deps
+  ort_runtime || return 1
+  environment
+  library || return 1
+  if [[ $DRY != 1 ]]; then
+    timeout "$((ORT_BUDGET + 60))" "$PY" tools/gpu_check.py --ort-only --budget "$ORT_BUDGET" --out "$OUT" 2>&1 |
+      tee "$OUT/ort.log"
+    ((PIPESTATUS[0] == 0)) || status=1
+  fi
+  examples || status=1
+  summary || status=1
+  return $status
+}
+
+models_stage() {
+  local status=0
+  python_deps
+  ort_runtime || return 1
+  [[ -s $OUT/environment.txt ]] || environment
+  library || return 1
+  whole_models || status=1
+  summary || status=1
+  return $status
+}
+
+# The stages named, in order (default: kernels); every one runs, the call's status is the worst of theirs.
+stages=("$@")
+((${#stages[@]})) || stages=(kernels)
+for stage in "${stages[@]}"; do
+  [[ $stage =~ ^(kernels|receive|ort|models)$ ]] || { echo "usage: $0 [kernels|receive|ort|models]..." >&2; exit 2; }
+done
+status=0
+for stage in "${stages[@]}"; do
+  echo "== stage $stage ($(date -u +%T))"
+  case $stage in
+    kernels) kernels_stage || status=1 ;;
+    receive) ls -la .ortgpu/ ;;
+    ort) ort_stage || status=1 ;;
+    models) models_stage || status=1 ;;
+  esac
+done
+exit $status
