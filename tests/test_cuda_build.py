@@ -521,3 +521,40 @@ def test_bandwidth_table_cut_by_its_deadline_keeps_the_goal_rows_of_every_op(mon
     assert [(r.op, r.dtype, r.shape) for r in rows] == [item for item in plan if item in goals]
     by_priority = sys.modules["gpu_cases"].by_priority
     assert by_priority(plan)[-1][1] == F32 and sorted(by_priority(plan)) == sorted(plan)
+
+
+def test_harness_build_is_reused_only_while_its_sources_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A harness built ahead (tools/device/prepare.sh) spares the GPU machine's minutes, but only while the kernels
+    and the harness entry are the ones it was built from, for the same arch; else it is built again."""
+    build = sys.modules["gpu_build"]
+    calls = tmp_path / "calls"
+    nvcc = tmp_path / "nvcc"  # writes the -o target, says its release, counts its calls
+    nvcc.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> {calls}\n'
+        '[[ $1 == --version ]] && { echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; }\n'
+        'while (($#)); do [[ $1 == -o ]] && : > "$2"; shift; done\n'
+    )
+    nvcc.chmod(0o755)
+    harness = tmp_path / "harness.cu"
+    harness.write_text((REPO / "tools" / "gpu_harness" / "harness.cu").read_text())
+    monkeypatch.setattr(build, "HARNESS", harness)
+    out = tmp_path / "out"
+
+    def nvcc_calls() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    library = build.build_harness(str(nvcc), "90", out)
+    first = nvcc_calls()
+    assert first == len(list(CUDA_SOURCES.glob("*.cu"))) + 3  # each .cu, the harness, the link, --version
+    assert build.harness_origin(library) == "sm_90 Cuda compilation tools, release 13.0, V13.0.88"
+    assert build.build_harness(None, "90", out) == library and nvcc_calls() == first  # reused, no nvcc needed
+    harness.write_text(harness.read_text() + "\n// changed\n")
+    with pytest.raises(RuntimeError, match="nvcc not found"):
+        build.build_harness(None, "90", out)
+    build.build_harness(str(nvcc), "90", out)
+    assert nvcc_calls() == 2 * first
+    build.build_harness(str(nvcc), "100", out)  # another arch: another build
+    assert nvcc_calls() == 3 * first

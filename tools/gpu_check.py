@@ -64,7 +64,14 @@ from gpu_bandwidth import (  # noqa: E402
     bytes_moved,
     format_table,
 )
-from gpu_build import Harness, build_emulator, build_harness, find_cuda_include, find_nvcc  # noqa: E402
+from gpu_build import (  # noqa: E402
+    Harness,
+    build_emulator,
+    build_harness,
+    find_cuda_include,
+    find_nvcc,
+    harness_origin,
+)
 from gpu_cases import (  # noqa: E402
     BENCH_SHAPES,
     BF16,
@@ -531,18 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.ort_only:
         run_ort_parts(results, outcome, cases, deadline)
         return finish(results, outcome, started)
-    if nvcc is None:
-        print("nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda): cannot build the harness")
-        return 2
     major, minor = torch.cuda.get_device_capability(0)
     arch = args.arch or f"{major}{minor}"
     build_dir = args.build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_harness_"))
-    try:
+    try:  # reuses a current build in build_dir (one made ahead by tools/device/prepare.sh)
         library = build_harness(nvcc, arch, build_dir)
     except RuntimeError as exc:
         print(f"harness build failed:\n{exc}")
         return 2
-    results.say(f"built {library.name} for sm_{arch} with {nvcc} in {time.perf_counter() - started:.0f} s")
+    results.say(f"harness {library} ({harness_origin(library)}) ready in {time.perf_counter() - started:.0f} s")
     harness = Harness(library)
     backend = TorchHarnessBackend(harness)
 

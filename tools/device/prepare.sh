@@ -4,6 +4,7 @@
 #   - the custom-op library built for the GPU's architecture only (GPU_ARCH, default 90: the lent machine is an
 #     H200). The wheel's library, with SASS for five architectures, is over 55 MB and would not fit one call's
 #     64 MiB beside the rest; the sm_90 one is about 15 MB, built in under a minute (build/gpu-carry);
+#   - the kernel check's harness (tools/gpu_harness) built for the same arch;
 #   - the ONNX Runtime C/C++ API headers the build used (to rebuild the library there if it does not load);
 #   - Python 3.12 wheels of the dependencies that a bare GPU machine may lack (onnx, ml_dtypes, onnx-ir, and
 #     rich with its own, which every `onnx-norm` command imports), each installed there only if missing.
@@ -35,6 +36,19 @@ grep -q "building CUDA kernels" build/gpu-carry.log ||
   { echo "no CUDA in the sm_$ARCH build (nvcc not found?): see build/gpu-carry.log" >&2; exit 1; }
 cmake --build build/gpu-carry -j "$(nproc)" >>build/gpu-carry.log
 cp build/gpu-carry/libonnx_norm_ops.so "$CARRY/"
+# The kernel check's harness for the same arch (tools/gpu_check.py reuses it there while the sources match its
+# stamp; 6 MB; saves the GPU machine's nvcc build). Kept in build/gpu-harness between runs of this script.
+.venv/bin/python - "$ARCH" <<'PY' >>build/gpu-carry.log
+import sys
+from pathlib import Path
+
+sys.path[:0] = ["tools/gpu_harness", "."]
+from gpu_build import build_harness, find_nvcc
+
+print(build_harness(find_nvcc(None), sys.argv[1], Path("build/gpu-harness")))
+PY
+mkdir -p "$CARRY/harness"
+cp build/gpu-harness/libonnx_norm_harness.{so,stamp} "$CARRY/harness/"
 
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -51,7 +65,7 @@ bytes() { du -cb "$@" | tail -n 1 | cut -f 1; }
 tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -n 1 | cut -f 1)
 mapfile -t parts < <(ls .ortgpu/part-*)
 last=${parts[-1]}
-calls=("kernels|.gpucarry/wheels $last")
+calls=("kernels|.gpucarry/wheels .gpucarry/harness $last")
 for part in "${parts[@]:0:${#parts[@]}-1}"; do
   calls+=("receive|$part")
 done

@@ -12,14 +12,16 @@
 # back after ~30 s idle, and a fresh one loses what the earlier calls left). Estimates, not yet measured:
 #
 #   call  command                                   carry                                    limit  estimate
-#   1     run_gpu.sh kernels                        .gpucarry/wheels, .ortgpu/<last part>     260 s  ~3.5 min
+#   1     run_gpu.sh kernels                        .gpucarry/wheels, .gpucarry/harness,     260 s  ~3.5 min
+#                                                   .ortgpu/<last part>
 #   2..   run_gpu.sh receive (one per other part)   .ortgpu/part-NN                            60 s  ~15 s each
 #   last  run_gpu.sh ort models                     .gpucarry, .ortgpu/install.sh             600 s  ~7 min
 #   then  give_back                                 (the idle wait counts)
 #   here  python tools/device/summarize.py LAST_CALL_FOLDER KERNELS_CALL_FOLDER --output build/gpu-summary.md
 #         (the goals judged from both calls' tables, the whole-model table, the examples, the commands)
 #
-#   kernels  tools/gpu_check.py builds the kernels for the GPU's own arch with nvcc, checks every op x dtype x
+#   kernels  tools/gpu_check.py takes the harness prepare.sh built for sm_90 (or builds the kernels for the GPU's
+#            own arch with nvcc when the sources changed since or the arch differs), checks every op x dtype x
 #            shape (hidden 1..262144, odd sizes, misaligned, in-place, 1..70000 rows, rows split over a
 #            thread-block cluster and the same shapes with clusters off; each row op's cases, its
 #            tools/gpu_harness/<op>_check.py listed in row_op_checks.py's CHECKS, through the same harness) against
@@ -228,7 +230,7 @@ kernels_stage() {
   environment
   # Every op, the adaLN ops included, through gpu_check's one harness build and LaunchNorm.
   timeout "$((KERNEL_BUDGET + 60))" "$PY" tools/gpu_check.py --no-ort --budget "$KERNEL_BUDGET" --out "$OUT" \
-    --build-dir build/harness 2>&1 |
+    --build-dir .gpucarry/harness 2>&1 |
     tee "$OUT/kernels.log"
   return "${PIPESTATUS[0]}"
 }

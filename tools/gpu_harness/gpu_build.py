@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
@@ -33,9 +34,22 @@ def find_nvcc(explicit: str | None) -> str | None:
     return None
 
 
-def build_harness(nvcc: str, arch: str, out_dir: Path, jobs: int | None = None) -> Path:
+def harness_key(arch: str, flags: list[str]) -> str:
+    """What a harness build depends on: every file under custom_ops/src (the kernels and what they include), the
+    harness entry, the flags and the arch; not nvcc's version (a build from this machine's nvcc 13.0, the CI's, is
+    as good a test of the kernels on a GPU as one from the GPU machine's)."""
+    digest = hashlib.sha256(" ".join([arch, *flags]).encode())
+    for path in [*sorted(p for p in SOURCES.parent.rglob("*") if p.is_file()), HARNESS]:
+        name = path.relative_to(SOURCES.parent).as_posix() if path.is_relative_to(SOURCES.parent) else path.name
+        digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def build_harness(nvcc: str | None, arch: str, out_dir: Path, jobs: int | None = None) -> Path:
     """Compiles the kernels and the harness entry into out_dir/libonnx_norm_harness.so for one `arch` (e.g.
-    "90"); each .cu in parallel. Raises RuntimeError with nvcc's output on failure."""
+    "90"); each .cu in parallel. A library already there from the same sources and flags is reused (its stamp
+    file says which), so that one built ahead (tools/device/prepare.sh) saves the GPU machine's minutes. Raises
+    RuntimeError with nvcc's output on failure."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sources = [*sorted(SOURCES.glob("*.cu")), HARNESS]
     flags = [
@@ -45,6 +59,15 @@ def build_harness(nvcc: str, arch: str, out_dir: Path, jobs: int | None = None) 
         "-Xcompiler=-fPIC,-fvisibility=hidden",
         f"-I{SOURCES}",
     ]
+    library, stamp = out_dir / "libonnx_norm_harness.so", out_dir / "libonnx_norm_harness.stamp"
+    key = harness_key(arch, [f for f in flags if not f.startswith("-I")])  # the include path moves with the checkout
+    if library.is_file() and stamp.is_file() and stamp.read_text().split()[0] == key:
+        return library
+    stamp.unlink(missing_ok=True)
+    if nvcc is None:
+        raise RuntimeError(
+            f"nvcc not found (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda) and no current build in {out_dir}"
+        )
 
     def compile_one(source: Path) -> Path:
         obj = out_dir / f"{source.stem}.o"
@@ -56,12 +79,19 @@ def build_harness(nvcc: str, arch: str, out_dir: Path, jobs: int | None = None) 
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 1)) as pool:
         objects = list(pool.map(compile_one, sources))
-    library = out_dir / "libonnx_norm_harness.so"
     cmd = [nvcc, "-shared", f"-gencode=arch=compute_{arch},code=sm_{arch}", *map(str, objects), "-o", str(library)]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+    version = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True).stdout.split("\n")
+    stamp.write_text(f"{key} sm_{arch} {next((v for v in version if 'release' in v), '').strip()}\n")
     return library
+
+
+def harness_origin(library: Path) -> str:
+    """What built `library`: its stamp's arch and nvcc release (build_harness writes it)."""
+    stamp = library.with_suffix(".stamp")
+    return " ".join(stamp.read_text().split()[1:]) if stamp.is_file() else "no stamp"
 
 
 def find_cuda_include(nvcc: str | None) -> Path | None:
