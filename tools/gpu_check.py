@@ -256,9 +256,10 @@ def launch_plan(library: Path, shapes: Iterable[tuple[int, int]] = PLAN_SHAPES, 
     row in each block, block, grid, dynamic shared memory per block) as LaunchNorm chooses them for a GPU of `sms`
     SMs: the real launcher, run by the CPU emulator in plan-only mode (it reads no tensor). Loads a private copy
     of the emulator library, whose per-device attribute cache then holds `sms`."""
-    private = Path(tempfile.mkdtemp(prefix="onnx_norm_plan_")) / "libonnx_norm_plan.so"
-    shutil.copyfile(library, private)
-    harness = Harness(private)
+    with tempfile.TemporaryDirectory(prefix="onnx_norm_plan_") as scratch:
+        private = Path(scratch) / "libonnx_norm_plan.so"
+        shutil.copyfile(library, private)
+        harness = Harness(private)  # loaded: the mapping outlives the file, which goes with the folder
     harness._lib.onnx_norm_emulator_plan_only(ctypes.c_int(sms))
     harness._lib.onnx_norm_emulator_last_launch.restype = ctypes.c_char_p
     base = 1 << 32  # 256-byte aligned fake addresses, never read
@@ -399,11 +400,10 @@ def _run_emulated(backend: HostHarnessBackend, cases: list[Case], label: str) ->
     return not outcome.failures
 
 
-def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path | None) -> bool:
+def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path) -> bool:
     """Every case through the CPU emulator of the kernels (device 0: clusters), then the cases of the other
     emulated devices (no clusters; a small device), then the launch plan."""
-    out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_"))
-    emulator = build_emulator(cuda_include, out)
+    emulator = build_emulator(cuda_include, build_dir)
     backend = HostHarnessBackend(Harness(emulator))
     if not _run_emulated(backend, cases, "through the CPU emulator of the kernels"):
         return False
@@ -421,7 +421,7 @@ def _check_emulated(cases: list[Case], cuda_include: Path, build_dir: Path | Non
     return True
 
 
-def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) -> int:
+def self_test(nvcc: str | None, build_dir: Path, emulate: bool = True) -> int:
     """The parts that need no GPU: the case list, the reference comparisons (a fake backend that is the
     reference must pass; one nudged output element per case must be caught), every case through the CPU
     emulator of the kernels (tools/gpu_harness/emulator.cc), and the harness build with nvcc."""
@@ -438,8 +438,7 @@ def self_test(nvcc: str | None, build_dir: Path | None, emulate: bool = True) ->
         print("self-test: nvcc not found, harness build not checked")
     else:
         started = time.perf_counter()
-        out = build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_harness_"))
-        library = build_harness(nvcc, "90", out)
+        library = build_harness(nvcc, "90", build_dir)
         print(f"self-test: built {library} in {time.perf_counter() - started:.0f} s")
     return 0
 
@@ -470,12 +469,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def print_plan(nvcc: str | None) -> int:
+def print_plan(nvcc: str | None, build_dir: Path) -> int:
     cuda_include = find_cuda_include(nvcc)
     if cuda_include is None or not shutil.which("g++"):
         print("--plan needs the CUDA headers and g++ (it runs the launcher in the CPU emulator)")
         return 2
-    library = build_emulator(cuda_include, Path(tempfile.mkdtemp(prefix="onnx_norm_emulator_")))
+    library = build_emulator(cuda_include, build_dir)
     print(format_table(PLAN_HEADER, launch_plan(library), markdown=True))
     return 0
 
@@ -516,11 +515,17 @@ def environment_line(torch: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Builds go to --build-dir, or to a folder of this run's that goes with it (the libraries stay loaded).
+    with tempfile.TemporaryDirectory(prefix="onnx_norm_gpu_check_") as scratch:
+        return run(args, args.build_dir or Path(scratch))
+
+
+def run(args: argparse.Namespace, build_dir: Path) -> int:
     nvcc = find_nvcc(args.nvcc)
     if args.self_test:
-        return self_test(nvcc, args.build_dir, emulate=not args.no_emulate)
+        return self_test(nvcc, build_dir, emulate=not args.no_emulate)
     if args.plan:
-        return print_plan(nvcc)
+        return print_plan(nvcc, build_dir)
     started = time.perf_counter()
     deadline = started + args.budget
     results = Results(args.out)
@@ -540,7 +545,6 @@ def main(argv: list[str] | None = None) -> int:
         return finish(results, outcome, started)
     major, minor = torch.cuda.get_device_capability(0)
     arch = args.arch or f"{major}{minor}"
-    build_dir = args.build_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_harness_"))
     try:  # reuses a current build in build_dir (one made ahead by tools/device/prepare.sh)
         library = build_harness(nvcc, arch, build_dir)
     except RuntimeError as exc:

@@ -240,8 +240,11 @@ def parse_sass(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def report(nvcc: str, nvdisasm: str, arch: str = "90", out_dir: Path | None = None) -> list[KernelReport]:
-    """Every kernel of the three X-type sources for sm_<arch>: registers, spills, 128-bit loads in flight."""
-    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="onnx_norm_sass_"))
+    """Every kernel of the three X-type sources for sm_<arch>: registers, spills, 128-bit loads in flight. The
+    cubins go to `out_dir`, or to a temporary folder removed after."""
+    if out_dir is None:
+        with tempfile.TemporaryDirectory(prefix="onnx_norm_sass_") as scratch:
+            return report(nvcc, nvdisasm, arch, Path(scratch))
     cubins, log = compile_cubins(nvcc, arch, out_dir)
     reports = parse_ptxas(log)
     for cubin in cubins:
