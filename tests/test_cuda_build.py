@@ -439,6 +439,8 @@ class _CpuTorch:
         self.cuda = types.SimpleNamespace(
             current_stream=lambda: types.SimpleNamespace(cuda_stream=7),
             get_device_properties=lambda device: properties,
+            empty_cache=lambda: None,
+            synchronize=lambda: None,
         )
 
     def __getattr__(self, name: str) -> object:
@@ -558,3 +560,39 @@ def test_harness_build_is_reused_only_while_its_sources_are_unchanged(
     assert nvcc_calls() == 2 * first
     build.build_harness(str(nvcc), "100", out)  # another arch: another build
     assert nvcc_calls() == 3 * first
+
+
+def test_cluster_sweep_times_each_point_with_clusters_allowed_and_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep across the cluster thresholds (GPU-only code run on CPU tensors): each point launches ours with
+    clusters allowed, then the same with clusters off, and its row holds both times, their ratio and the time
+    per row; the points stop at the deadline."""
+    torch = pytest.importorskip("torch")
+    bandwidth = sys.modules["gpu_bandwidth"]
+    launches: list[dict[str, object]] = []
+    times = iter([10.0, 15.0, 4.0, 4.0])  # (clusters, no clusters) for each point
+
+    def time_calls(_torch: object, calls: list, use_graph: bool) -> float:
+        for call in calls:
+            call()
+        return next(times)
+
+    monkeypatch.setattr(bandwidth, "time_calls", time_calls)
+    backend = types.SimpleNamespace(
+        torch=_CpuTorch(torch), device=torch.device("cpu"), _torch_types={F16: torch.float16},
+        harness=types.SimpleNamespace(launch=lambda **kwargs: launches.append(kwargs)),
+    )  # fmt: skip
+    points = [("RMSNorm", 2, 64), ("SkipRMSNorm", 4, 32), ("LayerNorm", 1, 16)]
+    # The clock passes the deadline after the second point.
+    clock = iter([0.0, 1.0, 5.0])
+    monkeypatch.setattr(bandwidth, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    table = bandwidth.cluster_sweep(backend, True, 2.0, points)
+    assert table == [
+        ["RMSNorm", "fp16", "2x64", "10.0", "15.0", "1.50x", "5.000"],
+        ["SkipRMSNorm", "fp16", "4x32", "4.0", "4.0", "1.00x", "1.000"],
+    ]
+    assert len(table[0]) == len(bandwidth.SWEEP_HEADER)
+    per_point = [[(k["rows"], k["cols"], k["clusters"]) for k in launches if k["cols"] == c] for c in (64, 32)]
+    for (rows, cols), seen in zip(((2, 64), (4, 32)), per_point, strict=True):
+        half = len(seen) // 2
+        assert seen and seen[:half] == [(rows, cols, True)] * half and seen[half:] == [(rows, cols, False)] * half
+    assert {k["x_type"] for k in launches} == {F16}

@@ -13,7 +13,8 @@ One prepared command (no network; as long as --budget allows; `tools/device/run_
    that must stay untouched), and compares each output with `onnx_norm/ops/reference.py`;
 4. measures each kernel's effective bandwidth (bytes read + written / median time, CUDA-graph replays, inputs
    rotated to defeat L2) against a device-to-device copy of the same bytes, torch's kernels and a
-   one-row-per-program Triton kernel, until --budget seconds have passed;
+   one-row-per-program Triton kernel, until --budget seconds have passed (goal shapes first), then for 30 s
+   the launch with clusters allowed and off across the launcher's cluster thresholds;
 5. where onnxruntime-gpu and the built `onnx_norm` library are installed, runs a subset through ONNX Runtime's
    CUDA provider (confirming from the profile that our node ran on CUDA) and times our ops against ONNX
    Runtime's own LayerNorm/SkipLayerNorm/SimplifiedLayerNorm kernels, CUDA graphs off and on.
@@ -60,8 +61,12 @@ from gpu_backends import FakeBackend, HostHarnessBackend, TorchHarnessBackend  #
 from gpu_bandwidth import (  # noqa: E402
     BENCH_HEADER,
     BENCH_NOTE,
+    CLUSTER_SWEEP,
+    SWEEP_HEADER,
+    SWEEP_NOTE,
     bench,
     bytes_moved,
+    cluster_sweep,
     format_table,
 )
 from gpu_build import (  # noqa: E402
@@ -312,11 +317,13 @@ class Results:
     def say(self, line: str) -> None:
         print(line, flush=True)
         self.sections.append(("", line))
+        self.write()  # as it goes: a run killed at its timeout still leaves what it found
 
     def table(self, title: str, header: list[str], rows: list[list[str]], note: str = "") -> None:
         print(f"\n{title}\n{format_table(header, rows)}\n{note}", flush=True)
         self.sections.append((title, format_table(header, rows, markdown=True) + (f"\n\n{note}" if note else "")))
         self.data[title] = [dict(zip(header, row, strict=True)) for row in rows]
+        self.write()
 
     def write(self) -> None:
         if self.out is None:
@@ -570,6 +577,12 @@ def run(args: argparse.Namespace, build_dir: Path) -> int:
             f" {left_out} rows left out: the --budget of {args.budget:.0f} s ran out." if left_out else ""
         )
         results.table("Bandwidth", BENCH_HEADER, [r.cells() for r in rows], note)
+        # Then the cluster thresholds, in the 30 s the stage's timeout leaves after the budget.
+        sweep = cluster_sweep(backend, captured, max(deadline, time.perf_counter()) + 30)
+        left = len(CLUSTER_SWEEP) - len(sweep)
+        results.table(
+            "Cluster thresholds", SWEEP_HEADER, sweep, SWEEP_NOTE + (f" {left} points left out." if left else "")
+        )
     if not args.no_ort:
         run_ort_parts(results, outcome, cases, deadline + 120)
     return finish(results, outcome, started)

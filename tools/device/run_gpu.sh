@@ -28,7 +28,8 @@
 #            the reference, CUDA graph capture of every kernel path (cluster launches included), then GB/s against
 #            a device-to-device copy, torch and a one-row-per-program Triton kernel (plus ours with clusters off
 #            where the launcher splits rows), the goal shapes in 16-bit types first, until KERNEL_BUDGET seconds
-#            (default 170) from its start; killed at KERNEL_BUDGET + 60. Tables: $OUT/gpu_check.md and .json.
+#            (default 170) from its start, then 30 s of the sweep across the cluster thresholds; killed at
+#            KERNEL_BUDGET + 60. Tables: $OUT/gpu_check.md and .json, rewritten after every table.
 #   receive  lists .ortgpu: ignored files stay on the machine between calls while it is warm, so the parts add up
 #            there (all of .ortgpu in one call would exceed 64 MiB).
 #   ort      installs onnxruntime-gpu from the parts, preload_dlls(), loads our library (the carried sm_90 build;

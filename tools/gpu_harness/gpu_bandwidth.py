@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_backends import TorchHarnessBackend
-from gpu_cases import HARNESS, OPS, SIGNATURES, TYPE_NAMES, by_priority
+from gpu_cases import F16, HARNESS, OPS, SIGNATURES, TYPE_NAMES, by_priority
 
 # --------------------------------------------------------------------------------------------- bandwidth
 
@@ -257,6 +257,54 @@ def bench(
             torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return [measured[item] for item in plan if item in measured], len(plan) - len(measured)
+
+
+# Across the launcher's cluster thresholds (ChooseNormConfig, docs/cuda_kernels.md), chosen without a GPU: fp16
+# rows of 4096 split over a cluster while rows x 2 <= SMs (66 on an H200); rows of >= 256 vectors (2048 fp16) when
+# rows are few; and rows over one block's shared memory (227 KiB: 116224 fp16 elements), where the fallback
+# re-reads X. Each point is timed with clusters allowed and not.
+CLUSTER_SWEEP = (
+    *(("RMSNorm", rows, 4096) for rows in (1, 8, 32, 64, 66, 67, 100, 132, 264)),
+    *(("SkipRMSNorm", rows, 4096) for rows in (32, 66, 67, 132)),
+    *(("RMSNorm", rows, cols) for rows in (1, 32) for cols in (1024, 1536, 2048, 3072, 8192, 16384)),
+    *(("LayerNorm", 256, cols) for cols in (98304, 114688, 118784, 131072, 196608)),
+)
+SWEEP_HEADER = ["op", "dtype", "shape", "clusters us", "no-cluster us", "no-cluster / clusters", "clusters us/row"]
+SWEEP_NOTE = (
+    "fp16; clusters: ours as the launcher chooses (a row split over a thread-block cluster where its thresholds "
+    "say so); no-cluster: the same launch with clusters off (one block per row: register rows, or the re-read over "
+    "shared memory). Where the launcher does not split, both are the same kernel (ratio ~1). A threshold is right "
+    "when the ratio is >= 1 on its splitting side and the time per row has no step up as the shape crosses it."
+)
+
+
+def cluster_sweep(
+    backend: TorchHarnessBackend,
+    use_graph: bool,
+    deadline: float,
+    points: Iterable[tuple[str, int, int]] = CLUSTER_SWEEP,
+) -> list[list[str]]:
+    """The sweep's rows (SWEEP_HEADER) until `deadline`, fp16: ours with clusters allowed and not, per point."""
+    torch = backend.torch
+    l2_bytes = 2 * getattr(torch.cuda.get_device_properties(backend.device), "L2_cache_size", 64 << 20)
+    table = []
+    for op, rows, cols in points:
+        if time.perf_counter() > deadline:
+            break
+        try:
+            inputs = _BenchSet.make(backend, op, F16, (rows, cols), bytes_moved(op, 2, rows, cols), l2_bytes)
+            order = [i % inputs.sets for i in range(2 * inputs.sets)]
+            on = time_calls(torch, [inputs.ours(i) for i in order], use_graph)
+            off = time_calls(torch, [inputs.ours(i, clusters=False) for i in order], use_graph)
+        except Exception as exc:  # one point that cannot be timed does not end the sweep
+            print(f"sweep {op} {rows}x{cols}: {type(exc).__name__}: {exc}", flush=True)
+            torch.cuda.synchronize()
+            continue
+        finally:
+            torch.cuda.empty_cache()
+        table.append([op, TYPE_NAMES[F16], f"{rows}x{cols}", f"{on:.1f}", f"{off:.1f}", f"{off / on:.2f}x",
+                      f"{on / rows:.3f}"])  # fmt: skip
+    return table
 
 
 def format_table(header: list[str], rows: list[list[str]], markdown: bool = False) -> str:
