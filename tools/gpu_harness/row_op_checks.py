@@ -46,7 +46,7 @@ from onnx_norm.ops.schema import OPS  # noqa: E402
 __all__ = [
     "BF16", "CHECKS", "F16", "F32", "TOLERANCE", "TYPE_NAMES", "Harness", "HostRunner", "ModuleResult", "RowOpCase",
     "TorchRunner",
-    "check_module", "cuda_include", "load", "main", "record_reference", "run_cases", "within_tolerance",
+    "check_module", "cuda_include", "load", "main", "record_reference", "run_captured", "run_cases", "within_tolerance",
 ]  # fmt: skip
 
 #: The row ops' check modules (tools/gpu_harness/<name>.py), one line per op; a new op adds its line here.
@@ -146,41 +146,63 @@ class HostRunner:
 
 
 class TorchRunner:
-    """torch CUDA tensors (the GPU check): inputs copied to the device at the case's offsets, Y guarded."""
+    """torch tensors on `device` (the GPU check: "cuda"): inputs copied at the case's offsets, Y guarded. With
+    `captured_over`, the launch is captured in a CUDA graph (torch's strictest capture mode) over buffers holding
+    those inputs, then the case's inputs are written into the same buffers and the graph replayed."""
 
-    def __init__(self, harness: Harness) -> None:
+    def __init__(self, harness: Harness, device: str = "cuda") -> None:
         import torch
 
         self.torch = torch
         self.harness = harness
+        self.device = device
         self.kernels: dict[str, int] = {}
 
-    def _device(self, a: np.ndarray, offset: int) -> tuple[Any, Any]:
-        torch = self.torch
+    def _host(self, a: np.ndarray) -> Any:
+        """`a`'s bits as a torch integer tensor of the same element size (torch lacks some of numpy's types)."""
         flat = a.reshape(-1).view(np.uint16) if a.dtype.itemsize == 2 else a.reshape(-1).view(np.uint32)
-        host = torch.from_numpy(flat.astype(flat.dtype).view(np.int16 if a.dtype.itemsize == 2 else np.int32))
-        buf = torch.empty(offset + a.size + GUARD, dtype=host.dtype, device="cuda")
+        return self.torch.from_numpy(flat.astype(flat.dtype).view(np.int16 if a.dtype.itemsize == 2 else np.int32))
+
+    def _device(self, a: np.ndarray, offset: int, guard: int = GUARD) -> tuple[Any, Any]:
+        """`a` at `offset` in a new buffer with `guard` elements after it (neither written: not for Y, whose
+        buffer is its sentinel whole, guards included, written with guard=0)."""
+        host = self._host(a)
+        buf = self.torch.empty(offset + a.size + guard, dtype=host.dtype, device=self.device)
         buf[offset : offset + a.size].copy_(host)
         return buf, buf[offset:]
 
-    def run(self, case: RowOpCase, inputs: dict[str, np.ndarray | None]) -> np.ndarray:
+    def run(
+        self,
+        case: RowOpCase,
+        inputs: dict[str, np.ndarray | None],
+        captured_over: dict[str, np.ndarray | None] | None = None,
+    ) -> np.ndarray:
         torch = self.torch
-        keep, pointers = [], {}
-        for name, a in inputs.items():
+        keep, pointers, views = [], {}, {}
+        for name, a in (captured_over or inputs).items():
             if a is None:
                 pointers[name] = None
                 continue
-            buf, view = self._device(a, case.offset_of(name))
+            buf, views[name] = self._device(a, case.offset_of(name))
             keep.append(buf)
-            pointers[name] = view.data_ptr()
+            pointers[name] = views[name].data_ptr()
         shape = inputs["x"].shape
         count = math.prod(shape)
         y_dtype = np_dtype(case.y_type)
         sentinel = np.full(count + 2 * GUARD + 2, np.nan, np.float32).astype(y_dtype)
-        y_buf, _ = self._device(sentinel, 0)
+        y_buf, _ = self._device(sentinel, 0, guard=0)  # every element outside Y a NaN, none left unwritten
         offset = GUARD + case.offset_of("y")
         pointers["y"] = y_buf[offset:].data_ptr()
-        case.launch(self.harness, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
+        if captured_over is None:
+            case.launch(self.harness, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # nothing runs here: Y stays the sentinel until the replay
+                case.launch(self.harness, pointers, stream=torch.cuda.current_stream().cuda_stream, device=0)
+            for name, a in inputs.items():
+                if a is not None:
+                    views[name][: a.size].copy_(self._host(a))
+            graph.replay()
         torch.cuda.synchronize()
         raw = y_buf.cpu().numpy()
         values = raw.view(np.uint16 if y_dtype.itemsize == 2 else np.uint32).view(y_dtype)
@@ -210,6 +232,24 @@ def run_cases(runner: HostRunner | TorchRunner, cases: list[Any]) -> list[str]:
     return failures
 
 
+def run_captured(runner: TorchRunner, cases: list[Any]) -> list[str]:
+    """Each case's launch captured in a CUDA graph over one draw of its inputs and replayed on another (after the
+    eager runs, which set the kernels' attributes): a launch that a capture refuses, or a replay that does not
+    compute the new inputs' result, is a failure."""
+    failures = []
+    for i, case in enumerate(cases):
+        first, second = case.inputs(np.random.default_rng(10_000 + i)), case.inputs(np.random.default_rng(i))
+        try:
+            got = runner.run(case, second, captured_over=first)
+        except Exception as exc:  # a capture error comes from torch or the launch: reported, the loop goes on
+            failures.append(f"capture {case.name()}: {type(exc).__name__}: {exc}")
+            continue
+        problem = case.compare(got, case.reference(second))
+        if problem:
+            failures.append(f"capture {case.name()}: {problem}")
+    return failures
+
+
 def load(name: str) -> ModuleType:
     """The check module `name` of `CHECKS` (imported when used: it imports this module)."""
     return importlib.import_module(name)
@@ -233,9 +273,13 @@ def check_module(name: str, harness: Harness, on_gpu: bool, quick: bool = False)
     started = time.perf_counter()
     label = name.removesuffix("_check")
     failures = [f"[{label}] {failure}" for failure in run_cases(runner, cases)]
+    captured = ""
+    if isinstance(runner, TorchRunner):
+        failures += [f"[{label}] {failure}" for failure in run_captured(runner, cases)]
+        captured = ", each also captured in a CUDA graph and replayed on new inputs"
     seconds = time.perf_counter() - started
     kernels = "".join(f", {k} x{n}" for k, n in sorted(runner.kernels.items()))
-    summary = f"{label} cases: {len(cases)}, {len(failures)} failures ({seconds:.0f} s){kernels}"
+    summary = f"{label} cases: {len(cases)}{captured}, {len(failures)} failures ({seconds:.0f} s){kernels}"
     return ModuleResult(len(cases), failures, summary)
 
 
