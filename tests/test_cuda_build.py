@@ -4,6 +4,7 @@ parameters, and the kernel code itself matches the reference when run by the CPU
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -596,3 +598,89 @@ def test_cluster_sweep_times_each_point_with_clusters_allowed_and_not(monkeypatc
         half = len(seen) // 2
         assert seen and seen[:half] == [(rows, cols, True)] * half and seen[half:] == [(rows, cols, False)] * half
     assert {k["x_type"] for k in launches} == {F16}
+
+
+class _CaptureStandIn:
+    """torch.cuda for CPU tensors, with the emulator in place of the GPU: streams that run at once, and a graph
+    capture that records the harness's launches (as a capture records kernel nodes) for the replay to run."""
+
+    def __init__(self, harness: object) -> None:
+        self.harness, self.capturing, self.recorded, self.replays = harness, False, [], 0
+        stand_in = self
+
+        class Stream:
+            cuda_stream = 0
+
+            def __init__(self, device: object = None) -> None:
+                pass
+
+            def wait_stream(self, other: object) -> None:
+                pass
+
+            def synchronize(self) -> None:
+                pass
+
+        class Graph:
+            def replay(self) -> None:
+                stand_in.replays += 1
+                for fields in stand_in.recorded:
+                    stand_in.harness.launch(**fields)
+
+        @contextlib.contextmanager
+        def graph(_graph: Graph) -> Iterator[None]:
+            stand_in.recorded.clear()
+            stand_in.capturing = True
+            try:
+                yield
+            finally:
+                stand_in.capturing = False
+
+        self.cuda = types.SimpleNamespace(
+            Stream=Stream, CUDAGraph=Graph, graph=graph, stream=lambda _s: contextlib.nullcontext(),
+            current_stream=lambda device=None: Stream(), synchronize=lambda device=None: None,
+        )  # fmt: skip
+
+    def launch(self, **fields: object) -> None:
+        if self.capturing:
+            self.recorded.append(fields)
+        else:
+            self.harness.launch(**fields)
+
+
+def _cpu_backend(emulator: object) -> tuple[object, _CaptureStandIn]:
+    """gpu_check's GPU backend (TorchHarnessBackend) on CPU tensors, launching into the emulator's device 0."""
+    torch = pytest.importorskip("torch")
+    stand_in = _CaptureStandIn(emulator)
+    backend = gpu_check.TorchHarnessBackend(stand_in)  # type: ignore[arg-type]
+    backend.device = torch.device("cpu", 0)  # index 0: the emulated device the launches name
+    backend.torch = types.SimpleNamespace(**{n: getattr(torch, n) for n in dir(torch) if not n.startswith("_")})
+    backend.torch.cuda = stand_in.cuda
+    return backend, stand_in
+
+
+@needs_emulator
+@on_emulator
+def test_gpu_backend_runs_the_cases_on_cpu_tensors_through_the_emulator(emulator: object) -> None:
+    """The Python of the GPU path (tensors at their offsets, guard bands, in-place Sum, the side stream, reading
+    back) that only a GPU runs: here on CPU tensors, the kernels' real source in the emulator, the same cases and
+    comparison as on a GPU."""
+    backend, _ = _cpu_backend(emulator)
+    cases = [c for c in gpu_check.build_cases(quick=True) if c.rows * c.cols <= 1 << 16][::3]
+    assert {c.layout for c in cases} >= {"contiguous", "misaligned", "sum-on-x", "sum-on-skip"}
+    outcome = gpu_check.Outcome(quiet=True)
+    gpu_check.run_cases(backend, cases, "cpu-torch", outcome)
+    assert not outcome.failures, outcome.failures[:5]
+    assert outcome.checked == len(cases)
+
+
+@needs_emulator
+@on_emulator
+def test_graph_capture_check_replays_each_kernel_path_on_new_inputs(emulator: object) -> None:
+    """gpu_check's capture check with a stand-in capture: each path's launch is made inside the capture, the
+    replay runs it after new inputs were written, and the results are the new inputs'. A replay that ran on the
+    old inputs would fail the comparison."""
+    backend, stand_in = _cpu_backend(emulator)
+    outcome = gpu_check.Outcome(quiet=True)
+    captured, line = gpu_check.check_graph_capture(backend, outcome)
+    assert captured and not outcome.failures, (line, outcome.failures[:5])
+    assert stand_in.replays == len(gpu_check.CAPTURE_CASES) and outcome.checked == len(gpu_check.CAPTURE_CASES)
