@@ -510,7 +510,8 @@ def test_bandwidth_table_cut_by_its_deadline_keeps_the_goal_rows_of_every_op(mon
 
     monkeypatch.setattr(bandwidth, "_bench_one", bench_one)
     # Each row takes one "second"; the deadline falls after the first two goal shapes in fp16 and bf16.
-    monkeypatch.setattr(bandwidth, "time", types.SimpleNamespace(perf_counter=lambda: float(len(measured))))
+    clock = types.SimpleNamespace(perf_counter=lambda: float(len(measured)))
+    monkeypatch.setattr(sys.modules["gpu_cases"], "time", clock)  # the deadline's clock (measure_by_priority)
     cuda = types.SimpleNamespace(get_device_properties=lambda _: types.SimpleNamespace(), synchronize=lambda: None,
                                  empty_cache=lambda: None)  # fmt: skip
     backend = types.SimpleNamespace(torch=types.SimpleNamespace(cuda=cuda), device=0)

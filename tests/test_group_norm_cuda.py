@@ -115,7 +115,7 @@ def test_capture_check_replays_the_launch_on_new_inputs(harness: check.Harness) 
     runner = check.TorchRunner(deferred, device="cpu")  # type: ignore[arg-type]
     runner.torch = SimpleNamespace(empty=torch.empty, from_numpy=torch.from_numpy, cuda=cuda)
     cases = group_norm_check.build_cases(quick=True)
-    assert check.run_captured(runner, cases) == []
+    assert check.run_cases(runner, cases, captured=True) == []
     assert replayed == [1] * len(cases)  # one launch captured per case, run by the replay
     case = cases[0]
     first, second = case.inputs(np.random.default_rng(1)), case.inputs(np.random.default_rng(2))

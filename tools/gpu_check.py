@@ -4,7 +4,8 @@
 One prepared command (no network; as long as --budget allows; `tools/device/run_gpu.sh kernels` runs it):
 
 1. builds `tools/gpu_harness/harness.cu` with `custom_ops/src/cuda/*.cu` into a small shared library with the
-   machine's nvcc, for the GPU's own architecture, and loads it with ctypes;
+   machine's nvcc, for the GPU's own architecture (or reuses the one in --build-dir built from the same sources,
+   as tools/device/prepare.sh makes it ahead), and loads it with ctypes;
 2. captures one launch of every kernel path in a CUDA graph (torch's strictest capture mode) and replays it on
    new inputs; a failed capture is reported and the timings fall back to CUDA events around eager launches;
 3. runs every op x X type x hidden size (1 to 262144, odd sizes), the rounding attributes, Scale/Y types,

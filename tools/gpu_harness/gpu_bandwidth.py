@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_backends import TorchHarnessBackend
-from gpu_cases import F16, HARNESS, OPS, SIGNATURES, TYPE_NAMES, by_priority
+from gpu_cases import F16, HARNESS, OPS, SIGNATURES, TYPE_NAMES, measure_by_priority
 
 # --------------------------------------------------------------------------------------------- bandwidth
 
@@ -246,17 +246,19 @@ def bench(
     torch = backend.torch
     l2_bytes = 2 * getattr(torch.cuda.get_device_properties(backend.device), "L2_cache_size", 64 << 20)
     plan = [(op, dtype, shape) for op in OPS for dtype in dtypes for shape in shapes]
-    measured: dict[tuple[str, int, tuple[int, int]], BenchRow] = {}
-    for op, dtype, (n_rows, cols) in by_priority(plan):
-        if time.perf_counter() > deadline:
-            break
+
+    def measure(op: str, dtype: int, shape: tuple[int, int]) -> BenchRow | None:
         try:
-            measured[op, dtype, (n_rows, cols)] = _bench_one(backend, op, dtype, n_rows, cols, l2_bytes, use_graph)
+            return _bench_one(backend, op, dtype, *shape, l2_bytes, use_graph)
         except Exception as exc:  # one shape that cannot be timed (memory, a capture) does not end the table
-            print(f"bench {op} {TYPE_NAMES[dtype]} {n_rows}x{cols}: {type(exc).__name__}: {exc}", flush=True)
+            print(f"bench {op} {TYPE_NAMES[dtype]} {shape[0]}x{shape[1]}: {type(exc).__name__}: {exc}", flush=True)
             torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return [measured[item] for item in plan if item in measured], len(plan) - len(measured)
+            return None
+        finally:
+            torch.cuda.empty_cache()
+
+    rows = measure_by_priority(plan, deadline, measure)
+    return rows, len(plan) - len(rows)
 
 
 # Across the launcher's cluster thresholds (ChooseNormConfig, docs/cuda_kernels.md), chosen without a GPU: fp16

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from onnx_norm.ops.reference import np_dtype  # noqa: E402
 from onnx_norm.ops.schema import OPS as SIGNATURES  # noqa: E402
 from onnx_norm.ops.schema import NormAttributes  # noqa: E402
 
+T = TypeVar("T")
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 TYPE_NAMES = {t: type_name(t) for t in (0, F32, F16, BF16)}  # the spellings of onnx_norm.dtypes
 FLOAT_TYPES = (F32, F16, BF16)
@@ -63,6 +65,19 @@ def by_priority(plan: Iterable[tuple[str, int, tuple[int, int]]]) -> list[tuple[
         return (type_rank >= _TYPE_RANK[F32], shape not in GOAL_SHAPES, shapes.index(shape), type_rank, index)
 
     return [items[i] for i in sorted(range(len(items)), key=rank)]
+
+
+def measure_by_priority(
+    plan: list[tuple[str, int, tuple[int, int]]], deadline: float, measure: Callable[..., T | None]
+) -> list[T]:
+    """`measure(op, dtype, shape)` for `plan`'s rows in `by_priority` order until `deadline` (time.perf_counter()),
+    returned in `plan`'s order; a row it answers None for (it could not be measured) is left out."""
+    measured = {}
+    for item in by_priority(plan):
+        if time.perf_counter() > deadline:
+            break
+        measured[item] = measure(*item)
+    return [row for item in plan if (row := measured.get(item)) is not None]
 
 
 # --------------------------------------------------------------------------------------------- cases

@@ -22,8 +22,8 @@ from gpu_cases import (
     Inputs,
     _as_f64,
     _default_case,
-    by_priority,
     make_inputs,
+    measure_by_priority,
     requested_outputs,
 )
 
@@ -276,12 +276,7 @@ def compare_with_ort_kernels(
 
     backend = OrtBackend(provider)
     plan = [(op, dtype, shape) for op in OPS for dtype in dtypes for shape in shapes]
-    measured: dict[tuple[str, int, tuple[int, int]], list[str]] = {}
-    for item in by_priority(plan):
-        if time.perf_counter() > deadline:
-            break
-        measured[item] = _ort_row(ort, backend, *item, provider, runs)
-    return [measured[item] for item in plan if item in measured]
+    return measure_by_priority(plan, deadline, lambda *item: _ort_row(ort, backend, *item, provider, runs))
 
 
 def _ort_row(

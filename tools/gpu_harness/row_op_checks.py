@@ -46,7 +46,7 @@ from onnx_norm.ops.schema import OPS  # noqa: E402
 __all__ = [
     "BF16", "CHECKS", "F16", "F32", "TOLERANCE", "TYPE_NAMES", "Harness", "HostRunner", "ModuleResult", "RowOpCase",
     "TorchRunner",
-    "check_module", "cuda_include", "load", "main", "record_reference", "run_captured", "run_cases", "within_tolerance",
+    "check_module", "cuda_include", "load", "main", "record_reference", "run_cases", "within_tolerance",
 ]  # fmt: skip
 
 #: The row ops' check modules (tools/gpu_harness/<name>.py), one line per op; a new op adds its line here.
@@ -216,37 +216,24 @@ def cuda_include() -> Path | None:
     return find_cuda_include(find_nvcc(None))
 
 
-def run_cases(runner: HostRunner | TorchRunner, cases: list[Any]) -> list[str]:
-    """Each case (a `RowOpCase`) through `runner`; the failures, one line each."""
+def run_cases(runner: HostRunner | TorchRunner, cases: list[Any], captured: bool = False) -> list[str]:
+    """Each case (a `RowOpCase`) through `runner`; the failures, one line each. `captured` (TorchRunner only, after
+    the eager runs, which set the kernels' attributes): each launch captured in a CUDA graph over another draw of
+    the case's inputs and replayed on these, so a launch that a capture refuses, or a replay that does not compute
+    the new inputs' result, is a failure."""
     failures = []
+    prefix = "capture " if captured else ""
     for i, case in enumerate(cases):
         inputs = case.inputs(np.random.default_rng(i))
+        over = case.inputs(np.random.default_rng(10_000 + i)) if captured else None
         try:
-            got = runner.run(case, inputs)
-        except RuntimeError as exc:
-            failures.append(f"{case.name()}: {exc}")
+            got = runner.run(case, inputs, captured_over=over) if captured else runner.run(case, inputs)
+        except Exception as exc:  # the launch, the guard bands or torch's capture: reported, the loop goes on
+            failures.append(f"{prefix}{case.name()}: {type(exc).__name__}: {exc}")
             continue
         problem = case.compare(got, case.reference(inputs))
         if problem:
-            failures.append(f"{case.name()}: {problem}")
-    return failures
-
-
-def run_captured(runner: TorchRunner, cases: list[Any]) -> list[str]:
-    """Each case's launch captured in a CUDA graph over one draw of its inputs and replayed on another (after the
-    eager runs, which set the kernels' attributes): a launch that a capture refuses, or a replay that does not
-    compute the new inputs' result, is a failure."""
-    failures = []
-    for i, case in enumerate(cases):
-        first, second = case.inputs(np.random.default_rng(10_000 + i)), case.inputs(np.random.default_rng(i))
-        try:
-            got = runner.run(case, second, captured_over=first)
-        except Exception as exc:  # a capture error comes from torch or the launch: reported, the loop goes on
-            failures.append(f"capture {case.name()}: {type(exc).__name__}: {exc}")
-            continue
-        problem = case.compare(got, case.reference(second))
-        if problem:
-            failures.append(f"capture {case.name()}: {problem}")
+            failures.append(f"{prefix}{case.name()}: {problem}")
     return failures
 
 
@@ -274,8 +261,8 @@ def check_module(name: str, harness: Harness, on_gpu: bool, quick: bool = False)
     label = name.removesuffix("_check")
     failures = [f"[{label}] {failure}" for failure in run_cases(runner, cases)]
     captured = ""
-    if isinstance(runner, TorchRunner):
-        failures += [f"[{label}] {failure}" for failure in run_captured(runner, cases)]
+    if on_gpu:
+        failures += [f"[{label}] {failure}" for failure in run_cases(runner, cases, captured=True)]
         captured = ", each also captured in a CUDA graph and replayed on new inputs"
     seconds = time.perf_counter() - started
     kernels = "".join(f", {k} x{n}" for k, n in sorted(runner.kernels.items()))
