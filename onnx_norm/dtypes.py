@@ -16,6 +16,14 @@ FLOAT_TYPES: tuple[int, ...] = (int(ir.DataType.FLOAT), int(ir.DataType.FLOAT16)
 NARROW_TYPES: tuple[int, ...] = (int(ir.DataType.FLOAT16), int(ir.DataType.BFLOAT16))
 #: Float types a matched graph may compute in (float64 statistics are analysed, not emitted).
 ANALYSED_FLOAT_TYPES: tuple[int, ...] = (*FLOAT_TYPES, int(ir.DataType.DOUBLE))
+#: Float element types from the widest to the narrowest (bfloat16's 8-bit mantissa is narrower than float16's):
+#: which type's tolerance and ulp apply to a value computed in several (onnx_norm/parity/precision.py).
+BY_PRECISION: tuple[int, ...] = (
+    int(ir.DataType.DOUBLE),
+    int(ir.DataType.FLOAT),
+    int(ir.DataType.FLOAT16),
+    int(ir.DataType.BFLOAT16),
+)
 
 #: Short spellings used in messages, reports, tables and CLI choices.
 _SHORT_NAMES: dict[int, str] = {

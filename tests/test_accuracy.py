@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from onnx_norm.accuracy import accuracy_loss, ulp
-from onnx_norm.parity.metrics import compare
+from onnx_norm.parity import compare
 from onnx_norm.parity.tolerances import Tolerance
 
 EXACT = np.random.default_rng(1).standard_normal((4, 64))

@@ -259,7 +259,8 @@ class ToleranceArgs(ArgGroup):
         group.add_argument(
             "--allow-nonfinite",
             action="store_true",
-            help="pass an output that is NaN/Inf everywhere in both models (by default it fails: nothing to compare)",
+            help="pass an output that is NaN/Inf everywhere in both models, or NaN/Inf where the other model is finite "
+            "(by default both fail; the report names the rows)",
         )
         group.add_argument(
             "--per-node",

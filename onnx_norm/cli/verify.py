@@ -139,47 +139,20 @@ def check_reproducible(original: Any, options: VerifyOptions) -> None:
     )
 
 
-def _half_weights(original: Any) -> int:
-    """How many float16/bfloat16 initializers the original has (a model that computes in 16 bits)."""
-    import onnx
-
-    from onnx_norm import inline_weights
-
-    if not isinstance(original, str | Path):
-        return 0
-    try:
-        model = inline_weights.read_model(original, payloads=False)  # types only: no inline weights read
-    except Exception:  # a model verify() already ran: unreadable here only if it changed since
-        return 0
-    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
-    return sum(1 for tensor in model.graph.initializer if tensor.data_type in half)
-
-
 def tolerance_hints(report: ParityReport, original: Any) -> list[str]:
-    """For each output that failed on its values: the tolerance that applied and the flag that changes it, and for
-    a float32 output of a model that computes in float16, that the float32 default applied."""
-    from onnx_norm.parity.tolerances import DEFAULT_TOLERANCES
-
+    """For each output that failed on its values: the tolerance that applied, whose defaults they were, and the flag
+    that changes it."""
     hints = []
-    half = None
     for output in report.outputs:
         if output.passed or output.metrics is None:
             continue
         tolerance = output.tolerance
-        line = (
+        source = f"{output.computed_in}, the narrowest type on its path" if output.computed_in else output.dtype
+        hints.append(
             f"output {output.name!r} ({output.dtype}) was compared with atol={tolerance.atol:g} "
-            f"rtol={tolerance.rtol:g}; --atol/--rtol {output.name}:VALUE change it for this output"
+            f"rtol={tolerance.rtol:g} (the defaults of {source}, unless given); --atol/--rtol {output.name}:VALUE "
+            "change it for this output"
         )
-        if output.dtype == "float32":
-            half = _half_weights(original) if half is None else half
-            if half:
-                fp16 = DEFAULT_TOLERANCES["float16"]
-                line += (
-                    f". The model computes in float16 ({half} float16/bfloat16 weights) but this output is float32, "
-                    f"so the float32 default applied; float16's is atol={fp16[0]:g} rtol={fp16[1]:g} "
-                    f"(--atol {output.name}:{fp16[0]:g} --rtol {output.name}:{fp16[1]:g})"
-                )
-        hints.append(line)
     return hints
 
 

@@ -14,11 +14,12 @@ import onnx
 
 from onnx_norm import inputs as model_inputs
 from onnx_norm.options import CompareOptions, InputOptions, VerifyKwargs, VerifyOptions
+from onnx_norm.parity import precision
 from onnx_norm.parity.golden import GoldenEvaluator
 from onnx_norm.parity.mapping import FusedNorm, find_fused_norms, with_outputs
-from onnx_norm.parity.metrics import Comparison, compare
 from onnx_norm.parity.report import NormComparison, ParityReport
 from onnx_norm.parity.tolerances import GoldenMethod, ToleranceSpec, tolerance_spec
+from onnx_norm.parity.verdict import Comparison, compare
 from onnx_norm.sessions import (
     OptLevel,
     Provider,
@@ -221,49 +222,26 @@ def _run(
     return runs
 
 
-def _narrowest_float(model: onnx.ModelProto) -> np.dtype | None:
-    """float16 or bfloat16 when the model holds weights or values of that type (it computes in 16 bits, whatever its
-    outputs are), else None. Read from the proto's declarations, never from external data."""
-    import ml_dtypes
-
-    graph = model.graph
-    types = {tensor.data_type for tensor in graph.initializer}
-    types |= {v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
-    for code, dtype in ((onnx.TensorProto.FLOAT16, np.dtype(np.float16)), (onnx.TensorProto.BFLOAT16, None)):
-        if code in types:
-            return dtype if dtype is not None else np.dtype(ml_dtypes.bfloat16)
-    return None
-
-
 def _compare_outputs(
-    output_names: Sequence[str],
-    present: set[str],
-    runs: _Runs,
-    tolerances: ToleranceSpec,
-    compute_dtype: np.dtype | None = None,
+    output_names: Sequence[str], present: set[str], runs: _Runs, tolerances: ToleranceSpec, original: onnx.ModelProto
 ) -> list[Comparison]:
-    """Every output of the original against the optimized model's (`present`: the optimized model's outputs;
-    `compute_dtype`: the narrowest type the original computes in, whose ulp is the accuracy margin)."""
+    """Every output of the original against the optimized model's (`present`: the optimized model's outputs), each
+    judged by the narrowest float type on its path in the original (onnx_norm/parity/precision.py)."""
+    paths = precision.narrowest_on_path(original, output_names)
     outputs: list[Comparison] = []
     for name in output_names:
         dtype = runs.original[0][name].dtype
-        tolerance = tolerances.for_output(name, dtype)
+        computed = precision.narrower(paths.get(name), dtype)
+        tolerance = tolerances.for_output(name, dtype, computed)
         failure = runs.optimized_failure or (None if name in present else "missing from the optimized model")
         if failure is not None:
             shape = list(runs.original[0][name].shape)
             outputs.append(Comparison(name, dtype.name, shape, tolerance, False, failure))
             continue
         golden = None if runs.golden is None else [g[name] for g in runs.golden]
-        outputs.append(
-            compare(
-                name,
-                [r[name] for r in runs.optimized],
-                [r[name] for r in runs.original],
-                tolerance,
-                golden,
-                compute_dtype=compute_dtype,
-            )
-        )
+        optimized = [r[name] for r in runs.optimized]
+        original_values = [r[name] for r in runs.original]
+        outputs.append(compare(name, optimized, original_values, tolerance, golden, compute_dtype=computed))
     return outputs
 
 
@@ -281,8 +259,8 @@ def verify(
     The options are a `VerifyOptions` (`onnx_norm.options`), or keyword arguments named as its fields (applied on
     top of `options` when both are given): `shapes` maps an input to its dims or a symbolic dim to its value
     (`{"sequence": 8}`); `atol`/`rtol` are one value or {output: value} ("*" for the rest). `allow_nonfinite` passes
-    an output that is NaN/Inf everywhere in both models (it fails otherwise). Options are validated as the CLI's
-    are. `inputs` are samples to run instead of generated ones.
+    an output NaN/Inf everywhere in both models, or whose NaN/Inf pattern differs from the original's (the report
+    names the rows). Options are validated as the CLI's are. `inputs` are samples to run instead of generated ones.
 
     Raises `onnx_norm.inputs.InputError` for bad options, an original that is not a valid model and inputs that do
     not fit the models, and `onnx_norm.sessions.SessionError` when the original cannot be run or the machine
@@ -308,7 +286,7 @@ def verify(
     config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
     runs = _run(models, sample_list, config, compare, hint)
     present = {value.name for value in optimized_proto.graph.output}
-    outputs = _compare_outputs(output_names, present, runs, tolerances, _narrowest_float(original_proto))
+    outputs = _compare_outputs(output_names, present, runs, tolerances, original_proto)
     norm_results = _compare_norms(original_proto, norms, runs, tolerances)
     passed = all(item.passed for item in outputs) and not any(norm.status == "diverges" for norm in norm_results)
     return ParityReport(

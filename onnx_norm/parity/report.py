@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnx_norm.parity.metrics import Comparison
+from onnx_norm.parity.verdict import Comparison
 from onnx_norm.paths import json_safe, write_json_atomic
 
 if TYPE_CHECKING:

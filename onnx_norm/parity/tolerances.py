@@ -79,8 +79,10 @@ class ToleranceSpec:
                         f"{flag} names {key!r}, which is not an output of the model (outputs: {', '.join(outputs)})"
                     )
 
-    def for_output(self, name: str, dtype: np.dtype) -> Tolerance:
-        atol, rtol = default_tolerance(dtype)
+    def for_output(self, name: str, dtype: np.dtype, computed_in: np.dtype | None = None) -> Tolerance:
+        """The tolerance of one output: the values given for it, else the defaults of the narrowest float type on
+        its path (`computed_in`, onnx_norm/parity/precision.py) or of its own type."""
+        atol, rtol = default_tolerance(computed_in if computed_in is not None else dtype)
         return Tolerance(
             atol=float(_pick(self.atol, name, atol)),
             rtol=float(_pick(self.rtol, name, rtol)),
