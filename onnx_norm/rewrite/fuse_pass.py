@@ -7,24 +7,26 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_norm.rewrite import constants, driver, silent
-from onnx_norm.rewrite.family import FusionRule
-from onnx_norm.rewrite.session import Session
+from onnx_norm.rewrite.run_state import RunState
 
 
 class FuseDecomposedPass(ir.passes.InPlacePass):
-    """Fuses decomposed norms in place, recording each in `session` (its records and near-misses); `self.count` is
-    how many the last run fused, and the result is modified exactly when it fused one."""
+    """Fuses decomposed norms in place with the run's rules, recording each in its session (records and
+    near-misses) and the count in `state.fused`; the result is modified exactly when it fused one."""
 
-    def __init__(self, session: Session, rules: list[FusionRule]) -> None:
+    def __init__(self, state: RunState) -> None:
         super().__init__()
-        self.session = session
-        self.rules = rules
-        self.count = 0
+        self.state = state
+
+    @property
+    def count(self) -> int:
+        return self.state.fused
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        session = self.state.session
         with constants.folding():
-            self.count = driver.fuse(model, self.session, self.rules)
-        if not self.session.disabled:  # with rules disabled, unfused norms are expected, not misses
-            for node, graph, miss in silent.silent_misses(model, self.session.open_near_miss_nodes()):
-                self.session.near_miss(node, graph, miss)
-        return ir.passes.PassResult(model, modified=bool(self.count))
+            self.state.fused = driver.fuse(model, session, self.state.rules)
+        if not session.disabled:  # with rules disabled, unfused norms are expected, not misses
+            for node, graph, miss in silent.silent_misses(model, session.open_near_miss_nodes()):
+                session.near_miss(node, graph, miss)
+        return ir.passes.PassResult(model, modified=bool(self.state.fused))

@@ -21,6 +21,7 @@ from onnx_norm.rewrite.functions_pass import AttachFunctionsPass
 from onnx_norm.rewrite.fuse_pass import FuseDecomposedPass
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import enabled_rules
+from onnx_norm.rewrite.run_state import RunState
 from onnx_norm.rewrite.session import Session
 from onnx_norm.rewrite.shape_pass import InferShapesPass, RestoreShapesPass, Shapes
 from onnx_norm.rewrite.shape_pass import infer_shapes as _infer_shapes  # noqa: F401 (tests/test_rewrite_robust.py)
@@ -38,8 +39,8 @@ class FuseNormsPass(ir.passes.InPlacePass):
     Runs shape inference first (ranks and static normalised dims are needed to prove a match), then the driver
     (driver.py) over the main graph, If/Loop/Scan bodies and model-local functions, then removes what became
     unused and (for targets whose ops need them) attaches the model-local functions that keep the model runnable
-    without our library; each step is an onnx-ir pass of its own (the module docstring).
-    `self.report` describes the last run.
+    without our library; each step is an onnx-ir pass of its own (the module docstring), all of them sharing one
+    `RunState` made afresh by each call. `self.report` describes the last run.
     """
 
     def __init__(
@@ -52,51 +53,62 @@ class FuseNormsPass(ir.passes.InPlacePass):
         infer_shapes: bool = True,
     ) -> None:
         super().__init__()
-        self.session = Session(target, verify_rewrites=verify_rewrites, disabled=disable)
-        self.rules = enabled_rules(disable)
+        Session(target, verify_rewrites=verify_rewrites, disabled=disable)  # a bad target fails here, not at run
+        self.target = target
+        self.disable = tuple(disable)
+        self.verify_rewrites = verify_rewrites
+        self.rules = enabled_rules(self.disable)
         self.take_over_native = take_over_native
         self.infer_shapes = infer_shapes
         self.report = OptimizeReport(target=target)
 
+    def new_state(self) -> RunState:
+        """The state of one run: nothing of an earlier run carries over (a pass reused on a second model)."""
+        session = Session(self.target, verify_rewrites=self.verify_rewrites, disabled=self.disable)
+        return RunState(session, list(self.rules))
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        target = self.session.target
-        report = OptimizeReport(target=target, ops_before=op_counts(model))
+        state = self.new_state()
+        report = OptimizeReport(target=self.target, ops_before=op_counts(model))
         progress = _Progress()
         order = _initializer_order(model)
-        # The symbolic inference is read from this module at each run: where tests (and callers) replace it.
-        shapes = InferShapesPass(native_norms=self.take_over_native, symbolic=_infer_symbolic_shapes)
-        if self.infer_shapes:
-            progress.step(f"inferring shapes ({sum(report.ops_before.values())} nodes)")
-            shapes(model)
-        progress.step("matching and proving norms")
-        fuse = FuseDecomposedPass(self.session, self.rules)
-        fuse(model)
-        take_over = TakeOverNativePass(target)
-        if self.take_over_native:
-            take_over(model)
-        RestoreShapesPass(shapes.stored)(model)
-        modified = bool(fuse.count) or take_over.converted
-        if modified:
-            progress.step(f"removing what the {fuse.count} fused norm(s) replaced")
+        for label, step in self._steps(state, sum(report.ops_before.values())):
+            progress.step(label)
+            step(model)
+        if state.modified:
+            progress.step(f"removing what the {state.fused} fused norm(s) replaced")
             clean_up = [common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedOpsetsPass()]
-            ir.passes.Sequential(*clean_up, AttachFunctionsPass(target))(model)
+            ir.passes.Sequential(*clean_up, AttachFunctionsPass(self.target))(model)
         _restore_initializer_order(order)
-        self.report = _report(report, self.session, take_over.records, model)
+        self.report = _report(report, state, model)
         progress.step("done")
-        if fuse.count:
-            logger.info("fused %d norm(s): %s", fuse.count, self.report.rule_counts)
-        return ir.passes.PassResult(model, modified)
+        if state.fused:
+            logger.info("fused %d norm(s): %s", state.fused, self.report.rule_counts)
+        return ir.passes.PassResult(model, state.modified)
+
+    def _steps(self, state: RunState, nodes: int) -> list[tuple[str, ir.passes.PassBase]]:
+        """Shape inference (when on), the fusions, the take-over (when on), the shapes put back, in order, each with
+        the progress line said before it runs."""
+        # The symbolic inference is read from this module at each run: where tests (and callers) replace it.
+        shapes = InferShapesPass(state, native_norms=self.take_over_native, symbolic=_infer_symbolic_shapes)
+        steps: list[tuple[str, ir.passes.PassBase]] = []
+        if self.infer_shapes:
+            steps.append((f"inferring shapes ({nodes} nodes)", shapes))
+        steps.append(("matching and proving norms", FuseDecomposedPass(state)))
+        if self.take_over_native:
+            steps.append(("taking over native norms", TakeOverNativePass(state)))
+        return [*steps, ("restoring the recorded shapes", RestoreShapesPass(state))]
 
 
-def _report(report: OptimizeReport, session: Session, taken_over: list[Any], model: ir.Model) -> OptimizeReport:
+def _report(report: OptimizeReport, state: RunState, model: ir.Model) -> OptimizeReport:
     """The run's report: the fused norms, the near-misses left open, the native norms taken over, the op counts."""
-    report.norms = list(session.records)
-    report.near_misses = session.open_near_misses()
+    report.norms = list(state.session.records)
+    report.near_misses = state.session.open_near_misses()
     counts: dict[str, int] = {}
     for record in report.norms:
         counts[record.rule] = counts.get(record.rule, 0) + 1
     report.rule_counts = counts
-    report.native_taken_over = [_as_dict(r) for r in taken_over]
+    report.native_taken_over = [_as_dict(r) for r in state.taken_over]
     report.ops_after = op_counts(model)
     return report
 

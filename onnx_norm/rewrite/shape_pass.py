@@ -16,43 +16,49 @@ import onnx_ir.passes.common as common_passes
 from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.rewrite import loops, native
 from onnx_norm.rewrite.reductions import REDUCTIONS
+from onnx_norm.rewrite.run_state import RunState, Shapes
 
 logger = logging.getLogger(__name__)
 
-#: Recorded shapes and types of intermediate values, by name.
-Shapes = dict[str, tuple[ir.Shape | None, ir.TypeProtocol | None]]
 #: Fills in shapes onnx's inference left unknown, in place (default: ONNX Runtime's, `infer_symbolic_shapes`).
 SymbolicInference = Callable[[ir.Model], None]
 
 
 class InferShapesPass(ir.passes.InPlacePass):
-    """Infers shapes in place for the matchers (`infer_shapes`); `self.stored` keeps the shapes the model recorded
-    before ONNX Runtime's symbolic inference changed them (empty when it did not run), for RestoreShapesPass.
+    """Infers shapes in place for the matchers (`infer_shapes`); the run's `stored_shapes` keep the shapes the model
+    recorded before ONNX Runtime's symbolic inference changed them (empty when it did not run), for
+    RestoreShapesPass.
 
     The result says modified=False: shapes are annotations the fusions read, not a change of what the model
     computes (FuseNormsPass reports a model as modified only when it fused or took over a norm)."""
 
-    def __init__(self, *, native_norms: bool = False, symbolic: SymbolicInference | None = None) -> None:
+    def __init__(
+        self, state: RunState | None = None, *, native_norms: bool = False, symbolic: SymbolicInference | None = None
+    ) -> None:
         super().__init__()
+        self.state = state if state is not None else RunState.for_target()
         self.native_norms = native_norms
         self.symbolic = symbolic
-        self.stored: Shapes = {}
+
+    @property
+    def stored(self) -> Shapes:
+        return self.state.stored_shapes
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.stored = infer_shapes(model, self.native_norms, self.symbolic)
+        self.state.stored_shapes = infer_shapes(model, self.native_norms, self.symbolic)
         return ir.passes.PassResult(model, modified=False)
 
 
 class RestoreShapesPass(ir.passes.InPlacePass):
-    """Puts back, in place, the shapes `stored` by an InferShapesPass (`restore_shapes`); modified=False, as
-    there."""
+    """Puts back, in place, the shapes an InferShapesPass stored in the run's state (`restore_shapes`);
+    modified=False, as there."""
 
-    def __init__(self, stored: Shapes) -> None:
+    def __init__(self, state: RunState) -> None:
         super().__init__()
-        self.stored = stored
+        self.state = state
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        restore_shapes(model, self.stored)
+        restore_shapes(model, self.state.stored_shapes)
         return ir.passes.PassResult(model, modified=False)
 
 

@@ -3,26 +3,28 @@ onto the target's ops (native.py), without attaching functions (AttachFunctionsP
 
 from __future__ import annotations
 
-from typing import Any
-
 import onnx_ir as ir
 
 from onnx_norm.rewrite import native
+from onnx_norm.rewrite.run_state import RunState
 
 
 class TakeOverNativePass(ir.passes.InPlacePass):
-    """Replaces native norm ops with `target`'s ops in place; `self.records` has one record per native norm node
-    (converted or why not), and the result is modified exactly when one was converted."""
+    """Replaces native norm ops with the run's target's ops in place; `state.taken_over` gets one record per native
+    norm node (converted or why not), and the result is modified exactly when one was converted."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, state: RunState) -> None:
         super().__init__()
-        self.target = target
-        self.records: list[dict[str, Any]] = []
+        self.state = state
+
+    @property
+    def records(self) -> list[dict]:
+        return self.state.taken_over
 
     @property
     def converted(self) -> bool:
-        return any(record.get("converted") for record in self.records)
+        return self.state.converted
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.records = list(native.take_over(model, self.target, attach_functions=False))
-        return ir.passes.PassResult(model, modified=self.converted)
+        self.state.taken_over = list(native.take_over(model, self.state.target, attach_functions=False))
+        return ir.passes.PassResult(model, modified=self.state.converted)
