@@ -1,8 +1,10 @@
-"""The import graph of onnx_norm has no circle.
+"""The import graph of onnx_norm has no circle and no arrow from a lower layer up.
 
 Every `import` and `from ... import` inside the package counts, at module level and inside functions alike (an
-import moved into a function to dodge a circle is still one); only imports under `if TYPE_CHECKING:` are left out,
-since they never run. A circle is reported with its modules, so the edge to cut is visible."""
+import moved into a function to dodge a circle is still one), and so do imports under `if TYPE_CHECKING:`: a
+type a module names is part of what a reader must hold in their head, and a type-only circle is a circle of
+meaning. A circle is reported with its modules, so the edge to cut is visible; so is an import that goes up the
+layers (LAYERS)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,18 @@ def _module_name(path: Path, package: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of the tree except those under `if TYPE_CHECKING:`."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in (child, *_runtime_nodes(child)))
-            continue
-        yield node
-        yield from _runtime_nodes(node)
+#: The package's layers, lowest first, each a list of its top-level modules and subpackages: a module may import
+#: from its own layer and the ones below, never from one above. A new top-level module takes its place here.
+LAYERS: list[list[str]] = [
+    ["errors", "defaults", "dtypes", "accuracy", "library", "inline_weights", "paths"],
+    ["ops"],
+    ["model_io", "weights", "correspond"],
+    ["sessions", "inputs", "options"],
+    ["rewrite", "zoo"],
+    ["parity", "bench", "bench_plot"],
+    ["integrations"],
+    ["cli", "__main__", ""],
+]
 
 
 def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> Iterator[str]:
@@ -54,7 +60,7 @@ def import_graph(package: Path = PACKAGE) -> nx.DiGraph:
     graph.add_nodes_from(files)
     for module, path in files.items():
         is_package = path.name == "__init__.py"
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             for target in _imported(node, module, is_package, set(files)):
                 if target != module and not module.startswith(f"{target}."):
                     graph.add_edge(module, target)  # a package's own __init__ runs first anyway: not an edge
@@ -74,11 +80,11 @@ def test_a_circle_is_found(tmp_path: Path) -> None:
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("from pkg import b\n")
     (package / "b.py").write_text("def f():\n    from pkg.a import x\n")
-    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n")
     (package / "d.py").write_text("from . import c\n")
     graph = import_graph(package)
-    assert [sorted(c) for c in nx.simple_cycles(graph)] == [["pkg.a", "pkg.b"]]
-    assert graph.has_edge("pkg.d", "pkg.c") and not graph.has_edge("pkg.c", "pkg.a")
+    assert sorted(sorted(c) for c in nx.simple_cycles(graph)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+    assert graph.has_edge("pkg.d", "pkg.c") and graph.has_edge("pkg.c", "pkg.d")  # a type-only import counts
 
 
 def test_onnx_norm_has_no_import_circle() -> None:
@@ -86,3 +92,26 @@ def test_onnx_norm_has_no_import_circle() -> None:
     circles = [c for c in circles if len(c) > 1]
     if circles:
         pytest.fail("import circles: " + "; ".join(" <-> ".join(c) for c in circles))
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for index, names in enumerate(LAYERS):
+        if top in names:
+            return index
+    raise AssertionError(f"{module} is in no layer: give onnx_norm.{top} its place in LAYERS")
+
+
+def test_no_import_goes_up_the_layers() -> None:
+    graph = import_graph()
+    upward = [f"{a} -> {b}" for a, b in graph.edges if _layer(b) > _layer(a)]
+    if upward:
+        pytest.fail("imports from a higher layer: " + "; ".join(sorted(upward)))
+
+
+def test_an_upward_import_is_found() -> None:
+    graph = import_graph()
+    assert _layer("onnx_norm.ops.norms") < _layer("onnx_norm.rewrite.match") < _layer("onnx_norm.cli.verify")
+    assert all(_layer(b) <= _layer(a) for a, b in graph.edges)
+    with pytest.raises(AssertionError, match="in no layer"):
+        _layer("onnx_norm.nowhere")

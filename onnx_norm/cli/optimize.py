@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     source, output = Path(args.input), Path(args.output)
     if source.is_dir():  # an ONNX Runtime GenAI model folder: every model its genai_config names
-        from onnx_norm.integrations.genai_cli import run_folder
+        from onnx_norm.cli.genai_folder import run_folder
 
         return run_folder(args)
     external = {"auto": None, "always": True, "never": False}[args.external_data]

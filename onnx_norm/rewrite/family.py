@@ -31,7 +31,7 @@ from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite.spec import Statistic
 
 if TYPE_CHECKING:
-    from onnx_norm.rewrite.match import Candidate
+    from onnx_norm.rewrite.candidate import Candidate
     from onnx_norm.rewrite.spec import NormSpec
 
 #: A checked lowering, ready to build the nodes of one spec: (builder, spec) -> values replacing spec.replaced().

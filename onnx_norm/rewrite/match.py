@@ -33,6 +33,7 @@ import onnx_ir as ir
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, type_name
 from onnx_norm.ops.schema import NormAttributes
 from onnx_norm.rewrite import casts, constants, distributed, family
+from onnx_norm.rewrite.candidate import Candidate
 from onnx_norm.rewrite.match_affine import (
     Affine,
     AffineInputs,
@@ -66,24 +67,6 @@ ANCHOR_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Cast"})
 
 class _NotANorm(Exception):
     """The structure is not a norm at all (no near-miss to report)."""
-
-
-@dataclasses.dataclass
-class Candidate:
-    """A matched norm, ready to be proven and rewritten."""
-
-    spec: NormSpec
-    nodes: list[ir.Node]  # nodes the fused op replaces
-    axes: tuple[int, ...]  # reduced axes of the input (non-negative)
-    perm: tuple[int, ...] | None  # channels-first: the Transpose that moves the normalised axes last
-    new_constants: dict[str, np.ndarray]  # "scale"/"bias" that need a new constant in the graph
-    variant: str
-    cast_placement: str
-    x_value: ir.Value  # the input of the norm before any residual Add was folded in
-    proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
-    kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
-    recast: list[ir.Node] = dataclasses.field(default_factory=list)  # kept Casts re-made from the fused Sum
-    aliases: list[ir.Value] = dataclasses.field(default_factory=list)  # identical Casts of the input's source
 
 
 def _statistic(stat: ir.Value, kinds: frozenset[str]) -> Statistic | None:

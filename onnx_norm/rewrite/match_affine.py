@@ -4,44 +4,16 @@ takes them. `default_affine` picks `runtime_rows` (a scale or bias the model tak
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from fractions import Fraction
-
 import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.rewrite import constants
-from onnx_norm.rewrite.match_state import Layout, fold_product
+from onnx_norm.rewrite.match_state import Affine, AffineInputs, AffineStrategy, Layout, fold_product
 from onnx_norm.rewrite.structure import NearMiss
 
-
-@dataclasses.dataclass
-class Affine:
-    """Scale and bias as the fused op reads them: graph values, or constants to make (`new_constants`)."""
-
-    scale: ir.Value | None
-    bias: ir.Value | None
-    new_constants: dict[str, np.ndarray]
-    proof_shape: list[int] | None  # the input shape to prove with when the input's rank is unknown
-
-
-@dataclasses.dataclass(frozen=True)
-class AffineInputs:
-    """What an affine strategy reads: the tail's scale factors and bias, the constants of the normalised
-    product, the statistic's correction, the layout and a name for new constants."""
-
-    scale_terms: list[tuple[ir.Value, Fraction]]
-    bias: ir.Value | None
-    correction: float
-    layout: Layout
-    name: str
-
-
-#: Reads scale and bias from the tail; raises NearMiss when the fused op cannot take them.
-AffineStrategy = Callable[[AffineInputs], Affine]
+__all__ = ["Affine", "AffineInputs", "AffineStrategy", "default_affine"]
 
 
 def default_affine(inputs: AffineInputs) -> Affine:

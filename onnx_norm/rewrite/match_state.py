@@ -1,13 +1,15 @@
 """What the matcher (match.py) carries from step to step: the tail it walked and how it was asked to match
 (`MatchState`), one reading of `statistic + eps` under the junction (`StatReading`), and where the normalised axes
-are (`Layout`); read by the tail walk (match_tail.py), the outside-readers check (match_outside.py) and the affine
-strategies (match_affine.py)."""
+are (`Layout`), and what an affine strategy reads and gives (`AffineInputs`, `Affine`, `AffineStrategy`: declared here,
+beside the state that holds a strategy, so that the strategies in match_affine.py import this module and not the
+reverse); read by the tail walk (match_tail.py), the outside-readers check (match_outside.py) and the affine
+strategies."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -15,9 +17,6 @@ import onnx_ir as ir
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.spec import Statistic
 from onnx_norm.rewrite.structure import NearMiss
-
-if TYPE_CHECKING:
-    from onnx_norm.rewrite.match_affine import AffineStrategy
 
 
 @dataclasses.dataclass
@@ -67,6 +66,32 @@ class Layout:
     rank: int | None
     x_shape: list | None
     perm: tuple[int, ...] | None
+
+
+@dataclasses.dataclass
+class Affine:
+    """Scale and bias as the fused op reads them: graph values, or constants to make (`new_constants`)."""
+
+    scale: ir.Value | None
+    bias: ir.Value | None
+    new_constants: dict[str, np.ndarray]
+    proof_shape: list[int] | None  # the input shape to prove with when the input's rank is unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class AffineInputs:
+    """What an affine strategy reads: the tail's scale factors and bias, the constants of the normalised
+    product, the statistic's correction, the layout and a name for new constants."""
+
+    scale_terms: list[tuple[ir.Value, Fraction]]
+    bias: ir.Value | None
+    correction: float
+    layout: Layout
+    name: str
+
+
+#: Reads scale and bias from the tail; raises NearMiss when the fused op cannot take them.
+AffineStrategy = Callable[[AffineInputs], Affine]
 
 
 def fold_product(factors: list[tuple[ir.Value, Fraction]]) -> np.ndarray | None:
