@@ -62,24 +62,23 @@ def _nonfinite_inputs(samples: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
 
 def _samples(
     original: onnx.ModelProto, inputs: Sequence[Mapping[str, np.ndarray]] | None, options: InputOptions
-) -> tuple[list[dict[str, np.ndarray]], str]:
-    """The input samples (given, read from files or generated), and the hint to add to a run failure about the
-    shapes generated inputs took."""
+) -> tuple[list[dict[str, np.ndarray]], str, dict[str, dict[str, Any]]]:
+    """The input samples (given, read from files or generated, with `options.values` set), the hint to add to a
+    run failure about the values and shapes generated inputs took, and the report's notes on the inputs whose
+    values choose the model's path (`inputs.input_notes`)."""
+    files, shapes, values = options.input_files, options.shapes, options.values
+    generated = inputs is None and not files
     if inputs is not None:
-        specs = model_inputs.input_specs(original)
-        sample_list = [dict(sample) for sample in inputs]
-        for index, sample in enumerate(sample_list):
-            model_inputs.validate(specs, sample, where=f"sample {index}")
-        hint = ""
+        sample_list = model_inputs.check_given(original, inputs, values)
     else:
-        files, shapes = options.input_files, options.shapes
         sample_list = model_inputs.prepare(
-            original, files=files, shapes=shapes, samples=options.samples, seed=options.seed
+            original, files=files, shapes=shapes, samples=options.samples, seed=options.seed, values=values
         )
-        hint = "" if files else model_inputs.shape_hint(original, shapes)
     if not sample_list:
         raise model_inputs.InputError("no input samples")
-    return sample_list, hint
+    hint = model_inputs.run_hint(original, sample_list[0], shapes=shapes, values=values) if generated else ""
+    notes = model_inputs.input_notes(original, sample_list[0], values=values, generated=generated)
+    return sample_list, hint, notes
 
 
 @dataclasses.dataclass
@@ -275,14 +274,13 @@ def verify(
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
     **kwargs: Unpack[VerifyKwargs],
 ) -> ParityReport:
-    """Checks that `optimized` computes what `original` computes (see the docstring of onnx_norm.parity for the
-    rules).
+    """Checks that `optimized` computes what `original` computes (the rules: the docstring of onnx_norm.parity).
 
     The options are a `VerifyOptions` (`onnx_norm.options`), or keyword arguments named as its fields (applied on
     top of `options` when both are given): `shapes` maps an input to its dims or a symbolic dim to its value
-    (`{"sequence": 8}`); `atol`/`rtol` are one value or {output: value} ("*" for the rest). `allow_nonfinite` passes
-    an output that is NaN/Inf everywhere in both models (it fails otherwise). Options are validated as the CLI's
-    are. `inputs` are samples to run instead of generated ones.
+    (`{"sequence": 8}`), `values` sets inputs (`{"sr": 16000}`); `atol`/`rtol` are one value or {output: value}
+    ("*" for the rest). `allow_nonfinite` passes an output that is NaN/Inf everywhere in both models (it fails
+    otherwise). Options are validated as the CLI's are. `inputs` are samples to run instead of generated ones.
 
     Raises `onnx_norm.inputs.InputError` for bad options, an original that is not a valid model and inputs that do
     not fit the models, and `onnx_norm.sessions.SessionError` when the original cannot be run or the machine
@@ -298,7 +296,7 @@ def verify(
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     output_names = [value.name for value in original_proto.graph.output]
     tolerances.check_names(output_names)
-    sample_list, hint = _samples(original_proto, inputs, options.input)
+    sample_list, hint, input_notes = _samples(original_proto, inputs, options.input)
 
     compare, runtime = options.compare, options.runtime
     norms = find_fused_norms(original_proto, optimized_proto) if compare.per_node and not optimized_failure else []
@@ -317,6 +315,7 @@ def verify(
         norms=norm_results,
         samples=len(sample_list),
         shapes={name: list(array.shape) for name, array in sample_list[0].items()},
+        input_values=input_notes,
         provider=runtime.provider,
         original_optimization=level,
         golden=runs.golden_method,
@@ -344,6 +343,10 @@ def _compare_norms(
 
 def _warnings(samples: Sequence[Mapping[str, np.ndarray]], runs: _Runs, norms: Sequence[NormComparison]) -> list[str]:
     warnings = _nonfinite_inputs(samples) + runs.warnings
+    # An input dim the model fixes to 0 (ONNX Runtime runs no other size) leaves nothing to compare: say so.
+    empty = [f"{name!r} {list(array.shape)}" for name, array in runs.original[0].items() if np.size(array) == 0]
+    if empty:
+        warnings.append(f"output(s) {', '.join(empty)} hold no values on these inputs: nothing of them was compared")
     unmapped = [norm.node for norm in norms if norm.status == "unmapped"]
     if unmapped:
         warnings.append(f"no original value found for fused norm(s) {', '.join(unmapped)}")
