@@ -492,6 +492,7 @@ class _Point:
     dims: dict[str, int]
     shapes: Mapping[str, Sequence[int]] | None
     sample: dict[str, np.ndarray]
+    hint: str = ""  # for a run failure on generated inputs: the values and dims chosen (inputs.run_hint)
 
 
 def _points(
@@ -507,15 +508,16 @@ def _points(
         asked = [({dim: int(value)}, {**(shapes or {}), dim: [int(value)]}) for value in values]
     else:
         asked = [({}, shapes)]
-    specs = model_inputs.input_specs(model)
     points = []
     for dims, point_shapes in asked:
+        hint = ""
         if inputs is not None:
-            sample = dict(inputs)
-            model_inputs.validate(specs, sample)
+            sample = model_inputs.check_given(model, [inputs], options.values)[0]
         else:
-            sample = model_inputs.prepare(model, files=options.input_files, shapes=point_shapes, seed=options.seed)[0]
-        points.append(_Point(dims, point_shapes, sample))
+            files, values = options.input_files, options.values
+            sample = model_inputs.prepare(model, files=files, shapes=point_shapes, seed=options.seed, values=values)[0]
+            hint = "" if files else model_inputs.run_hint(model, sample, shapes=point_shapes, values=values)
+        points.append(_Point(dims, point_shapes, sample, hint))
     return points
 
 
@@ -620,7 +622,7 @@ def _measure(
             runs, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock, progress=progress, seed=timing.seed
         )
     except SessionError as err:
-        hint = model_inputs.shape_hint(models.original, point.shapes) if timing.generated else ""
+        hint = point.hint if timing.generated else ""
         raise SessionError(f"{err}{hint}") from err
     # The runners cycle through their sessions in lockstep from the first warm-up round on.
     session_of = [(timing.warmup + i) % timing.sessions_per_variant for i in range(timing.repeat)]

@@ -1,33 +1,50 @@
 """Model inputs for the parity gate and the benchmark: loaded from .npz/.npy files or generated from the signature.
 
-Generated inputs are seeded and realistic enough that a model computes what it computes in production:
+Generated inputs are seeded and realistic enough that a model computes what it computes in production, each input
+by the first rule that applies:
 
-- integer inputs that index an embedding table (found by following them to the Gather they feed) stay inside it;
+- inputs set with `--input NAME=VALUE` (`InputOptions.values`) take that value, in every sample; a list fixes the
+  length of a 1-D input, one value fills the input (a scalar input: a scalar). With data files, the value replaces
+  that input in every file's sample;
 - attention masks are 0/1 (ones, with a padded tail on every row after the first);
 - position ids count up from 0 along the last axis;
-- floating-point inputs are standard normal.
+- integer inputs that index a table (followed to the Gather they feed, in the graph or an If/Loop subgraph) stay
+  inside it;
+- a one-element input (a scalar, or `[1]`) that the graph compares with constants or branches on takes a value
+  the graph can use (`onnx_norm.input_values`: the largest constant it is tested for equality with, else the
+  largest it is ordered against; true for an If's or Where's condition): Silero VAD's sample rate `sr`, compared
+  with 8000 and 16000, is 16000, not a random integer that takes a branch the model is never run on;
+- other integers are random in [0, 16) (with a warning naming `--input`), bools random, floats standard normal.
 
-Dynamic dims come from `--shape` (an input's full shape, `input_ids:1,128`, or one symbolic dim,
-`sequence_length:128`), else from defaults: 1 for batch dims, 16 for past-sequence dims, 128 for the rest, but no
-more than the rows of a learned position-embedding table (BERT-style models index it with 0..seq-1).
-A symbolic dim takes the same value in every input that names it.
+A verify report lists the inputs of the last two rules' kind (given, chosen from the graph, or a one-element input
+drawn at random); a run that fails on generated inputs names them with `--input`, and the guessed dims with
+`--shape`.
+
+Dims are read as ONNX Runtime reads them: a negative dim value (`-1`, as some exporters write a batch dim), an
+empty dim param and a missing one are free; 0 is fixed (ORT runs such an input only empty, and verify warns that an
+empty output compares nothing). Free dims come from `--shape` (an input's full shape, `input_ids:1,128`, or one
+symbolic dim, `sequence_length:128`), else from defaults: 1 for batch dims (and the first axis), 16 for
+past-sequence dims, 128 for the rest, but no more than the rows of a learned position-embedding table (BERT-style
+models index it with 0..seq-1). A symbolic dim takes the same value in every input that names it.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import logging
 import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
+from onnx_norm import input_values
 from onnx_norm.errors import InputError
+from onnx_norm.input_spec import InputSpec
 from onnx_norm.ops.reference import np_dtype
 
 logger = logging.getLogger(__name__)
@@ -42,31 +59,10 @@ _BATCH_NAMES = re.compile(r"batch|^n$|^b$|^N$", re.IGNORECASE)
 _PAST_NAMES = re.compile(r"past|cache", re.IGNORECASE)
 _MASK_NAMES = re.compile(r"mask", re.IGNORECASE)
 _POSITION_NAMES = re.compile(r"position|pos_ids", re.IGNORECASE)
-# Ops a value can go through on its way to a Gather without its values changing meaning.
-_PASS_THROUGH = frozenset(
-    {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose", "Slice", "Tile"}
-)
 _GATHER_OPS = frozenset({"Gather", "GatherElements"})
 _POSITION_TABLES = re.compile(r"position|pos_emb|wpe", re.IGNORECASE)
 _FALLBACK_INT_HIGH = 16
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-
-
-@dataclasses.dataclass(frozen=True)
-class InputSpec:
-    """One graph input: name, element type and shape (ints for fixed dims, str for symbolic, None for unknown)."""
-
-    name: str
-    elem_type: int
-    shape: tuple[int | str | None, ...] | None
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np_dtype(self.elem_type)
-
-    def describe(self) -> str:
-        dims = "?" if self.shape is None else ",".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: {onnx.helper.tensor_dtype_to_string(self.elem_type)}[{dims}]"
 
 
 def load_model(model: object, *, resolve_external: bool = False, checked: bool = True) -> onnx.ModelProto:
@@ -142,11 +138,17 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             raise InputError(f"input {value.name!r} is not a tensor; only tensor inputs are supported")
         shape: tuple[int | str | None, ...] | None = None
         if tensor_type.HasField("shape"):
-            shape = tuple(
-                dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None) for dim in tensor_type.shape.dim
-            )
+            shape = tuple(_declared_dim(dim) for dim in tensor_type.shape.dim)
         specs.append(InputSpec(value.name, tensor_type.elem_type, shape))
     return specs
+
+
+def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    """A dim as ONNX Runtime reads it: a negative value (`-1`, as some exporters write a batch dim) is free, as an
+    empty dim param is (None: any size); 0 is fixed (ORT runs such an input only when it is empty)."""
+    if dim.HasField("dim_value"):
+        return dim.dim_value if dim.dim_value >= 0 else None
+    return dim.dim_param or None
 
 
 def check_same_inputs(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
@@ -307,8 +309,10 @@ def _given_shape(spec: InputSpec, given_dims: Sequence[int], symbols: dict[str, 
         raise InputError(f"--shape {spec.name}: rank {len(dims)} given, the model expects {spec.describe()}")
     for axis, (given, declared) in enumerate(zip(dims, spec.shape, strict=True)):
         if isinstance(declared, int) and declared != given:
+            zero = "; ONNX Runtime runs the model only with an empty input there" if declared == 0 else ""
             raise InputError(
-                f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} ({spec.describe()})"
+                f"--shape {spec.name}: dim {axis} is fixed to {declared} in the model, got {given} "
+                f"({spec.describe()}){zero}"
             )
         if isinstance(declared, str) and _eval_dim_expression(declared, {}) is None:
             previous = symbols.setdefault(declared, given)
@@ -342,11 +346,13 @@ def _default_shape(
     return tuple(dims_out)
 
 
-def guessed_dims(model: onnx.ModelProto, shapes: Mapping[str, object] | None = None) -> dict[str, int]:
-    """The dims of generated inputs that took a default because `shapes` did not give them: {symbolic dim, or
-    `input[axis]` for an unnamed one: value}."""
+def guessed_dims(
+    model: onnx.ModelProto, shapes: Mapping[str, object] | None = None, values: Mapping[str, object] | None = None
+) -> dict[str, int]:
+    """The dims of generated inputs that took a default because `shapes` (or a list in `values`) did not give them:
+    {symbolic dim, or `input[axis]` for an unnamed one: value}."""
     specs = input_specs(model)
-    given = normalize_shapes(shapes) or {}
+    given = _overrides(specs, shapes, input_values.normalize_values(values) or {})
     concrete = resolve_shapes(specs, given, limit=position_limit(model))
     named = set(given)
     for spec in specs:
@@ -364,16 +370,103 @@ def guessed_dims(model: onnx.ModelProto, shapes: Mapping[str, object] | None = N
     return guessed
 
 
+def _dims_hint(model: onnx.ModelProto, shapes: Mapping[str, object] | None, values: Mapping[str, object] | None) -> str:
+    guessed = guessed_dims(model, shapes, values)
+    if not guessed:
+        return ""
+    dims = ", ".join(f"{name}={value}" for name, value in guessed.items())
+    return f"guessed dims: {dims}; give the model's real sizes with --shape NAME:VALUE"
+
+
 def shape_hint(model: onnx.ModelProto, shapes: Mapping[str, object] | None = None) -> str:
     """A hint for a run that failed on generated inputs: which dims were guessed, and how to give them."""
     try:
-        guessed = guessed_dims(model, shapes)
+        hint = _dims_hint(model, shapes, None)
     except InputError:
         return ""
-    if not guessed:
+    return f" ({hint})" if hint else ""
+
+
+def run_hint(
+    model: onnx.ModelProto,
+    sample: Mapping[str, np.ndarray],
+    *,
+    shapes: Mapping[str, object] | None = None,
+    values: Mapping[str, object] | None = None,
+) -> str:
+    """A hint for a run that failed on generated inputs (`sample`): the inputs whose values were chosen for the
+    user, from the graph or at random, with `--input` to set them, and the dims that were guessed, with `--shape`."""
+    try:
+        parts = [_values_hint(model, sample, values), _dims_hint(model, shapes, values)]
+    except InputError:
         return ""
-    values = ", ".join(f"{name}={value}" for name, value in guessed.items())
-    return f" (guessed dims: {values}; give the model's real sizes with --shape NAME:VALUE)"
+    text = "; ".join(part for part in parts if part)
+    return f" ({text})" if text else ""
+
+
+def _values_hint(model: onnx.ModelProto, sample: Mapping[str, np.ndarray], values: Mapping[str, object] | None) -> str:
+    chosen: dict[str, str] = {}
+    for name, kind, value, why in _chosen(model, sample, input_values.normalize_values(values) or {}):
+        if kind == "graph":
+            chosen[name] = f"{name}={input_values.format_scalar(value)} ({why})"
+        elif kind in ("int", "bool") and sample[name].size == 1:
+            chosen[name] = f"{name}={input_values.format_scalar(value)} was drawn at random"
+        elif kind == "int":
+            chosen[name] = f"{name} took random values in [0, {_FALLBACK_INT_HIGH})"
+    if not chosen:
+        return ""
+    only = next(iter(chosen)) if len(chosen) == 1 else "NAME"
+    how = f"set {'it' if len(chosen) == 1 else 'them'} with --input {only}=VALUE"
+    return f"generated inputs: {', '.join(chosen.values())}; {how}"
+
+
+def input_notes(
+    model: onnx.ModelProto,
+    sample: Mapping[str, np.ndarray],
+    *,
+    values: Mapping[str, object] | None = None,
+    generated: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """What a report says of the inputs whose values choose the model's path, {name: {"value", "why"}}: those
+    given (`values`, why "given"), and of generated ones, the one-element inputs whose value came from the graph
+    (`input_values.graph_rules`) or was drawn at random (an integer or bool that no comparison or lookup
+    reaches)."""
+    given = input_values.normalize_values(values) or {}
+    notes: dict[str, dict[str, Any]] = {}
+    for name, value in given.items():
+        notes[name] = {"value": list(value) if isinstance(value, tuple) else value, "why": "given"}
+    if generated:
+        for name, kind, value, why in _chosen(model, sample, given):
+            if kind == "graph" or (kind in ("int", "bool") and sample[name].size == 1):
+                notes[name] = {"value": value, "why": why}
+    return notes
+
+
+def notes_line(notes: Mapping[str, Mapping[str, Any]]) -> str:
+    """`inputs: sr=16000 (compared with 8000, 16000 in the graph)`: the notes of `input_notes` in one line."""
+    items = []
+    for name, note in notes.items():
+        value = note["value"]
+        text = input_values.format_value(tuple(value) if isinstance(value, list) else value)
+        items.append(f"{name}={text} ({note['why']})")
+    return "inputs: " + "; ".join(items) if items else ""
+
+
+def _chosen(
+    model: onnx.ModelProto, sample: Mapping[str, np.ndarray], given: Mapping[str, object]
+) -> list[tuple[str, str, Any, str]]:
+    """(name, kind, value, why) of every generated input of `sample` that is not given, by the rule that made it
+    (`_plan`); value is the first element."""
+    specs = [spec for spec in input_specs(model) if spec.name in sample and spec.name not in given]
+    plans = _plans(model, specs, {spec.name: tuple(sample[spec.name].shape) for spec in specs})
+    chosen = []
+    for spec in specs:
+        kind, _, rule = plans[spec.name]
+        array = np.asarray(sample[spec.name])
+        value = array.reshape(-1)[0].item() if array.size else None
+        why = rule.why if kind == "graph" and rule is not None else "drawn at random"
+        chosen.append((spec.name, kind, value, why))
+    return chosen
 
 
 def _defaults_for(specs: Sequence[InputSpec], limit: int | None) -> dict[str, int]:
@@ -386,22 +479,17 @@ def _defaults_for(specs: Sequence[InputSpec], limit: int | None) -> dict[str, in
     return symbols
 
 
-def _producers_and_consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            if name:
-                consumers.setdefault(name, []).append((node, index))
-    return consumers
-
-
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    shapes = {init.name: tuple(init.dims) for init in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                    shapes[node.output[0]] = tuple(attr.t.dims)
+    """Shapes known without running: initializers and Constant nodes (of every subgraph too), and fully static
+    value infos and outputs."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for graph in input_values.subgraphs(model.graph):
+        shapes.update({init.name: tuple(init.dims) for init in graph.initializer})
+        for node in graph.node:
+            if node.op_type == "Constant":
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        shapes[node.output[0]] = tuple(attr.t.dims)
     for value in list(model.graph.value_info) + list(model.graph.output):
         dims = value.type.tensor_type.shape.dim
         if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
@@ -410,9 +498,9 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 
 def gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """For integer inputs that index a table through Gather: the size of the indexed axis (exclusive bound)."""
-    graph = model.graph
-    consumers = _producers_and_consumers(graph)
+    """For integer inputs that index a table through Gather (in the graph or a subgraph): the size of the indexed
+    axis (exclusive bound)."""
+    consumers = input_values.GraphIndex.of(model).consumers
     static = _static_shapes(model)
     bounds: dict[str, int] = {}
     for spec in input_specs(model):
@@ -428,7 +516,7 @@ def gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
                     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                     if data_shape:
                         found.append(int(data_shape[axis % len(data_shape)]))
-                elif node.op_type in _PASS_THROUGH and index == 0:
+                elif node.op_type in input_values.PASS_THROUGH and index == 0:
                     for out in node.output:
                         if out and out not in seen:
                             seen.add(out)
@@ -438,31 +526,55 @@ def gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
-def _generate_one(spec: InputSpec, shape: tuple[int, ...], bound: int | None, rng: np.random.Generator) -> np.ndarray:
+_Plan = tuple[str, int | None, input_values.ValueRule | None]
+
+
+def _plans(
+    model: onnx.ModelProto, specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, _Plan]:
+    """How each input's values are made (the module docstring's rules, in order): (kind, table size, graph rule),
+    kind one of mask, position, table, graph, bool, int (random, nothing tells its range) or normal."""
+    bounds, rules = gather_bounds(model), input_values.graph_rules(model, specs)
+    plans: dict[str, _Plan] = {}
+    for spec in specs:
+        dtype, shape = spec.dtype, shapes[spec.name]
+        integer = np.issubdtype(dtype, np.integer)
+        bound, rule = bounds.get(spec.name), rules.get(spec.name)
+        if not (integer or dtype == np.bool_ or is_float(dtype)):
+            raise InputError(f"input {spec.name!r} has element type {spec.describe()}, which cannot be generated")
+        if _MASK_NAMES.search(spec.name):
+            kind = "mask"
+        elif integer and _POSITION_NAMES.search(spec.name) and len(shape) >= 1:
+            kind = "position"
+        elif integer and bound is not None:
+            kind = "table"
+        elif rule is not None and math.prod(shape) == 1:
+            kind = "graph"
+        else:
+            kind = "bool" if dtype == np.bool_ else "int" if integer else "normal"
+        plans[spec.name] = (kind, bound, rule)
+    return plans
+
+
+def _generate_one(spec: InputSpec, shape: tuple[int, ...], plan: _Plan, rng: np.random.Generator) -> np.ndarray:
     dtype = spec.dtype
-    if dtype == np.bool_:
-        if _MASK_NAMES.search(spec.name):
-            return _mask(shape, rng).astype(np.bool_)
+    kind, bound, rule = plan
+    if kind == "mask":
+        return _mask(shape, rng).astype(dtype)
+    if kind == "position":
+        positions = np.broadcast_to(np.arange(shape[-1]), shape)
+        if bound:
+            positions = positions % bound
+        return np.ascontiguousarray(positions).astype(dtype)
+    if kind == "table":
+        return rng.integers(0, max(bound or 0, 1), size=shape).astype(dtype)
+    if kind == "graph" and rule is not None:
+        return np.full(shape, rule.value).astype(dtype)
+    if kind == "bool":
         return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if np.issubdtype(dtype, np.integer):
-        if _MASK_NAMES.search(spec.name):
-            return _mask(shape, rng).astype(dtype)
-        if _POSITION_NAMES.search(spec.name) and len(shape) >= 1:
-            positions = np.broadcast_to(np.arange(shape[-1]), shape)
-            if bound:
-                positions = positions % bound
-            return np.ascontiguousarray(positions).astype(dtype)
-        if bound is None:
-            logger.warning(
-                "integer input %r feeds no Gather; using random values in [0, %d)", spec.name, _FALLBACK_INT_HIGH
-            )
-        high = bound if bound else _FALLBACK_INT_HIGH
-        return rng.integers(0, max(high, 1), size=shape).astype(dtype)
-    if is_float(dtype):
-        if _MASK_NAMES.search(spec.name):
-            return _mask(shape, rng).astype(dtype)
-        return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype)
-    raise InputError(f"input {spec.name!r} has element type {spec.describe()}, which cannot be generated")
+    if kind == "int":
+        return rng.integers(0, _FALLBACK_INT_HIGH, size=shape).astype(dtype)
+    return rng.standard_normal(size=shape, dtype=np.float32).astype(dtype)
 
 
 def _mask(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -498,31 +610,77 @@ def _check_size(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]
         )
 
 
+def _overrides(
+    specs: Sequence[InputSpec], shapes: Mapping[str, object] | None, given: Mapping[str, input_values.Value]
+) -> dict[str, tuple[int, ...]]:
+    """The shapes asked for: `shapes`, and those the given values fix (a list's length, a scalar input's ());
+    InputError for a value that names no input, does not fit its input, or contradicts `shapes`."""
+    overrides = dict(normalize_shapes(shapes) or {})
+    by_name = {spec.name: spec for spec in specs}
+    for name, value in given.items():
+        shape = input_values.value_shape(_given_spec(by_name, name, value), value)
+        if shape is None or (name in overrides and not isinstance(value, tuple)):
+            continue  # one value fills the input, in the shape asked for or generated
+        if overrides.get(name, shape) != shape:
+            raise InputError(
+                f"--input {name}={input_values.format_value(value)} gives shape {list(shape)}, "
+                f"--shape {name} gives {list(overrides[name])}"
+            )
+        overrides[name] = shape
+    return overrides
+
+
+def _given_spec(by_name: Mapping[str, InputSpec], name: str, value: input_values.Value) -> InputSpec:
+    if name not in by_name:
+        known = ", ".join(spec.describe() for spec in by_name.values()) or "none"
+        given = f"--input {name}={input_values.format_value(value)}"
+        raise InputError(f"{given}: {name!r} is not an input of the model (inputs: {known})")
+    return by_name[name]
+
+
 def generate(
     model: onnx.ModelProto,
     *,
     shapes: Mapping[str, Sequence[int]] | None = None,
     samples: int = 1,
     seed: int = 0,
+    values: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """`samples` seeded random input sets for `model`."""
+    """`samples` seeded input sets for `model` (the module docstring's rules); `values` sets inputs outright,
+    the same in every sample."""
     if samples < 1:
         raise InputError(f"samples must be at least 1, got {samples}")
     specs = input_specs(model)
-    concrete = resolve_shapes(specs, normalize_shapes(shapes), limit=position_limit(model))
+    given = input_values.normalize_values(values) or {}
+    concrete = resolve_shapes(specs, _overrides(specs, shapes, given), limit=position_limit(model))
     _check_size(specs, concrete)
-    bounds = gather_bounds(model)
+    by_name = {spec.name: spec for spec in specs}
+    fixed = {name: input_values.value_array(by_name[name], value, concrete[name]) for name, value in given.items()}
+    made = [spec for spec in specs if spec.name not in fixed]
+    plans = _plans(model, made, concrete)
+    for spec in made:
+        if plans[spec.name][0] == "int":
+            logger.warning(
+                "integer input %r feeds no Gather or comparison with a constant; using random values in [0, %d) "
+                "(set it with --input %s=VALUE)",
+                spec.name,
+                _FALLBACK_INT_HIGH,
+                spec.name,
+            )
     rng = np.random.default_rng(seed)
     return [
-        {spec.name: _generate_one(spec, concrete[spec.name], bounds.get(spec.name), rng) for spec in specs}
+        {
+            spec.name: fixed[spec.name].copy()
+            if spec.name in fixed
+            else _generate_one(spec, concrete[spec.name], plans[spec.name], rng)
+            for spec in specs
+        }
         for _ in range(samples)
     ]
 
 
-def load(model: onnx.ModelProto, files: Sequence[str | Path]) -> list[Sample]:
-    """Samples from files: each `.npz` is one sample (keys are input names); `.npy` files given as `NAME:FILE.npy`
-    (or a bare `FILE.npy` for a single-input model) together make one sample. Validated against the model."""
-    specs = input_specs(model)
+def _read_files(specs: Sequence[InputSpec], files: Sequence[str | Path]) -> list[Sample]:
+    """The samples in `files`, unchecked (`load`)."""
     names = [spec.name for spec in specs]
     samples: list[Sample] = []
     npy_sample: Sample = {}
@@ -549,9 +707,54 @@ def load(model: onnx.ModelProto, files: Sequence[str | Path]) -> list[Sample]:
         npy_sample[name] = data
     if npy_sample:
         samples.append(npy_sample)
+    return samples
+
+
+def load(
+    model: onnx.ModelProto, files: Sequence[str | Path], values: Mapping[str, object] | None = None
+) -> list[Sample]:
+    """Samples from files: each `.npz` is one sample (keys are input names); `.npy` files given as `NAME:FILE.npy`
+    (or a bare `FILE.npy` for a single-input model) together make one sample. `values` replace their inputs in
+    every sample (a list as it is, one value filling the array loaded). Validated against the model."""
+    specs = input_specs(model)
+    samples = _read_files(specs, files)
     for index, sample in enumerate(samples):
+        set_values(specs, sample, values, where=f"sample {index}")
         validate(specs, sample, where=f"sample {index}")
     return samples
+
+
+def set_values(
+    specs: Sequence[InputSpec], sample: Sample, values: Mapping[str, object] | None, *, where: str = "inputs"
+) -> None:
+    """Sets the inputs `values` names in a sample read or given (in place): a list as it is, one value filling
+    the input's array (a scalar input: a scalar)."""
+    by_name = {spec.name: spec for spec in specs}
+    for name, value in (input_values.normalize_values(values) or {}).items():
+        spec = _given_spec(by_name, name, value)
+        shape = input_values.value_shape(spec, value)
+        if shape is None:
+            if name not in sample:
+                raise InputError(
+                    f"{where}: --input {name}={input_values.format_value(value)} fills {name!r} "
+                    f"({spec.describe()}), which the sample does not hold: no shape to fill"
+                )
+            shape = tuple(np.shape(sample[name]))
+        sample[name] = input_values.value_array(spec, value, shape)
+
+
+def check_given(
+    model: onnx.ModelProto, samples: Iterable[Mapping[str, np.ndarray]], values: Mapping[str, object] | None = None
+) -> list[Sample]:
+    """Samples a caller gave, as copies with `values` set (`set_values`), validated against the model."""
+    specs = input_specs(model)
+    checked = []
+    for index, given in enumerate(samples):
+        sample = dict(given)
+        set_values(specs, sample, values, where=f"sample {index}")
+        validate(specs, sample, where=f"sample {index}")
+        checked.append(sample)
+    return checked
 
 
 def validate(specs: Sequence[InputSpec], sample: Mapping[str, np.ndarray], *, where: str = "inputs") -> None:
@@ -599,10 +802,12 @@ def prepare(
     shapes: Mapping[str, Sequence[int]] | None = None,
     samples: int = 1,
     seed: int = 0,
+    values: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """Inputs for a run: the samples in `files` when given, else `samples` generated ones."""
+    """Inputs for a run: the samples in `files` when given, else `samples` generated ones; `values` set their
+    inputs in every sample."""
     if files:
         if shapes:
             logger.warning("--shape is ignored when inputs come from files")
-        return load(model, files)
-    return generate(model, shapes=shapes, samples=samples, seed=seed)
+        return load(model, files, values)
+    return generate(model, shapes=shapes, samples=samples, seed=seed, values=values)

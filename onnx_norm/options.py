@@ -1,7 +1,7 @@
 """The run options of `verify()` and `bench()`, one typed object per concern, built once (from keyword arguments or
 from the CLI's flag groups, `onnx_norm.cli.args`) and passed down whole instead of a list of parameters.
 
-- `InputOptions`: the generated inputs (data files, shapes, samples, seed);
+- `InputOptions`: the inputs (data files, shapes, samples, seed, values set outright);
 - `RuntimeOptions`: where the models run (provider, threads, CUDA device);
 - `CompareOptions`: how outputs are compared (tolerances, statistic, float64 golden, ORT optimization levels);
 - `MeasureOptions`: how the bench times (rounds, sessions, sweep, profile, CUDA graphs);
@@ -32,6 +32,8 @@ __all__ += ["VerifyKwargs", "VerifyOptions"]
 
 PerOutput = float | Mapping[str, float] | None
 Shapes = Mapping[str, int | Sequence[int]]
+#: Inputs set outright: one value (a scalar input, or every element of a larger one) or a 1-D list, by input name.
+Values = Mapping[str, int | float | bool | Sequence[int | float | bool]]
 
 
 def _check_count(value: Any, name: str, *, minimum: int) -> None:
@@ -52,15 +54,19 @@ def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
 @dataclasses.dataclass(frozen=True)
 class InputOptions:
     """The inputs a run generates or reads: `input_files` (each .npz one sample, or NAME:FILE.npy files together),
-    `shapes` (an input's dims or a symbolic dim's value, `{"sequence": 8}`), `samples` and their `seed`. The shapes
-    are kept normalised (`{"sequence": (8,)}`)."""
+    `shapes` (an input's dims or a symbolic dim's value, `{"sequence": 8}`), `samples` and their `seed`, and
+    `values`: inputs set outright in every sample, generated or read (`{"sr": 16000}`, `{"ids": [1, 2, 3]}`; the
+    CLI's `--input NAME=VALUE`), their dtype the model's. The shapes and values are kept normalised
+    (`{"sequence": (8,)}`, `{"ids": (1, 2, 3)}`); values are checked against the model when it is run."""
 
     input_files: Sequence[str | Path] = ()
     shapes: Shapes | None = None
     samples: int = defaults.SAMPLES
     seed: int = defaults.SEED
+    values: Values | None = None
 
     def __post_init__(self) -> None:
+        from onnx_norm.input_values import normalize_values
         from onnx_norm.inputs import normalize_shapes
 
         if isinstance(self.input_files, (str, Path)):
@@ -69,10 +75,11 @@ class InputOptions:
         _check_count(self.seed, "seed", minimum=0)
         object.__setattr__(self, "input_files", tuple(self.input_files))
         object.__setattr__(self, "shapes", normalize_shapes(self.shapes))
+        object.__setattr__(self, "values", normalize_values(self.values))
 
     @property
     def generated(self) -> bool:
-        """Whether the inputs are generated (no data files): a failed run then hints at `--shape`."""
+        """Whether the inputs are generated (no data files): a failed run then hints at `--shape` and `--input`."""
         return not self.input_files
 
 
@@ -179,6 +186,7 @@ class VerifyKwargs(TypedDict, total=False):
 
     input_files: Sequence[str | Path]
     shapes: Shapes | None
+    values: Values | None
     samples: int
     seed: int
     provider: Provider
@@ -200,6 +208,7 @@ class BenchKwargs(TypedDict, total=False):
 
     input_files: Sequence[str | Path]
     shapes: Shapes | None
+    values: Values | None
     seed: int
     provider: Provider
     threads: int | None

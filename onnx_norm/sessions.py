@@ -401,8 +401,9 @@ def _needs_ortvalues(session: ort.InferenceSession, feeds: Mapping[str, np.ndarr
 
 
 def to_ortvalue(array: np.ndarray, device: str = "cpu", device_id: int = 0) -> ort.OrtValue:
-    """An OrtValue holding a copy of `array` (bfloat16 included) on `device`."""
-    array = np.ascontiguousarray(array)
+    """An OrtValue holding a copy of `array` (bfloat16 included) on `device`; a scalar stays a scalar."""
+    array = np.asarray(array)
+    array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes a 0-d array 1-d
     if array.dtype != _BFLOAT16:
         return ort.OrtValue.ortvalue_from_numpy(array, device, device_id)
     value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, device, device_id)

@@ -29,7 +29,7 @@ LAYERS: list[list[str]] = [
     ["errors", "defaults", "dtypes", "accuracy", "library", "inline_weights", "paths"],
     ["ops"],
     ["model_io", "weights", "correspond"],
-    ["sessions", "inputs", "options"],
+    ["sessions", "input_spec", "input_values", "inputs", "options"],
     ["rewrite", "zoo"],
     ["parity", "bench", "bench_plot"],
     ["integrations"],

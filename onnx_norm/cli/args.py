@@ -116,6 +116,15 @@ class InputArgs(ArgGroup):
             "NAME:FILE.npy files together make one sample (a bare FILE.npy for a single-input model)",
         )
         add_shape_flag(group, self.shape_help)
+        group.add_argument(
+            "--input",
+            dest="input_values",  # `input` is optimize's model path
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="set one input in every sample (repeatable): a value (sr=16000, flag=true) or a comma list for a "
+            "1-D input (ids=1,2,3); dtype from the model; with --inputs it replaces that input of each file",
+        )
         if self.samples:
             group.add_argument(
                 "--samples",
@@ -131,8 +140,9 @@ class InputArgs(ArgGroup):
         from onnx_norm.options import InputOptions
 
         samples = {"samples": args.samples} if self.samples else {}
+        given = values(args) or None
         with input_errors():
-            return InputOptions(list(args.inputs), shapes(args) or None, seed=args.seed, **samples)
+            return InputOptions(list(args.inputs), shapes(args) or None, seed=args.seed, values=given, **samples)
 
 
 def add_shape_flag(group: argparse._ActionsContainer, help_text: str | None = None) -> None:
@@ -400,6 +410,17 @@ def shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
 
     try:
         return parse_shapes(args.shape)
+    except InputError as err:
+        raise UsageError(str(err)) from None
+
+
+def values(args: argparse.Namespace) -> dict[str, Any]:
+    """The `--input NAME=VALUE` items, parsed (UsageError for a malformed one)."""
+    from onnx_norm.input_values import parse_values
+    from onnx_norm.inputs import InputError
+
+    try:
+        return dict(parse_values(getattr(args, "input_values", None) or ()))
     except InputError as err:
         raise UsageError(str(err)) from None
 

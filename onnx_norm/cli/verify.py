@@ -190,6 +190,8 @@ def print_report(report: ParityReport, console: Console) -> None:
     for output in report.outputs:
         table.add_row(*_row(output), _status(output.passed))
     console.print(table)
+    if report.inputs_line:
+        console.print(report.inputs_line, highlight=False, markup=False)
     if report.weights_policy:
         console.print(report.weights_policy, highlight=False, markup=False)
     if report.norms:

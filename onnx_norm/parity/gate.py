@@ -63,24 +63,23 @@ def _nonfinite_inputs(samples: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
 
 def _samples(
     original: onnx.ModelProto, inputs: Sequence[Mapping[str, np.ndarray]] | None, options: InputOptions
-) -> tuple[list[dict[str, np.ndarray]], str]:
-    """The input samples (given, read from files or generated), and the hint to add to a run failure about the
-    shapes generated inputs took."""
+) -> tuple[list[dict[str, np.ndarray]], str, dict[str, dict[str, Any]]]:
+    """The input samples (given, read from files or generated, with `options.values` set), the hint to add to a
+    run failure about the values and shapes generated inputs took, and the report's notes on the inputs whose
+    values choose the model's path (`inputs.input_notes`)."""
+    files, shapes, values = options.input_files, options.shapes, options.values
+    generated = inputs is None and not files
     if inputs is not None:
-        specs = model_inputs.input_specs(original)
-        sample_list = [dict(sample) for sample in inputs]
-        for index, sample in enumerate(sample_list):
-            model_inputs.validate(specs, sample, where=f"sample {index}")
-        hint = ""
+        sample_list = model_inputs.check_given(original, inputs, values)
     else:
-        files, shapes = options.input_files, options.shapes
         sample_list = model_inputs.prepare(
-            original, files=files, shapes=shapes, samples=options.samples, seed=options.seed
+            original, files=files, shapes=shapes, samples=options.samples, seed=options.seed, values=values
         )
-        hint = "" if files else model_inputs.shape_hint(original, shapes)
     if not sample_list:
         raise model_inputs.InputError("no input samples")
-    return sample_list, hint
+    hint = model_inputs.run_hint(original, sample_list[0], shapes=shapes, values=values) if generated else ""
+    notes = model_inputs.input_notes(original, sample_list[0], values=values, generated=generated)
+    return sample_list, hint, notes
 
 
 @dataclasses.dataclass
@@ -223,10 +222,15 @@ def _run(
 
 
 def _compare_outputs(
-    output_names: Sequence[str], present: set[str], runs: _Runs, tolerances: ToleranceSpec, original: onnx.ModelProto
+    output_names: Sequence[str],
+    optimized: onnx.ModelProto,
+    runs: _Runs,
+    tolerances: ToleranceSpec,
+    original: onnx.ModelProto,
 ) -> list[Comparison]:
-    """Every output of the original against the optimized model's (`present`: the optimized model's outputs), each
-    judged by the narrowest float type on its path in the original (onnx_norm/parity/precision.py)."""
+    """Every output of the original against the optimized model's, each judged by the narrowest float type on its
+    path in the original (onnx_norm/parity/precision.py)."""
+    present = {value.name for value in optimized.graph.output}
     paths = precision.narrowest_on_path(original, output_names)
     outputs: list[Comparison] = []
     for name in output_names:
@@ -253,14 +257,14 @@ def verify(
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
     **kwargs: Unpack[VerifyKwargs],
 ) -> ParityReport:
-    """Checks that `optimized` computes what `original` computes (see the docstring of onnx_norm.parity for the
-    rules).
+    """Checks that `optimized` computes what `original` computes (the rules: the docstring of onnx_norm.parity).
 
     The options are a `VerifyOptions` (`onnx_norm.options`), or keyword arguments named as its fields (applied on
     top of `options` when both are given): `shapes` maps an input to its dims or a symbolic dim to its value
-    (`{"sequence": 8}`); `atol`/`rtol` are one value or {output: value} ("*" for the rest). `allow_nonfinite` passes
-    an output NaN/Inf everywhere in both models, or whose NaN/Inf pattern differs from the original's (the report
-    names the rows). Options are validated as the CLI's are. `inputs` are samples to run instead of generated ones.
+    (`{"sequence": 8}`), `values` sets inputs (`{"sr": 16000}`); `atol`/`rtol` are one value or {output: value}
+    ("*" for the rest). `allow_nonfinite` passes an output NaN/Inf everywhere in both models, or whose NaN/Inf
+    pattern differs from the original's (the report names the rows). Options are validated as the CLI's are.
+    `inputs` are samples to run instead of generated ones.
 
     Raises `onnx_norm.inputs.InputError` for bad options, an original that is not a valid model and inputs that do
     not fit the models, and `onnx_norm.sessions.SessionError` when the original cannot be run or the machine
@@ -276,7 +280,7 @@ def verify(
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     output_names = [value.name for value in original_proto.graph.output]
     tolerances.check_names(output_names)
-    sample_list, hint = _samples(original_proto, inputs, options.input)
+    sample_list, hint, input_notes = _samples(original_proto, inputs, options.input)
 
     compare, runtime = options.compare, options.runtime
     norms = find_fused_norms(original_proto, optimized_proto) if compare.per_node and not optimized_failure else []
@@ -285,8 +289,7 @@ def verify(
     level = compare.original_optimization
     config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
     runs = _run(models, sample_list, config, compare, hint)
-    present = {value.name for value in optimized_proto.graph.output}
-    outputs = _compare_outputs(output_names, present, runs, tolerances, original_proto)
+    outputs = _compare_outputs(output_names, optimized_proto, runs, tolerances, original_proto)
     norm_results = _compare_norms(original_proto, norms, runs, tolerances)
     passed = all(item.passed for item in outputs) and not any(norm.status == "diverges" for norm in norm_results)
     return ParityReport(
@@ -295,6 +298,7 @@ def verify(
         norms=norm_results,
         samples=len(sample_list),
         shapes={name: list(array.shape) for name, array in sample_list[0].items()},
+        input_values=input_notes,
         provider=runtime.provider,
         original_optimization=level,
         golden=runs.golden_method,
@@ -322,6 +326,10 @@ def _compare_norms(
 
 def _warnings(samples: Sequence[Mapping[str, np.ndarray]], runs: _Runs, norms: Sequence[NormComparison]) -> list[str]:
     warnings = _nonfinite_inputs(samples) + runs.warnings
+    # An input dim the model fixes to 0 (ONNX Runtime runs no other size) leaves nothing to compare: say so.
+    empty = [f"{name!r} {list(array.shape)}" for name, array in runs.original[0].items() if np.size(array) == 0]
+    if empty:
+        warnings.append(f"output(s) {', '.join(empty)} hold no values on these inputs: nothing of them was compared")
     unmapped = [norm.node for norm in norms if norm.status == "unmapped"]
     if unmapped:
         warnings.append(f"no original value found for fused norm(s) {', '.join(unmapped)}")

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onnx_norm.inputs import notes_line
 from onnx_norm.parity.verdict import Comparison
 from onnx_norm.paths import json_safe, write_json_atomic
 
@@ -50,6 +51,14 @@ class ParityReport:
     #: the sessions ran with ONNX Runtime's defaults). The values are the folded copies' bar pre-packing's sum order.
     half_weights_at_run: bool = False
     weights_policy: str = ""
+    #: The inputs whose values choose the model's path, {name: {"value", "why"}} (`onnx_norm.inputs.input_notes`):
+    #: those given (`--input`), and one-element inputs whose generated value the graph chose or chance drew.
+    input_values: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def inputs_line(self) -> str:
+        """`inputs: sr=16000 (compared with 8000, 16000 in the graph)`, or "" when no input is worth naming."""
+        return notes_line(self.input_values)
 
     @property
     def first_divergent_norm(self) -> NormComparison | None:
