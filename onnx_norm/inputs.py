@@ -145,10 +145,11 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
 
 def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
     """A dim as ONNX Runtime reads it: a negative value (`-1`, as some exporters write a batch dim) is free, as an
-    empty dim param is (None: any size); 0 is fixed (ORT runs such an input only when it is empty)."""
+    empty dim param is (None: any size), and so is a param that names nothing (Paddle writes `?` for every unknown
+    dim: two `?` are not one symbol); 0 is fixed (ORT runs such an input only when it is empty)."""
     if dim.HasField("dim_value"):
         return dim.dim_value if dim.dim_value >= 0 else None
-    return dim.dim_param or None
+    return dim.dim_param if _IDENTIFIER.search(dim.dim_param) else None
 
 
 def check_same_inputs(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:

@@ -141,6 +141,18 @@ def test_negative_dims_are_free_and_zero_dims_are_fixed_as_onnx_runtime_reads_th
         inputs.generate(conv_model(0), shapes={"x": (1, 3, 8, WIDTH)})
 
 
+def test_dim_params_that_name_nothing_are_unnamed():
+    """Paddle declares every unknown dim `?` (`x: float[-1,3,?,?]`): two of them are not one symbol."""
+    model = conv_model(-1)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param = "?"
+    dims[3].dim_param = "?"
+    assert inputs.input_specs(model)[0].shape == (None, 3, None, None)
+    (sample,) = inputs.generate(model, shapes={"x": (1, 3, 8, WIDTH)})
+    assert sample["x"].shape == (1, 3, 8, WIDTH)
+    inputs.validate(inputs.input_specs(model), {"x": np.zeros((1, 3, 8, 4), np.float32)})
+
+
 def test_a_batch_dim_stored_as_minus_one_verifies_and_benches_with_and_without_shape(tmp_path: Path):
     model = tmp_path / "cls.onnx"
     onnx.save(conv_model(-1), model)

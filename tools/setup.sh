@@ -19,6 +19,9 @@ TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0 # the release built against torch $TORCH_VERSION (timm needs it)
 TIMM_VERSION=1.0.31
 TIMM_SITE=build/timm-site
+SILERO_VERSION=6.2.3
+RAPIDOCR_VERSION=1.4.4
+PUBLIC_MODELS=build/public-models
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
@@ -110,6 +113,31 @@ if [[ ! -d $TIMM_SITE/timm-$TIMM_VERSION.dist-info || ! -d $TIMM_SITE/torchvisio
     echo "timm not installed; its tests skip"
 fi
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
+
+step "model files other people made, from public packages, into $PUBLIC_MODELS (tests/test_public_models.py; ~3 s)"
+# The parity gate is judged on files it did not make: Silero VAD (a scalar sample rate compared inside an If, a
+# state input whose batch dim is unnamed) and RapidOCR's PaddleOCR models (a batch dim stored as -1, Paddle's
+# LayerNorm spelling). Only the .onnx files are kept; the packages are never installed (their dependencies would
+# pull opencv and a second onnxruntime).
+if [[ ! -f $PUBLIC_MODELS/.complete ]]; then
+  rm -rf "$PUBLIC_MODELS" && mkdir -p "$PUBLIC_MODELS/wheels"
+  if python -m pip download -q --no-deps -d "$PUBLIC_MODELS/wheels" "silero-vad==$SILERO_VERSION" \
+    "rapidocr-onnxruntime==$RAPIDOCR_VERSION"; then
+    python - "$PUBLIC_MODELS" <<'PY'
+import sys, zipfile
+from pathlib import Path
+root = Path(sys.argv[1])
+for wheel in (root / "wheels").glob("*.whl"):
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.endswith(".onnx"):
+                (root / Path(name).name).write_bytes(archive.read(name))
+PY
+    rm -rf "$PUBLIC_MODELS/wheels" && touch "$PUBLIC_MODELS/.complete"
+  else
+    echo "public model files not fetched; their tests skip"
+  fi
+fi
 
 if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   step "CUDA kernels: register spills"
