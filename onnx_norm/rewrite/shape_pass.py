@@ -77,14 +77,14 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
     level = inference_logger.level
     inference_logger.setLevel(logging.ERROR)
     try:
-        strict = common_passes.ShapeInferencePass(strict_mode=True, data_prop=True)(model)
+        strict = onnx_inference(model, strict_mode=True, data_prop=True)
     except Exception:  # the pass logs and returns unmodified on failure; this is for anything else
         strict = ir.passes.PassResult(model, False)
     finally:
         inference_logger.setLevel(level)
     if not strict.modified:
         try:
-            common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
+            onnx_inference(model, strict_mode=False, data_prop=False)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
     if _reshapes_to_own_shape(model.graph):
@@ -116,10 +116,71 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
 _LOOP_ROUNDS = 3
 
 
+def onnx_inference(model: ir.Model, *, strict_mode: bool, data_prop: bool) -> ir.passes.PassResult:
+    """onnx-ir's ShapeInferencePass, keeping the values that are not tensors what they are.
+
+    onnx-ir 1.1 merges what onnx infers by element type only (`value.dtype = ...`), which makes a value without a
+    declared type a tensor even where onnx inferred a sequence or an optional (SequenceInsert's output, say): the
+    written model then declares a tensor there and ONNX Runtime refuses it. A value declared as such gets its
+    declared type back; an undeclared one gets the kind its producer's schema allows, when that allows one kind."""
+    before = {value: value.type for value in _all_values(model)}
+    result = common_passes.ShapeInferencePass(strict_mode=strict_mode, data_prop=data_prop)(model)
+    for value, declared in before.items():
+        inferred = value.type
+        if not isinstance(inferred, ir.TensorType) or isinstance(declared, ir.TensorType):
+            continue
+        if declared is not None:
+            value.type = declared
+            continue
+        kind = _schema_output_kind(value, model.opset_imports)
+        if kind == "seq":
+            value.type = ir.SequenceType(ir.TensorType(inferred.dtype))
+        elif kind == "optional":
+            value.type = ir.OptionalType(ir.TensorType(inferred.dtype))
+    return result
+
+
+def _all_values(model: ir.Model) -> list[ir.Value]:
+    values: list[ir.Value] = []
+    for graph in [model.graph, *model.functions.values()]:
+        values.extend(graph.inputs)
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            values.extend(v for v in node.outputs if v is not None)
+    return values
+
+
+def _schema_output_kind(value: ir.Value, opsets: dict[str, int]) -> str | None:
+    """ "seq", "optional" or "tensor" when every type the producer's schema allows for this output is of that kind;
+    None when it allows several (If, Loop) or the op has no schema here."""
+    node = value.producer()
+    if node is None or value.index() is None:
+        return None
+    domain = "" if is_onnx_domain(node.domain) else node.domain
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, opsets.get("ai.onnx", 1)), domain)
+    except onnx.defs.SchemaError:
+        return None
+    outputs = schema.outputs
+    if not outputs:
+        return None
+    formal = outputs[min(value.index() or 0, len(outputs) - 1)]
+    allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == formal.type_str), None)
+    kinds = {_kind(text) for text in (allowed if allowed is not None else [formal.type_str])}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _kind(type_str: str) -> str:
+    if type_str.startswith("seq("):
+        return "seq"
+    if type_str.startswith("optional("):
+        return "optional"
+    return "tensor" if type_str.startswith("tensor(") else "other"
+
+
 def _infer_again(model: ir.Model) -> None:
     """onnx's inference once more, after shapes were given to values it had left unknown."""
     try:
-        common_passes.ShapeInferencePass(strict_mode=False, data_prop=False)(model)
+        onnx_inference(model, strict_mode=False, data_prop=False)
     except Exception as err:  # best effort, as above
         logger.info("shape inference after giving shapes to unknown values failed: %s", err)
 
