@@ -32,8 +32,9 @@ round, so that the paired ratios and their interval include that variation inste
 Before anything is timed, bench checks that it compares the same computation. The two models must take and give
 the same tensors (`onnx_norm.correspond`: names, element types, ranks; InputError otherwise), and, unless
 `parity_check=False`, the first input sample runs through the first session of the original and of the optimized
-model and their outputs must agree (`onnx_norm.bench_check`: verify's tolerances, then a looser normwise check);
-InputError naming the output otherwise. The report's `parity_check` records the result.
+model and their outputs must agree (`onnx_norm.bench_check`: verify's tolerance, then a looser normwise test, then,
+only when both fail, the float64 result of the original); InputError naming the output otherwise. The report's
+`parity_check` records the result.
 
 With `profile=True`, profiled sessions (separate from the timed ones, since profiling costs time) split the kernel
 time into norm nodes and the rest: in the optimized model the fused norm ops, in the original the ops ORT fused
@@ -691,7 +692,9 @@ def bench(
     keyword arguments named as its fields (applied on top of `options`): `sweep=("sequence", [128, 256])` measures
     one point per value of a symbolic dim; `cuda_graph=True` (provider "cuda" only, else ValueError) runs every
     session as a CUDA graph. `inputs` is one sample to time instead of generated inputs. Raises InputError for
-    options or inputs that do not fit, SessionError when a model cannot run."""
+    options or inputs that do not fit, for models that do not take and give the same tensors, and (unless
+    `parity_check=False`) for models whose outputs on the first sample differ; SessionError when a model cannot
+    run."""
     options = BenchOptions.build(options, "bench", **kwargs)
     measure, runtime = options.measure, options.runtime
     spec = bench_check.tolerances(options.check)  # its values validated before any work
@@ -769,8 +772,9 @@ def _parity_check(
     config: RuntimeConfig,
 ) -> bench_check.ParityCheck:
     """The point's sample through the first timed session of the original and of the optimized model, their outputs
-    compared (`bench_check`); InputError naming the output that differs. No session of its own: the check's runs
-    are one more untimed run of each, before the warm-up rounds, one run at a time (as the memory policy counts)."""
+    compared (`bench_check`); InputError naming the output that differs. No session of its own (but the float64
+    copy's, `_exact`, made only when the cheap tests fail): the check's runs are one more untimed run of each,
+    before the warm-up rounds, one run at a time (as the memory policy counts)."""
     try:
         original = _outputs_of(runners[ORIGINAL][0])
         optimized = _outputs_of(runners[OPTIMIZED][0])
