@@ -25,6 +25,7 @@ _EXPORTS = {
     "RuntimeOptions": "onnx_norm.options",
     "CompareOptions": "onnx_norm.options",
     "MeasureOptions": "onnx_norm.options",
+    "ParityCheckOptions": "onnx_norm.options",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -29,6 +29,13 @@ Two sessions of one model can differ in speed by a few percent for the whole of 
 landed in memory): with `sessions_per_variant` > 1 each variant gets that many sessions, used in turn round by
 round, so that the paired ratios and their interval include that variation instead of one draw of it.
 
+Before anything is timed, bench checks that it compares the same computation. The two models must take and give
+the same tensors (`onnx_norm.correspond`: names, element types, ranks; InputError otherwise), and, unless
+`parity_check=False`, the first input sample runs through the first session of the original and of the optimized
+model and their outputs must agree (`onnx_norm.bench_check`: verify's tolerance, then a looser normwise test, then,
+only when both fail, the float64 result of the original); InputError naming the output otherwise. The report's
+`parity_check` records the result.
+
 With `profile=True`, profiled sessions (separate from the timed ones, since profiling costs time) split the kernel
 time into norm nodes and the rest: in the optimized model the fused norm ops, in the original the ops ORT fused
 into a norm itself plus the nodes the rewrite removed (the decomposed norms).
@@ -44,8 +51,10 @@ import math
 import os
 import platform
 import random
+import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Unpack
@@ -54,10 +63,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_norm import bench_check, correspond, weights
 from onnx_norm import inputs as model_inputs
-from onnx_norm import weights
 from onnx_norm.ops.schema import OPS
 from onnx_norm.options import BenchKwargs, BenchOptions, InputOptions
+from onnx_norm.parity.tolerances import ToleranceSpec
 from onnx_norm.paths import json_safe, write_json_atomic
 from onnx_norm.sessions import (
     OptLevel,
@@ -223,6 +233,8 @@ class BenchReport:
     cuda_graph: bool = False
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # variant -> why it was not measured
     weights_policy: str = ""  # how the sessions got their weights (copies per session, or one shared copy)
+    #: That the two models compute the same thing, checked on the first input sample before timing.
+    parity_check: bench_check.ParityCheck = dataclasses.field(default_factory=bench_check.ParityCheck)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -230,6 +242,7 @@ class BenchReport:
             for name, split in self.profile.items():
                 data["profile"][name]["norm_share"] = split.norm_share
         data["variants"] = VARIANT_LABELS
+        data["parity_check"]["passed"] = self.parity_check.passed
         return json_safe(data)
 
     def write_json(self, path: str | Path) -> None:
@@ -381,7 +394,8 @@ def _load_models(original: Any, optimized: Any, include_unoptimized: bool, provi
         # From the path when there is one: the rewrite memory-maps the weights instead of reading them.
         optimized, _ = optimize(original if isinstance(original, (str, Path)) else original_proto)
     optimized_proto = model_inputs.load_model(optimized, resolve_external=True)
-    model_inputs.check_same_inputs(original_proto, optimized_proto)
+    # The CLI's line too (exit 2): a speedup between models that take or give other tensors means nothing.
+    correspond.check(original_proto, optimized_proto, (original, None if in_memory else optimized))
     variants: dict[str, tuple[onnx.ModelProto | str | Path, OptLevel]] = {
         ORIGINAL: (original_proto, "all"),
         OPTIMIZED: (optimized_proto, "all"),
@@ -622,8 +636,7 @@ def _measure(
             runs, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock, progress=progress, seed=timing.seed
         )
     except SessionError as err:
-        hint = point.hint if timing.generated else ""
-        raise SessionError(f"{err}{hint}") from err
+        raise _with_hint(err, point, timing) from err
     # The runners cycle through their sessions in lockstep from the first warm-up round on.
     session_of = [(timing.warmup + i) % timing.sessions_per_variant for i in range(timing.repeat)]
     return BenchPoint(
@@ -683,17 +696,22 @@ def bench(
     keyword arguments named as its fields (applied on top of `options`): `sweep=("sequence", [128, 256])` measures
     one point per value of a symbolic dim; `cuda_graph=True` (provider "cuda" only, else ValueError) runs every
     session as a CUDA graph. `inputs` is one sample to time instead of generated inputs. Raises InputError for
-    options or inputs that do not fit, SessionError when a model cannot run."""
+    options or inputs that do not fit, for models that do not take and give the same tensors, and (unless
+    `parity_check=False`) for models whose outputs on the first sample differ; SessionError when a model cannot
+    run."""
     options = BenchOptions.build(options, "bench", **kwargs)
     measure, runtime = options.measure, options.runtime
+    spec = bench_check.tolerances(options.check)  # its values validated before any work
     models = _load_models(original, optimized, measure.include_unoptimized, runtime.provider)
+    if spec is not None:
+        spec.check_names([value.name for value in models.original.graph.output])
     count = _weights_policy(models, measure.sessions_per_variant, runtime.provider)
     points = _points(models.original, inputs, options.input, measure.sweep)
     config = RuntimeConfig(runtime.provider, runtime.threads, "all", runtime.device_id, spinning=False)
     config = config.replace(cuda_graph=measure.cuda_graph, half_weights_at_run=models.half_at_run)
     generated = inputs is None and options.input.generated
     timing = _Timing(measure.warmup, measure.repeat, count, options.input.seed, clock, generated)
-    measured, skipped = _measure_points(models, points, config, timing, progress)
+    measured, skipped, parity = _measure_points(models, points, config, timing, progress, spec)
     profiles = _profiles(models, config, points[-1].sample) if measure.profile else None
     headline, spread, interval, verdict = _headline(measured)
     return BenchReport(
@@ -713,18 +731,26 @@ def bench(
         cuda_graph=measure.cuda_graph,
         skipped=skipped,
         weights_policy=models.policy,
+        parity_check=parity,
     )
 
 
 def _measure_points(
-    models: _Models, points: Sequence[_Point], config: RuntimeConfig, timing: _Timing, progress: Progress | None
-) -> tuple[list[BenchPoint], dict[str, str]]:
-    """Every point measured, and the variants left out with their reason. Graph sessions are made per point, with
-    their runners; ordinary ones serve every point."""
+    models: _Models,
+    points: Sequence[_Point],
+    config: RuntimeConfig,
+    timing: _Timing,
+    progress: Progress | None,
+    spec: ToleranceSpec | None,
+) -> tuple[list[BenchPoint], dict[str, str], bench_check.ParityCheck]:
+    """Every point measured, the variants left out with their reason, and the parity check (on the first point's
+    sample, with `spec`; skipped when None). Graph sessions are made per point, with their runners; ordinary ones
+    serve every point."""
     sessions = None if config.cuda_graph else _sessions(models, config, timing.sessions_per_variant)
     rounds = timing.warmup + timing.repeat
     measured: list[BenchPoint] = []
     skipped: dict[str, str] = {}
+    parity = bench_check.ParityCheck(skipped="--no-parity-check (parity_check=False)") if spec is None else None
     for index, point in enumerate(points):
 
         def point_progress(done: int, _total: int, offset: int = index * rounds) -> None:
@@ -732,7 +758,81 @@ def _measure_points(
                 progress(offset + done, rounds * len(points))
 
         runners, left_out = _runners(models, sessions, point, config, timing.sessions_per_variant)
+        if parity is None and spec is not None:
+            parity = _parity_check(models, runners, point, spec, timing, config)
         skipped.update(left_out)
         measured.append(_measure(models, runners, point, timing, point_progress))
         del runners  # a sweep's graph sessions are freed before the next point's are made
-    return measured, skipped
+    assert parity is not None  # there is at least one point
+    return measured, skipped, parity
+
+
+def _parity_check(
+    models: _Models,
+    runners: Mapping[str, Sequence[Runner]],
+    point: _Point,
+    spec: ToleranceSpec,
+    timing: _Timing,
+    config: RuntimeConfig,
+) -> bench_check.ParityCheck:
+    """The point's sample through the first timed session of the original and of the optimized model, their outputs
+    compared (`bench_check`); InputError naming the output that differs. No session of its own (but the float64
+    copy's, `_exact`, made only when the cheap tests fail): the check's runs are one more untimed run of each,
+    before the warm-up rounds, one run at a time (as the memory policy counts)."""
+    try:
+        original = _outputs_of(runners[ORIGINAL][0])
+        optimized = _outputs_of(runners[OPTIMIZED][0])
+    except SessionError as err:
+        raise _with_hint(err, point, timing) from err
+    checks = bench_check.check_outputs(optimized, original, spec, lambda: _exact(models, point, config.threads))
+    del original, optimized  # the outputs are not kept while the bench times
+    error = bench_check.refusal(checks, models.labels[ORIGINAL], models.labels[OPTIMIZED])
+    if error is not None:
+        raise error
+    logger.info("parity check passed: %s", bench_check.ParityCheck(checks).summary)
+    return bench_check.ParityCheck(checks)
+
+
+def _exact(models: _Models, point: _Point, threads: int | None) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The original's float64 results on the point's sample, for outputs the parity check could not decide (or None
+    and why): a session of the float64 copy beside the bench's sessions, when the memory left takes it (the copy's
+    weights counted twice: the float64 ones and ORT's copy of them) and freed before timing."""
+    from onnx_norm.parity.golden import GoldenEvaluator
+
+    needed = 2 * weights.weight_bytes(models.original) + weights.HEADROOM
+    available = weights.available_memory()
+    if needed > available:
+        return None, f"the float64 copy needs about {needed / GIB:.1f} GiB, {available / GIB:.1f} GiB is left"
+    evaluator = GoldenEvaluator(models.original, "auto", threads)
+    if evaluator.method == "none":
+        return None, "the original has no float64 evaluation (ONNX Runtime's own ops, or external data)"
+    names = [value.name for value in models.original.graph.output]
+    results = evaluator.run(point.sample, names)
+    return (results, "") if results is not None else (None, "the float64 evaluation failed")
+
+
+def _outputs_of(runner: Runner) -> dict[str, np.ndarray]:
+    """One run's outputs on the host. A CUDA graph runner's run replays its graph into its bound device outputs,
+    which are read from there (a bfloat16 one cannot be read into numpy from the device: it is left out)."""
+    if runner.outputs is None:
+        return runner.run()
+    runner.run_bound()
+    return {name: value.numpy() for name, value in runner.outputs.items() if value.data_type() != "tensor(bfloat16)"}
+
+
+def _with_hint(err: SessionError, point: _Point, timing: _Timing) -> SessionError:
+    """A failed run's error, with the hint (the values and dims chosen, the flags that set them) when the inputs were
+    generated."""
+    return SessionError(f"{err}{point.hint if timing.generated else ''}")
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as `bench()`: `onnx_norm.bench` is the public function (onnx_norm/__init__.py), but
+    importing this module (`onnx_norm.bench_plot` does, and so does the CLI) makes the import system set the package's
+    `bench` attribute to the module, and a second `onnx_norm.bench(...)` then called a module."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> BenchReport:
+        return bench(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

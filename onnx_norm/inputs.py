@@ -153,13 +153,11 @@ def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
 
 
 def check_same_inputs(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
-    """InputError unless both models take inputs of the same names and element types (they are fed alike)."""
-    orig, opt = input_specs(original), input_specs(optimized)
-    if {s.name: s.elem_type for s in orig} != {s.name: s.elem_type for s in opt}:
-        raise InputError(
-            f"the two models take different inputs: original {', '.join(s.describe() for s in orig) or 'none'}; "
-            f"optimized {', '.join(s.describe() for s in opt) or 'none'}"
-        )
+    """InputError unless both models take inputs of the same names, element types and ranks (they are fed alike):
+    bench's correspondence check (`onnx_norm.correspond`) on the inputs alone."""
+    from onnx_norm.correspond import check
+
+    check(original, optimized, outputs=False)
 
 
 def parse_shapes(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
@@ -377,15 +375,6 @@ def _dims_hint(model: onnx.ModelProto, shapes: Mapping[str, object] | None, valu
         return ""
     dims = ", ".join(f"{name}={value}" for name, value in guessed.items())
     return f"guessed dims: {dims}; give the model's real sizes with --shape NAME:VALUE"
-
-
-def shape_hint(model: onnx.ModelProto, shapes: Mapping[str, object] | None = None) -> str:
-    """A hint for a run that failed on generated inputs: which dims were guessed, and how to give them."""
-    try:
-        hint = _dims_hint(model, shapes, None)
-    except InputError:
-        return ""
-    return f" ({hint})" if hint else ""
 
 
 def run_hint(

@@ -5,6 +5,7 @@ from the CLI's flag groups, `onnx_norm.cli.args`) and passed down whole instead 
 - `RuntimeOptions`: where the models run (provider, threads, CUDA device);
 - `CompareOptions`: how outputs are compared (tolerances, statistic, float64 golden, ORT optimization levels);
 - `MeasureOptions`: how the bench times (rounds, sessions, sweep, profile, CUDA graphs);
+- `ParityCheckOptions`: the bench's check that both models compute the same thing, before it times them;
 - `VerifyOptions` and `BenchOptions` group them for one call.
 
 Every group validates its values when it is made (InputError naming the option, as the CLI's exit 2 line says
@@ -28,7 +29,7 @@ from onnx_norm.defaults import GOLDEN_METHODS, OPT_LEVELS, PROVIDERS, GoldenMeth
 from onnx_norm.errors import InputError
 
 __all__ = ["BenchKwargs", "BenchOptions", "CompareOptions", "InputOptions", "MeasureOptions", "RuntimeOptions"]
-__all__ += ["VerifyKwargs", "VerifyOptions"]
+__all__ += ["ParityCheckOptions", "VerifyKwargs", "VerifyOptions"]
 
 PerOutput = float | Mapping[str, float] | None
 Shapes = Mapping[str, int | Sequence[int]]
@@ -142,6 +143,24 @@ class MeasureOptions:
             raise InputError(f"need --sessions >= 1, got {self.sessions_per_variant}")
 
 
+@dataclasses.dataclass(frozen=True)
+class ParityCheckOptions:
+    """bench's check, before timing, that the optimized model computes what the original does
+    (`onnx_norm.bench_check`): on unless `parity_check` is False; `atol`/`rtol` (one value or {output: value}, "*"
+    for the rest) replace its tolerance for the outputs they name (validated by `onnx_norm.parity.ToleranceSpec`)."""
+
+    parity_check: bool = True
+    atol: PerOutput = None
+    rtol: PerOutput = None
+
+    def __post_init__(self) -> None:
+        if not self.parity_check and (self.atol is not None or self.rtol is not None):
+            raise InputError(
+                "--atol/--rtol (atol, rtol) are the parity check's tolerances, which --no-parity-check "
+                "(parity_check=False) skips"
+            )
+
+
 _Options = TypeVar("_Options", bound="_Grouped")
 
 
@@ -220,6 +239,9 @@ class BenchKwargs(TypedDict, total=False):
     include_unoptimized: bool
     profile: bool
     cuda_graph: bool
+    parity_check: bool
+    atol: PerOutput
+    rtol: PerOutput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +264,7 @@ class BenchOptions(_Grouped):
     input: InputOptions = dataclasses.field(default_factory=InputOptions)
     runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
     measure: MeasureOptions = dataclasses.field(default_factory=MeasureOptions)
+    check: ParityCheckOptions = dataclasses.field(default_factory=ParityCheckOptions)
 
     def __post_init__(self) -> None:
         # ValueError, not InputError: a call that asks for a CUDA feature on the CPU is a programming error.

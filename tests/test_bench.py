@@ -416,3 +416,16 @@ def test_a_variant_ort_cannot_capture_is_left_out_only_when_it_is_the_unoptimize
     refused.add("all")
     with pytest.raises(sessions.SessionError, match="CUDA graph not possible"):
         bench._runners(models, None, point, config, 1)
+
+
+def test_onnx_norm_bench_stays_callable_after_its_module_is_imported(monkeypatch):
+    """Importing onnx_norm.bench (bench_plot and the CLI do) sets the package's `bench` to the module: a second
+    `onnx_norm.bench(...)` called a module (TypeError); the module calls the function."""
+    import sys
+
+    import onnx_norm
+    import onnx_norm.bench_plot  # noqa: F401
+
+    module = sys.modules["onnx_norm.bench"]
+    monkeypatch.setattr(module, "bench", lambda *args, **kwargs: ("bench", args, kwargs))
+    assert onnx_norm.bench("a.onnx", "b.onnx", repeat=1) == ("bench", ("a.onnx", "b.onnx"), {"repeat": 1})

@@ -31,7 +31,7 @@ LAYERS: list[list[str]] = [
     ["model_io", "weights", "correspond"],
     ["sessions", "input_spec", "input_values", "inputs", "options"],
     ["rewrite", "zoo"],
-    ["parity", "bench", "bench_plot"],
+    ["parity", "bench_check", "bench", "bench_plot"],
     ["integrations"],
     ["cli", "__main__", ""],
 ]

@@ -228,15 +228,7 @@ class ToleranceArgs(ArgGroup):
     title = "comparison"
 
     def add_flags(self, group: argparse._ArgumentGroup) -> None:
-        per_output = "[OUTPUT:]VALUE"
-        group.add_argument(
-            "--atol",
-            nargs="+",
-            metavar=per_output,
-            help="absolute tolerance, for all outputs or per output (default by dtype: fp32 1e-4, fp16 1e-2, "
-            "bf16 5e-2)",
-        )
-        group.add_argument("--rtol", nargs="+", metavar=per_output, help="relative tolerance (defaults as --atol)")
+        add_tolerance_flags(group)
         group.add_argument(
             "--check-error-stat",
             nargs="+",
@@ -292,6 +284,19 @@ class ToleranceArgs(ArgGroup):
                 allow_nonfinite=args.allow_nonfinite,
                 per_node=args.per_node,
             )
+
+
+def add_tolerance_flags(group: argparse._ActionsContainer, note: str = "") -> None:
+    """`--atol` and `--rtol` (verify's, and bench's parity check's: `note` says what they are there)."""
+    per_output = "[OUTPUT:]VALUE"
+    group.add_argument(
+        "--atol",
+        nargs="+",
+        metavar=per_output,
+        help=f"absolute tolerance{note}, for all outputs or per output (default by dtype: fp32 1e-4, fp16 1e-2, "
+        "bf16 5e-2)",
+    )
+    group.add_argument("--rtol", nargs="+", metavar=per_output, help=f"relative tolerance{note} (defaults as --atol)")
 
 
 class TargetArgs(ArgGroup):

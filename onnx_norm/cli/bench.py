@@ -1,6 +1,8 @@
 """`onnx-norm bench ORIGINAL [OPTIMIZED]`: latency of the optimized model against the original (ORT_ENABLE_ALL).
 
-Exit 0 measured, 1 the speedup is below `--min-speedup`, 2 usage or input error.
+Exit 0 measured, 1 the speedup is below `--min-speedup`, 2 usage or input error, models that do not correspond
+(other inputs or outputs) or do not compute the same thing (the parity check on the first input sample; bench()'s
+checks, so that the CLI and the API refuse the same pairs with the same line).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
 
 if TYPE_CHECKING:
-    from onnx_norm.options import BenchOptions
+    from onnx_norm.options import BenchOptions, ParityCheckOptions
 
 PATHS = common.PathArgs(
     [
@@ -36,6 +38,34 @@ CUDA_GRAPH = common.CudaGraphArgs()
 MEASUREMENT = common.BenchSessionArgs(variants=True)
 
 
+class ParityCheckArgs(common.ArgGroup):
+    """bench's check that the two models compute the same thing -> ParityCheckOptions: `--no-parity-check`, and
+    verify's `--atol`/`--rtol` for its tolerance."""
+
+    title = "parity check"
+
+    def add_flags(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--no-parity-check",
+            action="store_true",
+            help="time the models without first checking on one input sample that their outputs agree (by default an "
+            "output beyond verify's tolerance, a looser normwise test and the original's own error from the float64 "
+            "result exits 2 before timing)",
+        )
+        common.add_tolerance_flags(group, " of the parity check (given for an output, it alone decides)")
+
+    def parse(self, args: argparse.Namespace) -> ParityCheckOptions:
+        from onnx_norm.options import ParityCheckOptions
+
+        atol = common.per_output_values(args.atol, "--atol")
+        rtol = common.per_output_values(args.rtol, "--rtol")
+        with common.input_errors():
+            return ParityCheckOptions(not args.no_parity_check, atol, rtol)
+
+
+PARITY = ParityCheckArgs()
+
+
 #: The line `onnx-norm --help` shows (given without building this command's parser).
 HELP = "measure the speedup of the optimized model over the original"
 
@@ -52,6 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     INPUTS.add(parser)
     RUNTIME.add(parser)
     CUDA_GRAPH.add(parser)
+    PARITY.add(parser)
     group = MEASUREMENT.add(parser)
     group.add_argument(
         "--min-speedup", type=float, default=None, help="exit 1 if the median speedup is below this ratio (for CI)"
@@ -61,19 +92,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:
-    """bench()'s options from the parsed flags of the input, runtime, CUDA graph and measurement groups, validated
-    (UsageError, exit 2)."""
+    """bench()'s options from the parsed flags of the input, runtime, CUDA graph, measurement and parity check
+    groups, validated (UsageError, exit 2; the tolerances' values by `bench_check.tolerances`, before any work)."""
+    from onnx_norm.bench_check import tolerances
     from onnx_norm.options import BenchOptions
 
     measure = dataclasses.replace(MEASUREMENT.parse(args), **CUDA_GRAPH.parse(args))
     with common.input_errors():
-        return BenchOptions(INPUTS.parse(args), RUNTIME.parse(args), measure)
+        options = BenchOptions(INPUTS.parse(args), RUNTIME.parse(args), measure, PARITY.parse(args))
+        tolerances(options.check)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
     PATHS.parse(args)
-    if args.optimized is not None:
-        check_correspondence(args.original, args.optimized)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'onnx-norm[plot]'")
     if args.sweep is None and args.plot and args.inputs:
@@ -98,16 +130,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_correspondence(original: str, optimized: str) -> None:
-    """Two models that do not take and give the same tensors are not an original and its optimized version: a
-    speedup between them means nothing (UsageError, exit 2, naming the difference)."""
-    from onnx_norm.correspond import mismatch
-
-    problem = mismatch(original, optimized)
-    if problem is not None:
-        raise UsageError(problem)
-
-
 def bench_and_print(original: Any, optimized: Any, options: BenchOptions, console: Console, *, title: str) -> Any:
     """Runs the bench with a progress bar and prints its tables; returns the BenchReport (demo uses it too)."""
     from onnx_norm.bench import bench
@@ -128,6 +150,7 @@ def bench_and_print(original: Any, optimized: Any, options: BenchOptions, consol
 def print_report(report: Any, console: Console, *, title: str) -> None:
     if report.weights_policy:
         console.print(report.weights_policy, highlight=False, markup=False)
+    console.print(report.parity_check.summary, highlight=False, markup=False)
     for point in report.points:
         console.print(_latency_table(report, point, title))
     for name, reason in report.skipped.items():
