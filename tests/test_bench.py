@@ -424,7 +424,7 @@ def test_onnx_norm_bench_stays_callable_after_its_module_is_imported(monkeypatch
     import sys
 
     import onnx_norm
-    import onnx_norm.bench_plot  # noqa: F401
+    import onnx_norm.bench_plot
 
     module = sys.modules["onnx_norm.bench"]
     monkeypatch.setattr(module, "bench", lambda *args, **kwargs: ("bench", args, kwargs))
