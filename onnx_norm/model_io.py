@@ -675,7 +675,12 @@ def _inlined(model: ir.Model, max_bytes: int | None) -> Iterator[None]:
 
 
 def save(
-    model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None, data_name: str | None = None
+    model: ModelLike,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    data_name: str | None = None,
+    shown_as: str | os.PathLike | None = None,
 ) -> None:
     """Writes `model` (an `ir.Model`, a ModelProto, or a path to copy) to `path` atomically.
 
@@ -683,35 +688,37 @@ def save(
     `data_name` names another file beside it) when the model already used external data or its tensors exceed
     EXTERNAL_DATA_THRESHOLD; True writes every non-empty tensor there; False writes every tensor inline, and refuses
     a model whose tensors cannot fit in one protobuf. The model passed in is not modified, and its external data is
-    never written over in place.
+    never written over in place. A failure is a ModelSaveError naming `shown_as` (a caller saving into a staging
+    folder of its own names the output the user asked for), else `path`.
     """
     ir_model = model if isinstance(model, ir.Model) else load(model)
     path = pathlib.Path(path)
+    shown = path if shown_as is None else shown_as
     directory = path.parent if str(path.parent) else pathlib.Path(".")
     if not directory.is_dir():
-        raise ModelSaveError(f"{path}: directory {directory} does not exist")
+        raise ModelSaveError(f"{shown}: directory {directory} does not exist")
     if path.is_dir():
-        raise ModelSaveError(f"{path}: is a directory")
+        raise ModelSaveError(f"{shown}: is a directory")
     total = tensor_bytes(ir_model)
     threshold = 0 if external_data else INLINE_BYTES
     if external_data is None:
         external_data = _uses_external_data(ir_model) or total > EXTERNAL_DATA_THRESHOLD
     if not external_data and total > PROTOBUF_LIMIT:
         raise ModelSaveError(
-            f"{path}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
+            f"{shown}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
             "save them as external data"
         )
     data_name = data_name or data_file(path).name
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
     except OSError as err:
-        raise ModelSaveError(f"{path}: cannot write in {directory}: {err.strerror or err}") from err
+        raise ModelSaveError(f"{shown}: cannot write in {directory}: {err.strerror or err}") from err
     try:
         staged = staging / path.name
         with _inlined(ir_model, threshold if external_data else None):
             if external_data:
                 if total > EXTERNAL_DATA_THRESHOLD:
-                    logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", path, data_name)
+                    logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", shown, data_name)
                 ir.save(ir_model, staged, external_data=data_name, size_threshold_bytes=threshold)
             else:
                 _save_inline(ir_model, staged)
@@ -722,7 +729,7 @@ def save(
             os.replace(staged_data, directory / data_name)
         os.replace(staged, path)
     except OSError as err:
-        raise ModelSaveError(f"{path}: cannot write: {err.strerror or err}") from err
+        raise ModelSaveError(f"{shown}: cannot write: {err.strerror or err}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -183,7 +183,7 @@ def check_outputs(
 def staged_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path next to `path` (same suffix, so writers that go by it pick the same format) and,
     when the block succeeds, renames it into place: a reader never sees half a file, and a failed write leaves
-    the old file as it was and no temporary behind."""
+    the old file as it was and no temporary behind (its OSError names `path`)."""
     path = Path(path)
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or Path("."))
     os.close(handle)
@@ -192,9 +192,11 @@ def staged_file(path: str | os.PathLike) -> Iterator[Path]:
         yield staged
         os.chmod(staged, _file_mode(path))
         os.replace(staged, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(staged)
+        if isinstance(err, OSError):  # a write into `staged` names it, or no file: the user knows `path`
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
 
 

@@ -124,7 +124,10 @@ def _move_into_place(staging: Path, output: Path, source: Path) -> None:
     stale = _stale_data_file(staging, output, source)
     staged = sorted(staging.iterdir(), key=lambda path: path.name == output.name)
     for path in staged:
-        os.replace(path, output.parent / path.name)
+        try:
+            os.replace(path, output.parent / path.name)
+        except OSError as err:  # it names the staged file; the user knows OUT
+            raise UsageError(f"{output.parent / path.name}: cannot write: {err.strerror or err}") from None
     if stale is not None:
         stale.unlink(missing_ok=True)
 
@@ -149,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix=".onnx-norm-", dir=output.parent) as staging:
         staged = Path(staging) / output.name
         with common.input_errors():
-            model_io.save(model, staged, external_data=external)
+            model_io.save(model, staged, external_data=external, shown_as=output)
         passed = _verify(args, staged)
         if passed:
             _move_into_place(Path(staging), output, source)
