@@ -68,7 +68,14 @@ def _add_verbosity(parser: argparse.ArgumentParser, *, top: bool) -> None:
     given before the subcommand is not reset by the subcommand's parser."""
     default = 0 if top else argparse.SUPPRESS
     parser.add_argument("-v", "--verbose", action="count", default=default, help="more log output (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="count", default=default, help="errors only (no warnings)")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=default,
+        help="errors only: no warnings, progress or tables; inspect still lists the norms, verify prints its "
+        "PASSED/FAILED line, bench its measurements, optimize nothing unless --verify fails",
+    )
 
 
 def build_parser(commands: Iterable[str] = _SUBCOMMANDS) -> argparse.ArgumentParser:
@@ -221,6 +228,9 @@ def _main(argv: list[str] | None) -> int:
     # Only the named subcommand's flags are built: `onnx-norm --version` or `verify` pays for no rewrite import.
     args = build_parser([_command(argv) or ""]).parse_args(argv)
     _configure_output(args.verbose, args.quiet)
+    from onnx_norm.cli import progress
+
+    progress.shown = not args.quiet
     try:
         return int(args.func(args))
     except UsageError as err:
