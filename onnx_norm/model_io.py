@@ -9,6 +9,7 @@ protobuf limit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import logging
 import os
@@ -50,9 +51,11 @@ def load(model: ModelLike) -> ir.Model:
     """An `ir.Model` for any accepted kind of input (an `ir.Model` is returned as is). A path or a ModelProto must
     pass `check` (ONNX's checker), so that a broken model is refused here and not "optimized" into another."""
     if isinstance(model, ir.Model):
+        _check_ir_external_data(model)
         return model
     if isinstance(model, onnx.ModelProto):
         check(model, "the ModelProto")
+        check_external_data(model, where="the ModelProto")  # relative to the working directory, as onnx-ir reads it
         try:
             return _sorted_ir(_import_ort_domains_ir(ir.serde.deserialize_model(model)))
         except Exception as err:
@@ -66,7 +69,7 @@ def load(model: ModelLike) -> ir.Model:
             raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from err
         # As ir.load does: external tensors are memory-mapped from files relative to the model.
         ir.external_data.set_base_dir(loaded.graph, path.parent)
-        _check_external_data(loaded, path)
+        _read_hard_links_as_ort(loaded)
         return _import_ort_domains_ir(loaded)  # read_proto sorted its nodes already
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
@@ -78,7 +81,7 @@ INLINE_READER_FROM = 64 << 20
 def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelProto:
     """The ModelProto in a file, without its external data, checked with `check` (unless `checked` is False);
     ModelLoadError with one line naming the file when it is missing, not a file, empty, truncated, not ONNX, or
-    not a valid model."""
+    not a valid model, or when its external data cannot be read (`check_external_data`: before anything reads it)."""
     path = pathlib.Path(path)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file")
@@ -98,6 +101,7 @@ def read_proto(path: str | os.PathLike, *, checked: bool = True) -> onnx.ModelPr
     if not proto.ir_version or not proto.HasField("graph"):
         raise ModelLoadError(f"{path}: not an ONNX model (no ir_version or no graph)")
     sort_proto(proto)  # ONNX Runtime sorts on load; so does every reader of this copy
+    check_external_data(proto, model_file=path)
     if checked:
         check(proto, str(path))
     return proto
@@ -424,27 +428,170 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def _check_external_data(model: ir.Model, path: pathlib.Path) -> None:
-    """Fails early, with the file named, when external data the model refers to is missing or leads out of the
-    model's folder through a symbolic link (ONNX Runtime refuses both). A hard-linked data file is read as ONNX
-    Runtime reads it: onnx-ir refuses one inside a model's folder, so such a tensor is re-made with its absolute
-    path (no folder to contain)."""
-    folder = os.path.realpath(path.parent)
+def check_external_data(
+    model: onnx.ModelProto,
+    *,
+    model_file: str | os.PathLike | None = None,
+    base_dir: str | os.PathLike = ".",
+    where: str | None = None,
+) -> None:
+    """ModelLoadError, in one line naming the data file and the tensor, unless every external tensor of `model`
+    (subgraphs, functions and node attributes included) can be read: its file exists, and its offset and length
+    (or, without a length, the bytes its type and shape take) lie within it. Nothing is read: ONNX Runtime, onnx-ir
+    and the rewrite's constant folding read the bytes later and would fail there, with a traceback or a message
+    naming neither. The one check every loader runs (`read_proto`, `load`, `weights.resolve`).
+
+    With `model_file` the locations are relative to its folder and held to ONNX Runtime's rules for a model read
+    from a file (which onnx and onnx-ir share): not absolute, not outside the folder, not through a symbolic link
+    that leads out of it. Without, they are relative to `base_dir` (absolute ones are taken as they are: a
+    ModelProto in memory, whose sessions get their data through `weights`)."""
+    if model_file is not None:
+        model_file = pathlib.Path(model_file)
+        base_dir = model_file.parent
+    where = where or (str(model_file) if model_file is not None else "the model")
+    sizes: dict[str, int] = {}
+    for label, tensor in paths.named_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            expected = _expected_bytes(tensor.data_type, tensor.dims)
+            _check_tensor(Where(where, label, base_dir, model_file), info, expected, sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """An external tensor for `check_external_data`'s messages: the model (as shown), the tensor's label, the
+    folder its location is relative to and, for a model read from a file, that file."""
+
+    model: str
+    label: str
+    base_dir: str | os.PathLike
+    model_file: pathlib.Path | None = None
+
+
+def _check_tensor(where: Where, info: dict[str, str], expected: int | None, sizes: dict[str, int]) -> None:
+    """One external tensor (`info`: its external_data entries; `expected`: the bytes its type and shape take, if
+    known); `sizes` caches the sizes of the data files seen."""
+    head = f"{where.model}: cannot read its external data"
+    location = info.get("location", "")
+    if not location:
+        raise ModelLoadError(f"{head}: {where.label} names no file (no 'location')")
+    file = os.path.join(where.base_dir, location)
+    prefix = f"{head}: {location!r} of {where.label}"
+    if where.model_file is not None:
+        _check_location(location, file, where.model_file, prefix)
+    if file not in sizes:
+        sizes[file] = _data_file_size(file, prefix, where.model_file)
+    offset, length = _offset_and_length(f"{head}: {where.label} in {location!r}", info, expected)
+    size = sizes[file]
+    if offset > size or (length is not None and length > 0 and offset + length > size):
+        empty = " (an empty file)" if size == 0 else ""
+        needs = f"needs bytes {offset} to {offset + length}" if length is not None else f"starts at byte {offset}"
+        raise ModelLoadError(f"{head}: {location!r} holds {size} bytes{empty}, {where.label} {needs}")
+
+
+def _offset_and_length(where: str, info: dict[str, str], expected: int | None) -> tuple[int, int | None]:
+    """The offset and length of an external tensor: byte counts >= 0, the length the one its type and shape take
+    (ONNX Runtime refuses any other: "external data size mismatch"), that one where none is given (as ONNX Runtime
+    and onnx-ir read it)."""
+    values = {}
+    for key in ("offset", "length"):
+        try:
+            values[key] = int(info[key]) if key in info else None
+        except ValueError:
+            values[key] = -1
+        if values[key] is not None and values[key] < 0:
+            raise ModelLoadError(f"{where} has {key} {info[key]!r}; it must be a byte count >= 0")
+    length = values["length"]
+    if length is not None and expected is not None and length != expected:
+        raise ModelLoadError(f"{where} has length {length}, but its type and shape take {expected} bytes")
+    return values["offset"] or 0, expected if length is None else length
+
+
+def _expected_bytes(data_type: int, dims: Iterable[int]) -> int | None:
+    """Bytes a tensor of this type and shape takes (4-bit types packed two to a byte); None where it is not
+    fixed (strings) or not known."""
+    try:
+        bits = ir.DataType(data_type).bitwidth
+    except (ValueError, TypeError):  # STRING, UNDEFINED, a type this onnx-ir does not know
+        return None
+    count = 1
+    for dim in dims:
+        count *= dim
+    return (count * bits + 7) // 8
+
+
+def _check_location(location: str, file: str, model_file: pathlib.Path, prefix: str) -> None:
+    """ONNX Runtime's rules for the data of a model read from a file: a relative location that stays inside the
+    model's folder, also once symbolic links are followed."""
+    refused = "which ONNX Runtime and onnx refuse"
+    if os.path.isabs(location):
+        raise ModelLoadError(f"{prefix} is an absolute path, {refused}: give it relative to the model's folder")
+    folder = os.path.abspath(model_file.parent)
+    if os.path.commonpath([os.path.normpath(os.path.abspath(file)), folder]) != folder:
+        raise ModelLoadError(
+            f"{prefix} is outside the model's folder ({os.path.normpath(os.path.abspath(file))}), {refused}: "
+            "move the data file into the model's folder"
+        )
+    if not os.path.lexists(file):
+        return  # named as missing by `_data_file_size`
+    real, real_folder = os.path.realpath(file), os.path.realpath(model_file.parent)
+    if os.path.commonpath([real, real_folder]) != real_folder:
+        raise ModelLoadError(
+            f"{prefix} is a symbolic link to {real}, outside the model's folder, {refused}: copy the data file into "
+            "the model's folder"
+        )
+
+
+def _data_file_size(file: str, prefix: str, model_file: pathlib.Path | None) -> int:
+    """The size of an external data file; ModelLoadError when it is missing, not a file or unreadable."""
+    if not os.path.exists(file):
+        if model_file is None:
+            raise ModelLoadError(f"{prefix} is missing (looked for at {os.path.abspath(file)})")
+        link = model_file.is_symlink()
+        beside = f"; the model file is a symbolic link to {os.path.realpath(model_file)}" if link else ""
+        raise ModelLoadError(f"{prefix} is missing (looked for beside {model_file}{beside})")
+    if not os.path.isfile(file):
+        raise ModelLoadError(f"{prefix} is not a file")
+    if not os.access(file, os.R_OK):
+        raise ModelLoadError(f"{prefix}: permission denied")
+    return os.stat(file).st_size
+
+
+def _check_ir_external_data(model: ir.Model) -> None:
+    """`check_external_data` for the external tensors of an `ir.Model` given as it is (read by onnx-ir, or built
+    by a program): each knows its folder, location, offset and length."""
+    sizes: dict[str, int] = {}
+    for label, tensor in _external_ir_tensors(model):
+        info = {"location": tensor.location, "offset": str(tensor.offset)}
+        if tensor.length is not None:
+            info["length"] = str(tensor.length)
+        try:
+            expected: int | None = tensor.nbytes
+        except Exception:  # a type without a fixed size (onnx-ir raises for strings)
+            expected = None
+        _check_tensor(Where("the model", label, tensor.base_dir), info, expected, sizes)
+
+
+def _external_ir_tensors(model: ir.Model) -> Iterator[tuple[str, ir.ExternalTensor]]:
+    for value in _initializers(model):
+        if isinstance(value.const_value, ir.ExternalTensor):
+            yield repr(value.name), value.const_value
+    for owner in [model.graph, *model.functions.values()]:
+        for node in ir.traversal.RecursiveGraphIterator(owner):
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                    label = f"attribute {attr.name!r} of {node.op_type} node {node.name!r}"
+                    yield f"{attr.value.name!r} ({label})" if attr.value.name else f"the {label}", attr.value
+
+
+def _read_hard_links_as_ort(model: ir.Model) -> None:
+    """A hard-linked data file is read as ONNX Runtime reads it: onnx-ir refuses one inside a model's folder, so
+    such a tensor is re-made with its absolute path (no folder to contain)."""
     for value in _initializers(model):
         tensor = value.const_value
         if not isinstance(tensor, ir.ExternalTensor):
             continue
-        location = pathlib.Path(tensor.base_dir) / tensor.location
-        where = f"{path}: external data file {tensor.location!r} of {value.name!r}"
-        if not location.exists():
-            beside = f"; the model file is a symbolic link to {os.path.realpath(path)}" if path.is_symlink() else ""
-            raise ModelLoadError(f"{where} is missing (looked for beside {path}{beside})")
-        real = os.path.realpath(location)
-        if os.path.commonpath([real, folder]) != folder:
-            raise ModelLoadError(
-                f"{where} is a symbolic link to {real}, outside the model's folder, which ONNX Runtime and onnx "
-                "refuse: copy the data file into the model's folder"
-            )
+        real = os.path.realpath(pathlib.Path(tensor.base_dir) / tensor.location)
         if os.stat(real).st_nlink > 1:
             value.const_value = ir.ExternalTensor(
                 real, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape, name=tensor.name
@@ -528,7 +675,12 @@ def _inlined(model: ir.Model, max_bytes: int | None) -> Iterator[None]:
 
 
 def save(
-    model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None, data_name: str | None = None
+    model: ModelLike,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    data_name: str | None = None,
+    shown_as: str | os.PathLike | None = None,
 ) -> None:
     """Writes `model` (an `ir.Model`, a ModelProto, or a path to copy) to `path` atomically.
 
@@ -536,35 +688,37 @@ def save(
     `data_name` names another file beside it) when the model already used external data or its tensors exceed
     EXTERNAL_DATA_THRESHOLD; True writes every non-empty tensor there; False writes every tensor inline, and refuses
     a model whose tensors cannot fit in one protobuf. The model passed in is not modified, and its external data is
-    never written over in place.
+    never written over in place. A failure is a ModelSaveError naming `shown_as` (a caller saving into a staging
+    folder of its own names the output the user asked for), else `path`.
     """
     ir_model = model if isinstance(model, ir.Model) else load(model)
     path = pathlib.Path(path)
+    shown = path if shown_as is None else shown_as
     directory = path.parent if str(path.parent) else pathlib.Path(".")
     if not directory.is_dir():
-        raise ModelSaveError(f"{path}: directory {directory} does not exist")
+        raise ModelSaveError(f"{shown}: directory {directory} does not exist")
     if path.is_dir():
-        raise ModelSaveError(f"{path}: is a directory")
+        raise ModelSaveError(f"{shown}: is a directory")
     total = tensor_bytes(ir_model)
     threshold = 0 if external_data else INLINE_BYTES
     if external_data is None:
         external_data = _uses_external_data(ir_model) or total > EXTERNAL_DATA_THRESHOLD
     if not external_data and total > PROTOBUF_LIMIT:
         raise ModelSaveError(
-            f"{path}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
+            f"{shown}: the tensors take {total / 2**30:.2f} GiB, more than one protobuf can hold (2 GiB); "
             "save them as external data"
         )
     data_name = data_name or data_file(path).name
     try:
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=directory))
     except OSError as err:
-        raise ModelSaveError(f"{path}: cannot write in {directory}: {err.strerror or err}") from err
+        raise ModelSaveError(f"{shown}: cannot write in {directory}: {err.strerror or err}") from err
     try:
         staged = staging / path.name
         with _inlined(ir_model, threshold if external_data else None):
             if external_data:
                 if total > EXTERNAL_DATA_THRESHOLD:
-                    logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", path, data_name)
+                    logger.info("saving %s with external data %s (tensors exceed the protobuf limit)", shown, data_name)
                 ir.save(ir_model, staged, external_data=data_name, size_threshold_bytes=threshold)
             else:
                 _save_inline(ir_model, staged)
@@ -575,7 +729,7 @@ def save(
             os.replace(staged_data, directory / data_name)
         os.replace(staged, path)
     except OSError as err:
-        raise ModelSaveError(f"{path}: cannot write: {err.strerror or err}") from err
+        raise ModelSaveError(f"{shown}: cannot write: {err.strerror or err}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -26,40 +26,50 @@ class OutputError(ValueError):
     """An output path that cannot or must not be written: reported before any work is done."""
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
+def _tensors(
+    graph: onnx.GraphProto, where: str = "", *, initializers: bool = True
+) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(label, tensor) for every tensor of `graph` and its subgraphs (without `graph`'s own initializers when
+    `initializers` is false); `where` ends the labels of a subgraph's."""
+    if initializers:
+        for tensor in graph.initializer:
+            yield f"{tensor.name!r}{where}", tensor
     for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
+        yield f"the values of sparse initializer {sparse.values.name!r}{where}", sparse.values
+        yield f"the indices of sparse initializer {sparse.values.name!r}{where}", sparse.indices
     for node in graph.node:
         yield from _attribute_tensors(node)
 
 
-def _attribute_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+def _attribute_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    # A Constant's tensor often has no name of its own: the node names it.
+    owner = f"{node.op_type} node {node.name or (node.output[0] if node.output else '')!r}"
     for attr in node.attribute:
+        label = f"attribute {attr.name!r} of {owner}"
         if attr.HasField("t"):
-            yield attr.t
-        yield from attr.tensors
+            yield (f"{attr.t.name!r} ({label})" if attr.t.name else f"the {label}"), attr.t
+        for tensor in attr.tensors:
+            yield (f"{tensor.name!r} ({label})" if tensor.name else f"a tensor of {label}"), tensor
         if attr.HasField("g"):
-            yield from _tensors(attr.g)
+            yield from _tensors(attr.g, f" (in the {attr.name!r} subgraph of {owner})")
         for sub in attr.graphs:
-            yield from _tensors(sub)
+            yield from _tensors(sub, f" (in a {attr.name!r} subgraph of {owner})")
+
+
+def named_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(label, tensor) for every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and
+    functions (without the main graph's initializers when `initializers` is false). The label names the tensor for
+    a message: its name, and the node and attribute that hold it."""
+    yield from _tensors(model.graph, initializers=initializers)
+    for function in model.functions:
+        for node in function.node:
+            for label, tensor in _attribute_tensors(node):
+                yield f"{label} (in function {function.name!r})", tensor
 
 
 def all_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and functions (without
-    the main graph's initializers when `initializers` is false)."""
-    if initializers:
-        yield from _tensors(model.graph)
-    else:
-        for sparse in model.graph.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in model.graph.node:
-            yield from _attribute_tensors(node)
-    for function in model.functions:
-        for node in function.node:
-            yield from _attribute_tensors(node)
+    """Every TensorProto of a model (see `named_tensors`)."""
+    return (tensor for _, tensor in named_tensors(model, initializers=initializers))
 
 
 def external_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> list[onnx.TensorProto]:
@@ -173,7 +183,7 @@ def check_outputs(
 def staged_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path next to `path` (same suffix, so writers that go by it pick the same format) and,
     when the block succeeds, renames it into place: a reader never sees half a file, and a failed write leaves
-    the old file as it was and no temporary behind."""
+    the old file as it was and no temporary behind (its OSError names `path`)."""
     path = Path(path)
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent or Path("."))
     os.close(handle)
@@ -182,9 +192,11 @@ def staged_file(path: str | os.PathLike) -> Iterator[Path]:
         yield staged
         os.chmod(staged, _file_mode(path))
         os.replace(staged, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(staged)
+        if isinstance(err, OSError):  # a write into `staged` names it, or no file: the user knows `path`
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
 
 

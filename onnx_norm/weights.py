@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_norm import paths
+from onnx_norm import model_io, paths
 from onnx_norm.errors import InputError
 from onnx_norm.ops.reference import np_dtype
 
@@ -76,25 +76,15 @@ def _set_location(tensor: onnx.TensorProto, location: str) -> None:
 
 
 def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str = "the model") -> onnx.ModelProto:
-    """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) and checks that each
-    file holds the tensor's bytes; WeightsError naming the file otherwise. Returns `model` (changed in place)."""
-    sizes: dict[str, int] = {}
+    """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) after checking that each
+    file holds the tensor's bytes (`model_io.check_external_data`); WeightsError naming the file and the tensor
+    otherwise. Returns `model` (changed in place)."""
+    try:
+        model_io.check_external_data(model, base_dir=base_dir, where=where)
+    except model_io.ModelLoadError as err:
+        raise WeightsError(str(err)) from None
     for tensor in paths.external_tensors(model):
-        ref = reference(tensor)
-        file = os.path.abspath(os.path.join(base_dir, ref.file))
-        if file not in sizes:
-            try:
-                sizes[file] = os.stat(file).st_size
-            except OSError as err:
-                raise WeightsError(
-                    f"{where}: cannot read its external data: {ref.file!r} of {tensor.name!r}: {err.strerror}"
-                ) from err
-        if ref.offset + ref.length > sizes[file]:
-            raise WeightsError(
-                f"{where}: cannot read its external data: {ref.file!r} holds {sizes[file]} bytes, {tensor.name!r} "
-                f"needs bytes {ref.offset} to {ref.offset + ref.length}"
-            )
-        _set_location(tensor, file)
+        _set_location(tensor, os.path.abspath(os.path.join(base_dir, reference(tensor).file)))
     return model
 
 

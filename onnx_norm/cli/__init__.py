@@ -1,16 +1,22 @@
 """The `onnx-norm` command line: one module per subcommand, shared argument groups in `args.py`.
 
 Exit codes (every subcommand): 0 success, 1 a check failed (parity, a missing fusion that was required),
-2 usage or input error, 130 interrupted (Ctrl-C; nothing written).
+2 usage or input error, 128 + N stopped by signal N with one line on stderr and nothing written: 130 Ctrl-C
+(SIGINT), 143 SIGTERM (CI runners cancelling a job, `timeout`), 129 SIGHUP (the terminal closed). The CLI turns
+SIGTERM and SIGHUP into what Ctrl-C raises while a command runs (`main` only: importing the library installs no
+handler); a signal ignored when the CLI started stays ignored (`nohup` ignores SIGHUP).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import signal
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 # Each module defines `add_parser(subparsers) -> argparse.ArgumentParser` and sets `func` on it
@@ -62,7 +68,14 @@ def _add_verbosity(parser: argparse.ArgumentParser, *, top: bool) -> None:
     given before the subcommand is not reset by the subcommand's parser."""
     default = 0 if top else argparse.SUPPRESS
     parser.add_argument("-v", "--verbose", action="count", default=default, help="more log output (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="count", default=default, help="errors only (no warnings)")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=default,
+        help="errors only: no warnings, progress or tables; inspect still lists the norms, verify prints its "
+        "PASSED/FAILED line, bench its measurements, optimize nothing unless --verify fails",
+    )
 
 
 def build_parser(commands: Iterable[str] = _SUBCOMMANDS) -> argparse.ArgumentParser:
@@ -158,9 +171,52 @@ def _configure_output(verbose: int, quiet: int = 0) -> None:
     logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the command is as Ctrl-C raises KeyboardInterrupt: the same cleanup runs on
+    the way out (staged outputs removed), and `main` reports it the same way, with the signal's name."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: Signals that stop a command as Ctrl-C does (those this platform has).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """Within the block, STOP_SIGNALS raise `Stopped`; the handlers before it are restored after. Only from the
+    main thread (the only one Python lets install handlers), and not for a signal that is ignored (`nohup`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def stop(signum: int, frame: object) -> None:
+        for number in previous:  # the cleanup on the way out is not cut short by a second signal
+            signal.signal(number, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for number in STOP_SIGNALS:
+        handler = signal.getsignal(number)
+        if handler != signal.SIG_IGN:
+            previous[number] = signal.SIG_DFL if handler is None else handler
+            signal.signal(number, stop)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        with _stop_signals():
+            return _main(argv)
+    except Stopped as stopped:
+        print(f"onnx-norm: stopped by {stopped}; nothing written", file=sys.stderr)
+        return 128 + stopped.signum
     except KeyboardInterrupt:
         # Outputs are staged and moved into place only when complete: an interrupt leaves nothing behind.
         print("onnx-norm: interrupted; nothing written", file=sys.stderr)
@@ -172,6 +228,9 @@ def _main(argv: list[str] | None) -> int:
     # Only the named subcommand's flags are built: `onnx-norm --version` or `verify` pays for no rewrite import.
     args = build_parser([_command(argv) or ""]).parse_args(argv)
     _configure_output(args.verbose, args.quiet)
+    from onnx_norm.cli import progress
+
+    progress.shown = not args.quiet
     try:
         return int(args.func(args))
     except UsageError as err:

@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 PIPE_WIDTH = 140
 
 
-def console() -> Console:
-    """Console for the CLI's tables: the terminal's width, or PIPE_WIDTH when not writing to a terminal."""
-    out = Console()
-    return out if out.is_terminal else Console(width=PIPE_WIDTH)
+def console(*, quiet: bool = False) -> Console:
+    """Console for the CLI's tables: the terminal's width, or PIPE_WIDTH when not writing to a terminal; `quiet`
+    (-q) prints nothing."""
+    out = Console(quiet=quiet)
+    return out if out.is_terminal else Console(width=PIPE_WIDTH, quiet=quiet)
 
 
 class ArgGroup:

@@ -36,7 +36,7 @@ def run_folder(args: argparse.Namespace) -> int:
         )
     except (genai.GenAIFolderError, model_io.ModelLoadError, model_io.ModelSaveError) as err:
         raise UsageError(str(err)) from err
-    console = common.console()
+    console = common.console(quiet=bool(args.quiet))  # -q: as optimize, nothing but errors
     for name, model_report in report.models.items():
         taken = sum(1 for record in model_report.native_taken_over if record.get("converted"))
         native = sum(count for op, count in model_report.ops_after.items() if "LayerNormalization" in op)
@@ -58,7 +58,7 @@ def run_folder(args: argparse.Namespace) -> int:
             for name, file in report.files.items():
                 flags = _with_folder_shapes(args, genai.verify_shapes(source, name))
                 if gate(str(source / file), str(output / file), flags, console=console) != 0:
-                    console.print(f"[red]FAILED[/red] parity gate on {name}: {output} not written")
+                    common.console().print(f"[red]FAILED[/red] parity gate on {name}: {output} not written")
                     return 1
             passed = True
         finally:

@@ -71,13 +71,13 @@ def add_verify_args(parser: argparse.ArgumentParser) -> None:
     add_gate_args(parser)
 
 
-def _verify(args: argparse.Namespace, staged: Path) -> bool:
+def _verify(args: argparse.Namespace, staged: Path, console: Console) -> bool:
     """Parity of the staged model against the input; True when it passed or was not asked."""
     if not args.verify:
         return True
     from onnx_norm.cli.verify import gate
 
-    return gate(args.input, str(staged), args) == 0
+    return gate(args.input, str(staged), args, console=console) == 0
 
 
 def _check_before_work(args: argparse.Namespace, source: Path, output: Path, external: bool | None) -> None:
@@ -124,7 +124,10 @@ def _move_into_place(staging: Path, output: Path, source: Path) -> None:
     stale = _stale_data_file(staging, output, source)
     staged = sorted(staging.iterdir(), key=lambda path: path.name == output.name)
     for path in staged:
-        os.replace(path, output.parent / path.name)
+        try:
+            os.replace(path, output.parent / path.name)
+        except OSError as err:  # it names the staged file; the user knows OUT
+            raise UsageError(f"{output.parent / path.name}: cannot write: {err.strerror or err}") from None
     if stale is not None:
         stale.unlink(missing_ok=True)
 
@@ -144,16 +147,16 @@ def run(args: argparse.Namespace) -> int:
         model, report = optimize(
             str(source), target=args.target, disable=args.disable, take_over_native=args.take_over_native
         )
+    console = common.console(quiet=bool(args.quiet))  # -q: nothing but errors (and a failed gate's line)
     # Written next to OUT under a temporary directory and moved into place only once the parity gate
     # passed, so that a failed or interrupted check never leaves a bad OUT (or replaces a good one).
     with tempfile.TemporaryDirectory(prefix=".onnx-norm-", dir=output.parent) as staging:
         staged = Path(staging) / output.name
         with common.input_errors():
-            model_io.save(model, staged, external_data=external)
-        passed = _verify(args, staged)
+            model_io.save(model, staged, external_data=external, shown_as=output)
+        passed = _verify(args, staged, console)
         if passed:
             _move_into_place(Path(staging), output, source)
-    console = common.console()
     print_norms(console, report)
     print_summary(console, report)
     if args.take_over_native:
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_report(args.report, report, {"input": source, "output": output})
     if not passed:
-        console.print(f"[red]FAILED[/red] parity gate: {output} not written")
+        common.console().print(f"[red]FAILED[/red] parity gate: {output} not written")
         return 1
     note = getattr(args, "output_note", None)  # set by `demo` for its temporary folder
     console.print(f"wrote {output.name} ({note})" if note else f"wrote {output}", highlight=False)

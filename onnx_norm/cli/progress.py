@@ -1,6 +1,6 @@
 """Progress for long steps (loading a multi-GB model, creating sessions, running both models): shown on stderr
-when stderr is a terminal, nothing at all when it is piped or redirected (CI logs, `2> file`), and never on stdout,
-which keeps only the results."""
+when stderr is a terminal, nothing at all when it is piped or redirected (CI logs, `2> file`) or with -q, and never
+on stdout, which keeps only the results."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+#: False with -q (set by the CLI's `main` for the command it runs): no progress, even on a terminal.
+shown = True
+
 
 def progress_console() -> Console:
-    """stderr, where progress goes; `is_terminal` says whether to show any."""
-    return Console(stderr=True)
+    """stderr, where progress goes; `is_terminal` says whether to show any (never with -q: `shown`)."""
+    console = Console(stderr=True)
+    return console if shown else Console(stderr=True, force_terminal=False, force_interactive=False, quiet=True)
 
 
 @contextlib.contextmanager

@@ -86,10 +86,12 @@ def verify_and_print(
     original: Any, optimized: Any, args: argparse.Namespace, *, console: Console | None = None
 ) -> tuple[int, ParityReport]:
     """Runs the parity gate with the flags in `args`, prints the result, writes `--report`; returns (exit code,
-    report). Input and session errors raise UsageError. `optimize --verify` calls this with the in-memory model."""
+    report). Input and session errors raise UsageError. `optimize --verify` calls this with the in-memory model.
+    Without a `console` (`verify` itself), -q keeps only the PASSED/FAILED line: the verdict CI looks for."""
     from onnx_norm.parity import verify
 
-    console = console or common.console()
+    verdict = console or common.console()
+    console = console or common.console(quiet=bool(getattr(args, "quiet", 0)))
     options = parity_options(args)
     start = time.perf_counter()
     from onnx_norm.cli.progress import status
@@ -112,9 +114,10 @@ def verify_and_print(
         console.print(f"report written to {report_path}")
     status = "PASSED" if report.passed else "FAILED"
     style = "bold green" if report.passed else "bold red"
-    console.print(
+    verdict.print(
         f"[{style}]{status}[/] | Runtime: {time.perf_counter() - start:.2f}s | Command: {common.command_line()}",
         highlight=False,
+        soft_wrap=True,  # one line however long the command: CI greps it
     )
     return (0 if report.passed else 1), report
 

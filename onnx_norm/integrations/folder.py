@@ -57,7 +57,7 @@ def write_rewritten_folder(
         for name in models:
             model = model_io.load(source / name)
             written |= {name, *external_files(model)}
-            model_io.save(rewrite(model, name), staging / name)
+            model_io.save(rewrite(model, name), staging / name, shown_as=output / name)
         if finish is not None:
             finish(staging)
         _copy_the_rest(source, staging, written, keep_links=keep_links)
