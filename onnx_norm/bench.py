@@ -65,7 +65,7 @@ import onnxruntime as ort
 
 from onnx_norm import bench_check, correspond, weights
 from onnx_norm import inputs as model_inputs
-from onnx_norm.ops.schema import OPS
+from onnx_norm.ops.schema import OPS, native_norm_ops
 from onnx_norm.options import BenchKwargs, BenchOptions, InputOptions
 from onnx_norm.parity.tolerances import ToleranceSpec
 from onnx_norm.paths import json_safe, write_json_atomic
@@ -81,7 +81,6 @@ from onnx_norm.sessions import (
     preallocate_outputs,
     static_output_shapes,
 )
-from onnx_norm.zoo.detect import NATIVE_NORM_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ VARIANT_LABELS = {
     UNOPTIMIZED: "original (ORT_DISABLE_ALL)",
 }
 #: Op types that are a whole norm: ours, ONNX's and ONNX Runtime's contrib ops (which ORT's fusions produce).
-NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in NATIVE_NORM_OPS)
+NORM_OP_TYPES = frozenset(OPS) | frozenset(op_type for _, op_type in native_norm_ops())
 _PROFILE_RUNS = 10
 GIB = weights.GIB
 #: At most this many bytes of weight copies, one per session, before the sessions share one copy.

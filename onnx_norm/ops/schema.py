@@ -23,6 +23,7 @@ __all__ = [
     "NativeOp",
     "NormAttributes",
     "OpSignature",
+    "native_norm_ops",
     "native_of",
     "native_ops",
     "op_for",
@@ -43,6 +44,12 @@ def native_ops() -> list[tuple[OpSignature, NativeOp]]:
     """Every (op, native op computing the same) pair of the records: the one table of ONNX and ONNX Runtime norm
     ops that the targets, the take-over, the evaluator and the checks read."""
     return [(op, native) for op in OPS.values() for native in op.natives]
+
+
+def native_norm_ops() -> frozenset[tuple[str, str]]:
+    """The native norm ops by (domain, op type), as the take-over reads them ("" and "ai.onnx" are the standard
+    domain, where ONNX Runtime registers its contrib norms too): for the tools that count or time norms."""
+    return frozenset((domain, native.op_type) for _, native in native_ops() for domain in native.take_over)
 
 
 def native_of(op_type: str, domain: str, opset: int) -> tuple[OpSignature, NativeOp] | None:

@@ -315,6 +315,20 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
 }
 
 
+def _sigmoid(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """In float64, rounded once to the input's type through float32, as the kernels' activations round."""
+    x = inputs[0]
+    assert x is not None
+    with np.errstate(over="ignore"):
+        y = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    return y.astype(np.float32).astype(x.dtype) if x.dtype != np.float64 else y
+
+
+#: Activations the families fuse after or before a norm (GroupNorm's SiLU; gates): evaluated by the proof, never
+#: folded as constants. Here, not in a family's module, so that every family that fuses one finds it.
+_EVALUATED_ONLY: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = {"Sigmoid": _sigmoid}
+
+
 def register_op(op_type: str, run: Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]) -> None:
     """Teaches the proof an op a family's matches contain (ops the built-in families never match): `run`
     maps the node and its input arrays (float64 when widened) to its one output. Such ops are evaluated only, never
@@ -325,6 +339,7 @@ def register_op(op_type: str, run: Callable[[ir.Node, Sequence[np.ndarray | None
 #: Ops that may sit inside a matched norm or a folded constant: elementwise and per-row ops, layout ops, and the
 #: integer shape arithmetic that dynamo emits to restore a reduction's dims.
 SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
+_OPS.update(_EVALUATED_ONLY)
 #: The ops of `_OPS` whose output can be larger than every input (numpy broadcasting), for `_output_elements`.
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Where"})
 

@@ -14,11 +14,10 @@ from onnx import numpy_helper
 
 from onnx_norm.dtypes import is_onnx_domain
 from onnx_norm.model_io import graph_nodes
-from onnx_norm.ops.schema import DOMAIN, OPS, native_ops
+from onnx_norm.ops.schema import DOMAIN, OPS, native_norm_ops
 
-# Native norm ops by (domain, op_type); "" and "ai.onnx" are the standard domain (ORT registers its contrib norms
-# there too): the op records' native ops that the take-over reads.
-NATIVE_NORM_OPS = frozenset((domain, native.op_type) for _, native in native_ops() for domain in native.take_over)
+# Native norm ops by (domain, op_type): the op records' (ops/schema.py).
+NATIVE_NORM_OPS = native_norm_ops()
 # GlobalAveragePool: tf2onnx's row mean of a rank-3 tensor (it averages every axis after the second).
 _REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "GlobalAveragePool"})
 # Ops allowed between a reduction and the square root of a decomposed norm (epsilon Add, Casts, the division
