@@ -224,6 +224,69 @@ struct Job {
 
 size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
+// What the rows of a block share, worked out once per block.
+struct RowPlan {
+  const Job& job;
+  size_t x_elem;
+  size_t y_elem;
+  bool rounded;      // rounding attributes set: NormalizeRounded
+  int64_t period;    // Scale's (and Bias') period along the row
+  bool fused16_out;  // fp16/bf16 Y can be rounded and stored from registers
+};
+
+// The row at element `offset` as floats: X itself (float32 without Skip), else converted, or summed with Skip
+// (writing Sum), into `xbuf`.
+const float* ReadRow(const RowPlan& plan, size_t offset, float* xbuf) {
+  const NormProblem& p = *plan.job.p;
+  const int64_t n = p.cols;
+  const void* x_row = static_cast<const char*>(p.x) + offset * plan.x_elem;
+  if (p.skip) {
+    const void* skip_row = static_cast<const char*>(p.skip) + offset * plan.x_elem;
+    void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * plan.x_elem : nullptr;
+    const bool stream_sum = plan.job.streaming && sum_row != nullptr && p.x_type == kFloat;
+    const float* x = AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, xbuf, n);
+    if (stream_sum) StreamFloats(x, static_cast<float*>(sum_row), n);
+    return x;
+  }
+  if (p.x_type == kFloat) return static_cast<const float*>(x_row);
+  LoadRow(x_row, p.x_type, xbuf, n);
+  return xbuf;
+}
+
+// Y's row at element `offset` from the float row x: normalised, scaled and shifted (with the rounding attributes),
+// stored directly where Y is float32 or fp16/bf16 can be rounded in registers, else through `ybuf`.
+void NormalizeRow(const RowPlan& plan, size_t offset, const float* x, float center, float r, float* ybuf) {
+  const Job& job = plan.job;
+  const NormProblem& p = *job.p;
+  const int64_t n = p.cols;
+  void* y_row = static_cast<char*>(p.y) + offset * plan.y_elem;
+  if (p.y_type != kFloat && plan.fused16_out) {
+    // fp16/bf16 Y from a float row (Skip's sum, a converted X, the Cast-wrapped norms' rounding points): round
+    // in registers and store Y directly instead of normalising into a buffer and converting it afterwards.
+    NormalizeRounded16(p.y_type == kFloat16, x, static_cast<uint16_t*>(y_row), n, center, r, job.scale, job.bias,
+                       plan.period, job.normalized_type, job.multiply_type);
+    return;
+  }
+  const bool stream_y = job.streaming && p.y_type == kFloat;
+  float* y = p.y_type == kFloat && !stream_y ? static_cast<float*>(y_row) : ybuf;
+  if (plan.rounded) {
+    NormalizeRounded(x, y, n, center, r, job.scale, job.bias, plan.period, job.normalized_type, job.multiply_type);
+  } else if (job.scale && job.bias) {
+    NormalizeScaleBias(x, y, n, center, r, job.scale, job.bias, plan.period);
+  } else if (job.scale) {
+    NormalizeScale(x, y, n, center, r, job.scale, plan.period);
+  } else if (job.bias) {
+    NormalizeBias(x, y, n, center, r, job.bias, plan.period);
+  } else {
+    NormalizeOnly(x, y, n, center, r);
+  }
+  if (stream_y) {
+    StreamFloats(y, static_cast<float*>(y_row), n);
+  } else if (p.y_type != kFloat) {
+    StoreRow(y, p.y_type, y_row, n);
+  }
+}
+
 void RunBlock(void* data, size_t block) {
   Job& job = *static_cast<Job*>(data);
   const NormProblem& p = *job.p;
@@ -241,42 +304,25 @@ void RunBlock(void* data, size_t block) {
     job.failed = true;
     return;
   }
-  const size_t x_elem = ElemSize(p.x_type);
-  const size_t y_elem = ElemSize(p.y_type);
   const bool rounded = job.normalized_type != 0 || job.multiply_type != 0;
-  const int64_t period = p.scale_size > 0 ? p.scale_size : n;
-
+  const RowPlan plan{job, ElemSize(p.x_type), ElemSize(p.y_type), rounded, p.scale_size > 0 ? p.scale_size : n,
+                     Fused16Available()};
   // fp16 -> fp16 and bf16 -> bf16 without Skip or rounding attributes: fused kernels that convert in
   // registers, where the CPU has the instructions.
   const bool fused16 = !p.skip && !rounded && p.x_type != kFloat && p.y_type == p.x_type && Fused16Available();
-  const bool fused16_out = Fused16Available();
 
   for (int64_t row = begin; row < end; ++row) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(n);
-    const void* x_row = static_cast<const char*>(p.x) + offset * x_elem;
     if (fused16) {
       float mean = 0.0f;
       float inv = 0.0f;
-      NormRow16(p.x_type == kFloat16, static_cast<const uint16_t*>(x_row),
-                static_cast<uint16_t*>(p.y) + offset, n, p.rms, p.epsilon, job.scale, job.bias, period, &mean, &inv);
+      NormRow16(p.x_type == kFloat16, static_cast<const uint16_t*>(p.x) + offset, static_cast<uint16_t*>(p.y) + offset,
+                n, p.rms, p.epsilon, job.scale, job.bias, plan.period, &mean, &inv);
       if (p.mean) p.mean[row] = mean;
       if (p.inv_std) p.inv_std[row] = inv;
       continue;
     }
-    const float* x;
-    if (p.skip) {
-      const void* skip_row = static_cast<const char*>(p.skip) + offset * x_elem;
-      void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * x_elem : nullptr;
-      const bool stream_sum = job.streaming && sum_row != nullptr && p.x_type == kFloat;
-      x = AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, xbuf.data(), n);
-      if (stream_sum) StreamFloats(x, static_cast<float*>(sum_row), n);
-    } else if (p.x_type == kFloat) {
-      x = static_cast<const float*>(x_row);
-    } else {
-      LoadRow(x_row, p.x_type, xbuf.data(), n);
-      x = xbuf.data();
-    }
-
+    const float* x = ReadRow(plan, offset, xbuf.data());
     float center = 0.0f;
     float var;
     if (p.rms) {
@@ -288,33 +334,7 @@ void RunBlock(void* data, size_t block) {
     const float r = 1.0f / std::sqrt(var + p.epsilon);
     if (p.mean) p.mean[row] = center;
     if (p.inv_std) p.inv_std[row] = r;
-
-    void* y_row = static_cast<char*>(p.y) + offset * y_elem;
-    if (p.y_type != kFloat && fused16_out) {
-      // fp16/bf16 Y from a float row (Skip's sum, a converted X, the Cast-wrapped norms' rounding points): round
-      // in registers and store Y directly instead of normalising into a buffer and converting it afterwards.
-      NormalizeRounded16(p.y_type == kFloat16, x, static_cast<uint16_t*>(y_row), n, center, r, job.scale, job.bias,
-                         period, job.normalized_type, job.multiply_type);
-      continue;
-    }
-    const bool stream_y = job.streaming && p.y_type == kFloat;
-    float* y = p.y_type == kFloat && !stream_y ? static_cast<float*>(y_row) : ybuf.data();
-    if (rounded) {
-      NormalizeRounded(x, y, n, center, r, job.scale, job.bias, period, job.normalized_type, job.multiply_type);
-    } else if (job.scale && job.bias) {
-      NormalizeScaleBias(x, y, n, center, r, job.scale, job.bias, period);
-    } else if (job.scale) {
-      NormalizeScale(x, y, n, center, r, job.scale, period);
-    } else if (job.bias) {
-      NormalizeBias(x, y, n, center, r, job.bias, period);
-    } else {
-      NormalizeOnly(x, y, n, center, r);
-    }
-    if (stream_y) {
-      StreamFloats(y, static_cast<float*>(y_row), n);
-    } else if (p.y_type != kFloat) {
-      StoreRow(y, p.y_type, y_row, n);
-    }
+    NormalizeRow(plan, offset, x, center, r, ybuf.data());
   }
   if (job.streaming) FinishStreaming();
 }

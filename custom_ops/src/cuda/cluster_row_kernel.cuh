@@ -30,6 +30,113 @@ __device__ __forceinline__ float ClusterSum(float v, ClusterShared& shared, int&
   if (lane < ClusterSize()) partial = *ClusterMapShared(&shared.partial[buffer], lane);
   return WarpSum(partial, 0xffffffffu, 32);
 }
+
+// Step 1 for one batch of the block's slice (`count` vectors from flat offset `base`): this thread's
+// kClusterBatch vectors from k0 on, X's then Skip's loads before any use (2 x 4 16-byte loads in flight);
+// X + Skip rounded and written as Sum, each vector cached in shared memory and added to the sums.
+template <typename TX>
+__device__ __forceinline__ void CacheClusterBatch(const NormArgs& a, int64_t base, int count, int k0, uint4* cache,
+                                                  float& sum, float& sum_sq) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  constexpr int kWords = 4;
+  const int threads = static_cast<int>(blockDim.x);
+  const TX* x = static_cast<const TX*>(a.x);
+  const TX* skip = static_cast<const TX*>(a.skip);
+  TX* sum_out = static_cast<TX*>(a.sum);
+  uint32_t xw[kClusterBatch][kWords];
+  uint32_t sw[kClusterBatch][kWords];
+#pragma unroll
+  for (int i = 0; i < kClusterBatch; ++i) {
+    const int k = k0 + i * threads;
+    if (k < count) LoadWords<kWords, true>(x + base + static_cast<int64_t>(k) * V, xw[i]);
+  }
+  if (skip != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kClusterBatch; ++i) {
+      const int k = k0 + i * threads;
+      if (k < count) LoadWords<kWords, true>(skip + base + static_cast<int64_t>(k) * V, sw[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kClusterBatch; ++i) {
+    const int k = k0 + i * threads;
+    if (k >= count) continue;
+    float v[V];
+    UnpackWords<TX>(xw[i], v);
+    if (skip != nullptr) {
+      float s[V];
+      UnpackWords<TX>(sw[i], s);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] += s[j];
+      RoundToType<TX, V>(v);
+      PackWords<TX>(v, xw[i]);
+      if (sum_out != nullptr) StoreWords<kWords, true>(sum_out + base + static_cast<int64_t>(k) * V, xw[i]);
+    }
+    StoreWords<kWords, false>(cache + k, xw[i]);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      sum += v[j];
+      sum_sq = fmaf(v[j], v[j], sum_sq);
+    }
+  }
+}
+
+// Step 1 for the row's scalar end this thread holds (block 0, thread t holds scalar element t): cached in
+// shared memory as X's type and added to the sums.
+template <typename TX>
+__device__ __forceinline__ void CacheScalarEnd(const NormArgs& a, const RowLayout& layout, int64_t row_base,
+                                               TX* scalars, float& sum, float& sum_sq) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  const int t = static_cast<int>(threadIdx.x);
+  float one[1];
+  LoadInput<TX, 1>(a, row_base + ScalarColumn<V>(layout, t), true, one);
+  scalars[t] = FromFloat<TX>(one[0]);
+  sum += one[0];
+  sum_sq = fmaf(one[0], one[0], sum_sq);
+}
+
+// LayerNorm's second pass over this thread's cached vectors of the slice.
+template <typename TX>
+__device__ __forceinline__ float ClusterSliceSquares(const uint4* cache, int count, float mean) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  float squares = 0.0f;
+  for (int k = static_cast<int>(threadIdx.x); k < count; k += static_cast<int>(blockDim.x)) {
+    float v[V];
+    LoadVectorShared<TX, V>(reinterpret_cast<const TX*>(cache + k), v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = v[j] - mean;
+      squares = fmaf(d, d, squares);
+    }
+  }
+  return squares;
+}
+
+// Step 3: this thread's cached vectors of the slice (the row's body vectors first, first + 1, ...) normalised and
+// stored.
+template <typename TX>
+__device__ __forceinline__ void NormalizeClusterSlice(const NormArgs& a, const uint4* cache, int count, int first,
+                                                      const RowLayout& layout, int64_t row_base, float mean,
+                                                      float inv) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  for (int k = static_cast<int>(threadIdx.x); k < count; k += static_cast<int>(blockDim.x)) {
+    float v[V];
+    LoadVectorShared<TX, V>(reinterpret_cast<const TX*>(cache + k), v);
+    const int col = layout.head + (first + k) * V;
+    NormalizeAndStore<V>(a, mean, inv, v, col, row_base + col);
+  }
+}
+
+// Step 3 for the scalar end this thread holds.
+template <typename TX>
+__device__ __forceinline__ void NormalizeScalarEnd(const NormArgs& a, const RowLayout& layout, int64_t row_base,
+                                                   const TX* scalars, float mean, float inv) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  const int t = static_cast<int>(threadIdx.x);
+  float one[1] = {ToFloat(scalars[t])};
+  const int col = ScalarColumn<V>(layout, t);
+  NormalizeAndStore<1>(a, mean, inv, one, col, row_base + col);
+}
 #endif
 
 template <typename TX>
@@ -38,19 +145,13 @@ __global__ void __launch_bounds__(kClusterMaxBlock, 1) ClusterRowKernel(NormArgs
   __trap();
 #else
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  constexpr int kWords = 4;
   ONNX_NORM_DYNAMIC_SHARED(uint4, dynamic_shared);
   ClusterShared& shared = *reinterpret_cast<ClusterShared*>(dynamic_shared);
   uint4* cache = dynamic_shared + sizeof(ClusterShared) / 16;  // this block's slice of the row
   TX* scalars = reinterpret_cast<TX*>(shared.scalars);
   const int rank = static_cast<int>(ClusterRank());
   const int size = static_cast<int>(ClusterSize());
-  const int threads = static_cast<int>(blockDim.x);
   const int t = static_cast<int>(threadIdx.x);
-  const bool scalar_owner = rank == 0;
-  const TX* x = static_cast<const TX*>(a.x);
-  const TX* skip = static_cast<const TX*>(a.skip);
-  TX* sum_out = static_cast<TX*>(a.sum);
   int parity = 0;
   // Every block of a cluster runs the same rows (the loop depends on the cluster only), so all reach
   // every cluster barrier. Each thread reads back only the vectors and scalars it cached itself: no
@@ -62,56 +163,15 @@ __global__ void __launch_bounds__(kClusterMaxBlock, 1) ClusterRowKernel(NormArgs
     const int count = min(layout.body, first + per) - first;
     const int64_t row_base = row * a.cols;
     const int64_t base = row_base + layout.head + static_cast<int64_t>(first) * V;
+    const bool scalar = rank == 0 && t < layout.scalars();  // this thread holds a scalar end (block 0 only)
 
-    // 1. The slice, kClusterBatch vectors per thread at a time (kernel_config.cuh), X's then Skip's loads
-    // before any use: 2 x 4 16-byte loads in flight. Sum written here.
+    // 1. The slice, kClusterBatch vectors per thread at a time (kernel_config.cuh). Sum written here.
     float sum = 0.0f;
     float sum_sq = 0.0f;
-    for (int k0 = t; k0 < count; k0 += kClusterBatch * threads) {
-      uint32_t xw[kClusterBatch][kWords];
-      uint32_t sw[kClusterBatch][kWords];
-#pragma unroll
-      for (int i = 0; i < kClusterBatch; ++i) {
-        const int k = k0 + i * threads;
-        if (k < count) LoadWords<kWords, true>(x + base + static_cast<int64_t>(k) * V, xw[i]);
-      }
-      if (skip != nullptr) {
-#pragma unroll
-        for (int i = 0; i < kClusterBatch; ++i) {
-          const int k = k0 + i * threads;
-          if (k < count) LoadWords<kWords, true>(skip + base + static_cast<int64_t>(k) * V, sw[i]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kClusterBatch; ++i) {
-        const int k = k0 + i * threads;
-        if (k >= count) continue;
-        float v[V];
-        UnpackWords<TX>(xw[i], v);
-        if (skip != nullptr) {
-          float s[V];
-          UnpackWords<TX>(sw[i], s);
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[j] += s[j];
-          RoundToType<TX, V>(v);
-          PackWords<TX>(v, xw[i]);
-          if (sum_out != nullptr) StoreWords<kWords, true>(sum_out + base + static_cast<int64_t>(k) * V, xw[i]);
-        }
-        StoreWords<kWords, false>(cache + k, xw[i]);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          sum += v[j];
-          sum_sq = fmaf(v[j], v[j], sum_sq);
-        }
-      }
+    for (int k0 = t; k0 < count; k0 += kClusterBatch * static_cast<int>(blockDim.x)) {
+      CacheClusterBatch<TX>(a, base, count, k0, cache, sum, sum_sq);
     }
-    if (scalar_owner && t < layout.scalars()) {
-      float one[1];
-      LoadInput<TX, 1>(a, row_base + ScalarColumn<V>(layout, t), true, one);
-      scalars[t] = FromFloat<TX>(one[0]);
-      sum += one[0];
-      sum_sq = fmaf(one[0], one[0], sum_sq);
-    }
+    if (scalar) CacheScalarEnd<TX>(a, layout, row_base, scalars, sum, sum_sq);
 
     // 2. Statistics over the cluster.
     float mean = 0.0f;
@@ -120,36 +180,18 @@ __global__ void __launch_bounds__(kClusterMaxBlock, 1) ClusterRowKernel(NormArgs
       inv = InverseRoot(ClusterSum(sum_sq, shared, parity) / a.cols, a.epsilon);
     } else {
       mean = ClusterSum(sum, shared, parity) / a.cols;
-      float squares = 0.0f;
-      for (int k = t; k < count; k += threads) {
-        float v[V];
-        LoadVectorShared<TX, V>(reinterpret_cast<const TX*>(cache + k), v);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float d = v[j] - mean;
-          squares = fmaf(d, d, squares);
-        }
-      }
-      if (scalar_owner && t < layout.scalars()) {
+      float squares = ClusterSliceSquares<TX>(cache, count, mean);
+      if (scalar) {
         const float d = ToFloat(scalars[t]) - mean;
         squares = fmaf(d, d, squares);
       }
       inv = InverseRoot(ClusterSum(squares, shared, parity) / a.cols, a.epsilon);
     }
-    if (scalar_owner && t == 0) WriteStatistics(a, row, mean, inv);
+    if (rank == 0 && t == 0) WriteStatistics(a, row, mean, inv);
 
     // 3. Normalise the slice from shared memory.
-    for (int k = t; k < count; k += threads) {
-      float v[V];
-      LoadVectorShared<TX, V>(reinterpret_cast<const TX*>(cache + k), v);
-      const int col = layout.head + (first + k) * V;
-      NormalizeAndStore<V>(a, mean, inv, v, col, row_base + col);
-    }
-    if (scalar_owner && t < layout.scalars()) {
-      float one[1] = {ToFloat(scalars[t])};
-      const int col = ScalarColumn<V>(layout, t);
-      NormalizeAndStore<1>(a, mean, inv, one, col, row_base + col);
-    }
+    NormalizeClusterSlice<TX>(a, cache, count, first, layout, row_base, mean, inv);
+    if (scalar) NormalizeScalarEnd<TX>(a, layout, row_base, scalars, mean, inv);
   }
   // A block's shared memory must outlive every peer's reads of its partial sums.
   ClusterSync();

@@ -189,6 +189,221 @@ __device__ __forceinline__ void PackWords(const float (&v)[16 / sizeof(TX)], uin
   for (int j = 0; j < 4; ++j) w[j] = WordCodec<TX>::Pack(v + j * WordCodec<TX>::kValues);
 }
 
+// The steps of RegisterRowKernel, each over one thread's share of the row at flat offset `base`: its vector i is
+// the row's body vector rank + i * group (rows.rank, rows.group), its scalar slot j the row's scalar element
+// rank + j * group (head first, then tail). group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar
+// slots per thread suffice. The row's pieces travel as separate arguments, not bundled in a struct: with a struct
+// nvcc numbered the inlined code's registers differently and ptxas allocated them differently (the SASS was no
+// longer the one-function kernel's; docs/cuda_kernels.md).
+constexpr int kRowWords = 4;  // the 32-bit words of a 16-byte vector
+constexpr int kRowSlots = 2;
+
+// Step 1, the body vectors of X (or Skip) this thread holds: every load issued, none used.
+template <typename TX, int VPT>
+__device__ __forceinline__ void LoadShareVectors(const TX* p, const RowGroups& rows, const RowLayout& layout,
+                                                 int64_t base, uint32_t (&w)[VPT][kRowWords]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int k = rows.rank + i * rows.group;
+    LoadWordsIf(k < layout.body, p + base + layout.head + k * V, w[i]);
+  }
+}
+
+// Step 1, this thread's scalar elements of X (and Skip); 0 in an empty slot.
+template <typename TX, bool kSkip>
+__device__ __forceinline__ void LoadShareScalars(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
+                                                 int64_t base, float (&xs)[kRowSlots], float (&ss)[kRowSlots]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  const TX* x = static_cast<const TX*>(a.x);
+  const TX* skip = static_cast<const TX*>(a.skip);
+#pragma unroll
+  for (int j = 0; j < kRowSlots; ++j) {
+    const int e = rows.rank + j * rows.group;
+    xs[j] = ss[j] = 0.0f;
+    if (e < layout.scalars()) {
+      const int64_t offset = base + ScalarColumn<V>(layout, e);
+      xs[j] = LoadScalar(x + offset);
+      if constexpr (kSkip) ss[j] = LoadScalar(skip + offset);
+    }
+  }
+}
+
+// Step 1 for the native types: Scale and Bias of this thread's vectors, in flight with the row (otherwise their
+// type is a runtime choice and they are loaded after the reduction). bw has one vector when there is no Bias.
+template <typename TX, bool kBias, int VPT, int kBiasVectors>
+__device__ __forceinline__ void LoadShareParameters(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
+                                                    uint32_t (&pw)[VPT][kRowWords],
+                                                    uint32_t (&bw)[kBiasVectors][kRowWords]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int k = rows.rank + i * rows.group;
+    if (k < layout.body) {
+      const int col = layout.head + k * V;
+      if (a.scale != nullptr) LoadParameterWords<TX>(a, a.scale, col, pw[i]);
+      if (kBias && a.bias != nullptr) LoadParameterWords<TX>(a, a.bias, col, bw[kBias ? i : 0]);
+    }
+  }
+}
+
+// Step 2 over the body vectors: X + Skip rounded to X's type (exact in the words, which keep it) and stored as
+// Sum; returns this thread's sum (LayerNorm) or sum of squares (RMSNorm) of its vectors.
+template <typename TX, bool kSkip, bool kRms, int VPT, int kSkipVectors>
+__device__ __forceinline__ float SumShareVectors(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
+                                                 int64_t base, uint32_t (&xw)[VPT][kRowWords],
+                                                 const uint32_t (&sw)[kSkipVectors][kRowWords]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float v[V];
+    UnpackWords<TX>(xw[i], v);
+    if constexpr (kSkip) {
+      float s[V];
+      UnpackWords<TX>(sw[i], s);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] += s[j];
+      RoundToType<TX, V>(v);
+      PackWords<TX>(v, xw[i]);
+      const int k = rows.rank + i * rows.group;
+      if (a.sum != nullptr && k < layout.body) {
+        StoreWords<kRowWords, true>(static_cast<TX*>(a.sum) + base + layout.head + k * V, xw[i]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if constexpr (kRms) {
+        total = fmaf(v[j], v[j], total);
+      } else {
+        total += v[j];
+      }
+    }
+  }
+  return total;
+}
+
+// Step 2 over the scalar slots, continuing `total` (SumShareVectors') in the same order.
+template <typename TX, bool kSkip, bool kRms>
+__device__ __forceinline__ float SumShareScalars(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
+                                                 int64_t base, float (&xs)[kRowSlots], const float (&ss)[kRowSlots],
+                                                 float total) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int j = 0; j < kRowSlots; ++j) {
+    if constexpr (kSkip) {
+      float one[1] = {xs[j] + ss[j]};
+      RoundToType<TX, 1>(one);
+      xs[j] = one[0];
+      const int e = rows.rank + j * rows.group;
+      if (a.sum != nullptr && e < layout.scalars()) {
+        StoreVector<TX, 1>(static_cast<TX*>(a.sum) + base + ScalarColumn<V>(layout, e), one);
+      }
+    }
+    if constexpr (kRms) {
+      total = fmaf(xs[j], xs[j], total);
+    } else {
+      total += xs[j];
+    }
+  }
+  return total;
+}
+
+// LayerNorm's second pass: this thread's sum of squared deviations from the row's mean.
+template <typename TX, int VPT>
+__device__ __forceinline__ float ShareSquares(const RowGroups& rows, const RowLayout& layout,
+                                              const uint32_t (&xw)[VPT][kRowWords], const float (&xs)[kRowSlots],
+                                              float mean) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  float squares = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (rows.rank + i * rows.group < layout.body) {
+      float v[V];
+      UnpackWords<TX>(xw[i], v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = v[j] - mean;
+        squares = fmaf(d, d, squares);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowSlots; ++j) {
+    if (rows.rank + j * rows.group < layout.scalars()) {
+      const float d = xs[j] - mean;
+      squares = fmaf(d, d, squares);
+    }
+  }
+  return squares;
+}
+
+// Step 3 of one body vector for the native types: NormalizeAndStore's epilogue with Scale and Bias from the words
+// step 1 loaded, and Y stored as one 16-byte vector.
+template <typename TX, bool kBias>
+__device__ __forceinline__ void NormalizeAndStoreWords(const NormArgs& a, float mean, float inv,
+                                                       const uint32_t (&xw)[kRowWords], const uint32_t (&pw)[kRowWords],
+                                                       const uint32_t (&bw)[kRowWords], TX* y) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  float v[V];
+  UnpackWords<TX>(xw, v);
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
+  RoundTo<V>(v, a.normalized_type);
+  if (a.scale != nullptr) {
+    float s[V];
+    UnpackWords<TX>(pw, s);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] *= s[j];
+    RoundTo<V>(v, a.multiply_type);
+  }
+  if (kBias && a.bias != nullptr) {
+    float b[V];
+    UnpackWords<TX>(bw, b);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] += b[j];
+    RoundTo<V>(v, a.multiply_type);
+  }
+  uint32_t out[kRowWords];
+  PackWords<TX>(v, out);
+  StoreWords<kRowWords, true>(y, out);
+}
+
+// Step 3: normalise and store this thread's vectors, one at a time (only one vector's floats live), then its
+// scalars.
+template <typename TX, bool kNative, bool kBias, int VPT, int kScaleVectors, int kBiasVectors>
+__device__ __forceinline__ void NormalizeShare(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
+                                               int64_t base, float mean, float inv,
+                                               const uint32_t (&xw)[VPT][kRowWords], const float (&xs)[kRowSlots],
+                                               const uint32_t (&pw)[kScaleVectors][kRowWords],
+                                               const uint32_t (&bw)[kBiasVectors][kRowWords]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int k = rows.rank + i * rows.group;
+    if (k < layout.body) {
+      const int col = layout.head + k * V;
+      if constexpr (kNative) {
+        NormalizeAndStoreWords<TX, kBias>(a, mean, inv, xw[i], pw[i], bw[kBias ? i : 0],
+                                          static_cast<TX*>(a.y) + base + col);
+      } else {
+        float v[V];
+        UnpackWords<TX>(xw[i], v);
+        NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowSlots; ++j) {
+    const int e = rows.rank + j * rows.group;
+    if (e < layout.scalars()) {
+      const int col = ScalarColumn<V>(layout, e);
+      float one[1] = {xs[j]};
+      NormalizeAndStore<1>(a, mean, inv, one, col, base + col);
+    }
+  }
+}
+
 // Every thread of a block runs the same iterations: a row slot past the last row is an empty row, so
 // block-wide reductions (group > 32) never miss a thread. Only the loads and stores of real rows
 // are issued, and each element is read (X, Skip) before the same thread writes it (Sum, Y): Sum may
@@ -200,183 +415,42 @@ __global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks
   constexpr bool kNative = (kFlags & kNativeFlag) != 0;
   constexpr bool kBias = !kRms;  // the RMS ops have no Bias input (the launcher rejects one)
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
-  constexpr int kWords = 4;
-  // group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar slots per thread suffice.
-  constexpr int kSlots = 2;
   __shared__ ReduceScratch scratch;
   int parity = 0;
   const RowGroups rows(a.group);
-  const int group = rows.group;
-  const int rank = rows.rank;
-  const TX* x = static_cast<const TX*>(a.x);
-  const TX* skip = static_cast<const TX*>(a.skip);
   for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
     const int64_t row = first + rows.slot;
     const RowLayout layout = row < a.rows ? MakeRowLayout<V>(a, row) : RowLayout{0, 0, 0};
     const int64_t base = row * a.cols;
 
-    // 1. Every load of the row, none used yet.
-    uint32_t xw[VPT][kWords];
-    uint32_t sw[kSkip ? VPT : 1][kWords];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int k = rank + i * group;
-      LoadWordsIf(k < layout.body, x + base + layout.head + k * V, xw[i]);
-    }
-    if constexpr (kSkip) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int k = rank + i * group;
-        LoadWordsIf(k < layout.body, skip + base + layout.head + k * V, sw[i]);
-      }
-    }
-    float xs[kSlots];
-    float ss[kSlots];
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const int e = rank + j * group;
-      xs[j] = ss[j] = 0.0f;
-      if (e < layout.scalars()) {
-        const int64_t offset = base + ScalarColumn<V>(layout, e);
-        xs[j] = LoadScalar(x + offset);
-        if constexpr (kSkip) ss[j] = LoadScalar(skip + offset);
-      }
-    }
-    // Scale and Bias for this thread's vectors, in flight with the row (native types only: otherwise
-    // their type is a runtime choice and they are loaded after the reduction).
-    uint32_t pw[kNative ? VPT : 1][kWords];
-    uint32_t bw[kNative && kBias ? VPT : 1][kWords];
-    if constexpr (kNative) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int k = rank + i * group;
-        if (k < layout.body) {
-          const int col = layout.head + k * V;
-          if (a.scale != nullptr) LoadParameterWords<TX>(a, a.scale, col, pw[i]);
-          if (kBias && a.bias != nullptr) LoadParameterWords<TX>(a, a.bias, col, bw[kBias ? i : 0]);
-        }
-      }
-    }
+    // 1. Every load of the row, none used yet: X, Skip, the scalar ends, then Scale and Bias.
+    uint32_t xw[VPT][kRowWords];
+    uint32_t sw[kSkip ? VPT : 1][kRowWords];
+    LoadShareVectors<TX>(static_cast<const TX*>(a.x), rows, layout, base, xw);
+    if constexpr (kSkip) LoadShareVectors<TX>(static_cast<const TX*>(a.skip), rows, layout, base, sw);
+    float xs[kRowSlots];
+    float ss[kRowSlots];
+    LoadShareScalars<TX, kSkip>(a, rows, layout, base, xs, ss);
+    uint32_t pw[kNative ? VPT : 1][kRowWords];
+    uint32_t bw[kNative && kBias ? VPT : 1][kRowWords];
+    if constexpr (kNative) LoadShareParameters<TX, kBias>(a, rows, layout, pw, bw);
 
-    // 2. The row's sums; Skip's sum rounded to X's type (exact in the words) and stored as Sum.
-    float sum = 0.0f;
-    float sum_sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      float v[V];
-      UnpackWords<TX>(xw[i], v);
-      if constexpr (kSkip) {
-        float s[V];
-        UnpackWords<TX>(sw[i], s);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] += s[j];
-        RoundToType<TX, V>(v);
-        PackWords<TX>(v, xw[i]);
-        const int k = rank + i * group;
-        if (a.sum != nullptr && k < layout.body) {
-          StoreWords<kWords, true>(static_cast<TX*>(a.sum) + base + layout.head + k * V, xw[i]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if constexpr (kRms) {
-          sum_sq = fmaf(v[j], v[j], sum_sq);
-        } else {
-          sum += v[j];
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      if constexpr (kSkip) {
-        float one[1] = {xs[j] + ss[j]};
-        RoundToType<TX, 1>(one);
-        xs[j] = one[0];
-        const int e = rank + j * group;
-        if (a.sum != nullptr && e < layout.scalars()) {
-          StoreVector<TX, 1>(static_cast<TX*>(a.sum) + base + ScalarColumn<V>(layout, e), one);
-        }
-      }
-      if constexpr (kRms) {
-        sum_sq = fmaf(xs[j], xs[j], sum_sq);
-      } else {
-        sum += xs[j];
-      }
-    }
-
+    // 2. The row's sums (Skip's sum rounded to X's type and stored as Sum), then its statistics.
+    float total = SumShareVectors<TX, kSkip, kRms>(a, rows, layout, base, xw, sw);
+    total = SumShareScalars<TX, kSkip, kRms>(a, rows, layout, base, xs, ss, total);
     float mean = 0.0f;
     float inv;
     if constexpr (kRms) {
-      inv = InverseRoot(GroupSum(sum_sq, group, scratch, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(GroupSum(total, rows.group, scratch, parity) / a.cols, a.epsilon);
     } else {
-      mean = GroupSum(sum, group, scratch, parity) / a.cols;
-      float squares = 0.0f;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (rank + i * group < layout.body) {
-          float v[V];
-          UnpackWords<TX>(xw[i], v);
-#pragma unroll
-          for (int j = 0; j < V; ++j) {
-            const float d = v[j] - mean;
-            squares = fmaf(d, d, squares);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        if (rank + j * group < layout.scalars()) {
-          const float d = xs[j] - mean;
-          squares = fmaf(d, d, squares);
-        }
-      }
-      inv = InverseRoot(GroupSum(squares, group, scratch, parity) / a.cols, a.epsilon);
+      mean = GroupSum(total, rows.group, scratch, parity) / a.cols;
+      const float squares = ShareSquares<TX>(rows, layout, xw, xs, mean);
+      inv = InverseRoot(GroupSum(squares, rows.group, scratch, parity) / a.cols, a.epsilon);
     }
-    if (rank == 0 && row < a.rows) WriteStatistics(a, row, mean, inv);
+    if (rows.rank == 0 && row < a.rows) WriteStatistics(a, row, mean, inv);
 
-    // 3. Normalise and store, one vector at a time (only one vector's floats live).
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int k = rank + i * group;
-      if (k < layout.body) {
-        float v[V];
-        UnpackWords<TX>(xw[i], v);
-        const int col = layout.head + k * V;
-        if constexpr (kNative) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[j] = (v[j] - mean) * inv;
-          RoundTo<V>(v, a.normalized_type);
-          if (a.scale != nullptr) {
-            float s[V];
-            UnpackWords<TX>(pw[i], s);
-#pragma unroll
-            for (int j = 0; j < V; ++j) v[j] *= s[j];
-            RoundTo<V>(v, a.multiply_type);
-          }
-          if (kBias && a.bias != nullptr) {
-            float b[V];
-            UnpackWords<TX>(bw[kBias ? i : 0], b);
-#pragma unroll
-            for (int j = 0; j < V; ++j) v[j] += b[j];
-            RoundTo<V>(v, a.multiply_type);
-          }
-          uint32_t out[kWords];
-          PackWords<TX>(v, out);
-          StoreWords<kWords, true>(static_cast<TX*>(a.y) + base + col, out);
-        } else {
-          NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const int e = rank + j * group;
-      if (e < layout.scalars()) {
-        const int col = ScalarColumn<V>(layout, e);
-        float one[1] = {xs[j]};
-        NormalizeAndStore<1>(a, mean, inv, one, col, base + col);
-      }
-    }
+    // 3. Normalise and store.
+    NormalizeShare<TX, kNative, kBias>(a, rows, layout, base, mean, inv, xw, xs, pw, bw);
   }
 }
 
@@ -419,6 +493,61 @@ struct SharedRow {
     Reread<1>(a, base + ScalarColumn<V>(layout, e), one);
     return one[0];
   }
+
+  // The first pass: X (+ Skip, writing Sum) read once, cached (kCached), and this thread's sum and sum of squares.
+  __device__ __forceinline__ void CacheAndSum(const NormArgs& a, float& sum, float& sum_sq) const {
+    for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
+      float v[V];
+      LoadInput<TX, V>(a, base + layout.head + k * V, true, v);
+      if (kCached) StoreVectorShared<TX, V>(cache + k * V, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        sum += v[j];
+        sum_sq = fmaf(v[j], v[j], sum_sq);
+      }
+    }
+    for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
+      float one[1];
+      LoadInput<TX, 1>(a, base + ScalarColumn<V>(layout, e), true, one);
+      if (kCached) cache[layout.body * V + e] = FromFloat<TX>(one[0]);
+      sum += one[0];
+      sum_sq = fmaf(one[0], one[0], sum_sq);
+    }
+  }
+
+  // LayerNorm's second pass: this thread's sum of squared deviations from the row's mean.
+  __device__ __forceinline__ float Squares(const NormArgs& a, float mean) const {
+    float squares = 0.0f;
+    for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
+      float v[V];
+      Vector<V>(a, k, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = v[j] - mean;
+        squares = fmaf(d, d, squares);
+      }
+    }
+    for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
+      const float d = Scalar(a, e) - mean;
+      squares = fmaf(d, d, squares);
+    }
+    return squares;
+  }
+
+  // The output pass: this thread's vectors and scalars normalised and stored.
+  __device__ __forceinline__ void Normalize(const NormArgs& a, float mean, float inv) const {
+    for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
+      float v[V];
+      Vector<V>(a, k, v);
+      const int col = layout.head + k * V;
+      NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
+    }
+    for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
+      float one[1] = {Scalar(a, e)};
+      const int col = ScalarColumn<V>(layout, e);
+      NormalizeAndStore<1>(a, mean, inv, one, col, base + col);
+    }
+  }
 };
 
 template <typename TX, bool kCached>
@@ -429,63 +558,20 @@ __global__ void __launch_bounds__(1024, 1) SharedRowKernel(NormArgs a) {
   __shared__ ReduceScratch scratch;
   int parity = 0;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    const RowLayout layout = MakeRowLayout<V>(a, row);
-    const SharedRow<TX, kCached> cached{layout, row * a.cols, cache};
+    const SharedRow<TX, kCached> cached{MakeRowLayout<V>(a, row), row * a.cols, cache};
     float sum = 0.0f;
     float sum_sq = 0.0f;
-    for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
-      float v[V];
-      LoadInput<TX, V>(a, cached.base + layout.head + k * V, true, v);
-      if (kCached) StoreVectorShared<TX, V>(cache + k * V, v);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        sum += v[j];
-        sum_sq = fmaf(v[j], v[j], sum_sq);
-      }
-    }
-    for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
-      float one[1];
-      LoadInput<TX, 1>(a, cached.base + ScalarColumn<V>(layout, e), true, one);
-      if (kCached) cache[layout.body * V + e] = FromFloat<TX>(one[0]);
-      sum += one[0];
-      sum_sq = fmaf(one[0], one[0], sum_sq);
-    }
-
+    cached.CacheAndSum(a, sum, sum_sq);
     float mean = 0.0f;
     float inv;
     if (a.rms) {
       inv = InverseRoot(GroupSum(sum_sq, blockDim.x, scratch, parity) / a.cols, a.epsilon);
     } else {
       mean = GroupSum(sum, blockDim.x, scratch, parity) / a.cols;
-      float squares = 0.0f;
-      for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
-        float v[V];
-        cached.template Vector<V>(a, k, v);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float d = v[j] - mean;
-          squares = fmaf(d, d, squares);
-        }
-      }
-      for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
-        const float d = cached.Scalar(a, e) - mean;
-        squares = fmaf(d, d, squares);
-      }
-      inv = InverseRoot(GroupSum(squares, blockDim.x, scratch, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(GroupSum(cached.Squares(a, mean), blockDim.x, scratch, parity) / a.cols, a.epsilon);
     }
     if (threadIdx.x == 0) WriteStatistics(a, row, mean, inv);
-
-    for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
-      float v[V];
-      cached.template Vector<V>(a, k, v);
-      const int col = layout.head + k * V;
-      NormalizeAndStore<V>(a, mean, inv, v, col, cached.base + col);
-    }
-    for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
-      float one[1] = {cached.Scalar(a, e)};
-      const int col = ScalarColumn<V>(layout, e);
-      NormalizeAndStore<1>(a, mean, inv, one, col, cached.base + col);
-    }
+    cached.Normalize(a, mean, inv);
     // The next row's caching pass must not overwrite what a slower thread has still to read.
     if (kCached) __syncthreads();
   }

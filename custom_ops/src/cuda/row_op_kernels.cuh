@@ -1,7 +1,7 @@
 // What the row ops' kernels share: ops whose kernel normalises each row of X by the norm's statistics and then
 // applies an epilogue of their own to each unit of the row (a row op: no Skip, no statistics outputs). One kernel
 // loop (NormRows: the row's statistics, RowStatistics, then the op's epilogue over the units this thread holds,
-// ForEachUnit), typed loads and stores, and the choice among a kernel's four variants (RowKernelVariant). Built from
+// ForEachUnit), typed loads and stores, and the choice among a kernel's four variants (RowKernelFor). Built from
 // the shared pieces of the norm kernels (vector_io.cuh loads/stores and conversions, element_types.cuh rounding,
 // reduce.cuh group sums); statistics in float32, LayerNorm's variance a second pass over the row held in registers.
 //
@@ -83,20 +83,13 @@ struct RowState {
   int64_t base = 0;
 };
 
-// Reads row `row` (an empty row past the last one) and reduces it over its group of threads: mean (LayerNorm)
-// and 1 / sqrt(variance or mean square + epsilon), float32, LayerNorm's variance a second pass over the row held
-// in registers (or read again). Every thread of the block calls it the same number of times (block-wide sums).
-// Args: any argument block with x, rows, cols, epsilon and rms (a row op's, named as in NormArgs).
+// RowStatistics' first pass: this thread's sum (LayerNorm) or sum of squares (RMSNorm) of its units of the row,
+// loaded into s.w when kCached (zeros in a slot past the row's units).
 template <typename TX, int N, bool kCached, typename Args>
-__device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& rows, int64_t row, ReduceScratch& scratch,
-                                              int& parity, RowState<TX, N, kCached>& s) {
+__device__ __forceinline__ float RowSum(const Args& a, int group, int rank, RowState<TX, N, kCached>& s) {
   using U = Unit<TX, N>;
   constexpr int kSlots = RowState<TX, N, kCached>::kSlots;
-  const int group = rows.group;
-  const int rank = rows.rank;
   const TX* x = static_cast<const TX*>(a.x);
-  s.live_units = row < a.rows ? a.cols / N : 0;
-  s.base = row * a.cols;
   float sum = 0.0f;
   if constexpr (kCached) {
 #pragma unroll
@@ -124,12 +117,15 @@ __device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& ro
       for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
     }
   }
-  s.mean = 0.0f;
-  if (a.rms) {
-    s.inv = 1.0f / sqrtf(GroupSum(sum, group, scratch, parity) / a.cols + a.epsilon);
-    return;
-  }
-  s.mean = GroupSum(sum, group, scratch, parity) / a.cols;
+  return sum;
+}
+
+// LayerNorm's second pass: this thread's sum of squared deviations from s.mean, over the units in s.w (kCached)
+// or read again.
+template <typename TX, int N, bool kCached, typename Args>
+__device__ __forceinline__ float RowSquares(const Args& a, int group, int rank, const RowState<TX, N, kCached>& s) {
+  using U = Unit<TX, N>;
+  constexpr int kSlots = RowState<TX, N, kCached>::kSlots;
   float squares = 0.0f;
   if constexpr (kCached) {
 #pragma unroll
@@ -144,11 +140,33 @@ __device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& ro
   } else {
     for (int k = rank; k < s.live_units; k += group) {
       float v[N];
-      LoadVector<TX, N>(x + s.base + k * N, v);
+      LoadVector<TX, N>(static_cast<const TX*>(a.x) + s.base + k * N, v);
 #pragma unroll
       for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
     }
   }
+  return squares;
+}
+
+// Reads row `row` (an empty row past the last one) and reduces it over its group of threads: mean (LayerNorm)
+// and 1 / sqrt(variance or mean square + epsilon), float32, LayerNorm's variance a second pass over the row held
+// in registers (or read again). Every thread of the block calls it the same number of times (block-wide sums).
+// Args: any argument block with x, rows, cols, epsilon and rms (a row op's, named as in NormArgs).
+template <typename TX, int N, bool kCached, typename Args>
+__device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& rows, int64_t row, ReduceScratch& scratch,
+                                              int& parity, RowState<TX, N, kCached>& s) {
+  const int group = rows.group;
+  const int rank = rows.rank;
+  s.live_units = row < a.rows ? a.cols / N : 0;
+  s.base = row * a.cols;
+  const float sum = RowSum<TX, N, kCached>(a, group, rank, s);
+  s.mean = 0.0f;
+  if (a.rms) {
+    s.inv = 1.0f / sqrtf(GroupSum(sum, group, scratch, parity) / a.cols + a.epsilon);
+    return;
+  }
+  s.mean = GroupSum(sum, group, scratch, parity) / a.cols;
+  const float squares = RowSquares<TX, N, kCached>(a, group, rank, s);
   // IEEE sqrt and division, not rsqrtf's approximation: once per row.
   s.inv = 1.0f / sqrtf(GroupSum(squares, group, scratch, parity) / a.cols + a.epsilon);
 }
