@@ -189,16 +189,17 @@ def _runtime_divisor(node: ir.Node, path: _Path) -> tuple[ir.Value, float, float
         return a, 1.0, 1e-6
     for s, inverse in ((a, b), (b, a)):
         producer = inverse.producer()
-        if producer is None or not is_onnx_domain(producer.domain) or producer.inputs[-1] is None:
+        # Any producer can be met here, one without inputs too (a Constant that is not a scalar factor).
+        if producer is None or not is_onnx_domain(producer.domain) or None in producer.inputs:
             continue
-        if producer.op_type == "Reciprocal":
+        if producer.op_type == "Reciprocal" and len(producer.inputs) == 1:
             path.divisor = producer.inputs[0]
             return s, 1.0, 1e-6
-        if producer.op_type == "Div" and producer.inputs[0] is not None:
+        if producer.op_type == "Div" and len(producer.inputs) == 2:
             numerator = constants.scalar(producer.inputs[0])
             if numerator is not None:
                 path.divisor = producer.inputs[1]
-                return s, numerator, _REL_TOLERANCE.get(producer.inputs[0].dtype, 1e-6)  # type: ignore[arg-type]
+                return s, numerator, _REL_TOLERANCE.get(producer.inputs[0].dtype, 1e-6)  # type: ignore[union-attr]
     return None
 
 

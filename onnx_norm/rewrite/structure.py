@@ -27,12 +27,21 @@ _WIDTH = {
 
 
 class NearMiss(Exception):
-    """A candidate that looks like a norm but must not be rewritten; the message says why."""
+    """A candidate that looks like a norm but must not be rewritten; the message says why. `error`: the type of the
+    exception when onnx-norm itself failed on the candidate (`internal_error`), empty when the graph is the reason."""
 
-    def __init__(self, reason: str, *values: ir.Value | ir.Node | None) -> None:
+    def __init__(self, reason: str, *values: ir.Value | ir.Node | None, error: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.values = [v for v in values if v is not None]
+        self.error = error
+
+
+def internal_error(what: str, err: Exception) -> NearMiss:
+    """The near-miss for an exception raised while matching, proving or rewriting a candidate: a bug in onnx-norm,
+    not a property of the graph. It is reported (and the candidate skipped, never fatal) with the exception's type
+    in `error`, so that the report and the tests tell it from the near-misses the graph causes."""
+    return NearMiss(f"{what} ({type(err).__name__}: {err})", error=type(err).__name__)
 
 
 def is_widening_cast(node: ir.Node) -> bool:
