@@ -53,8 +53,8 @@ from onnx_norm.rewrite.structure import (
     flatten,
     is_centred,
     same_data,
+    strip_lossless_steps,
     strip_nonnegative_clamp,
-    strip_widening_casts,
 )
 
 __all__ = ["ANCHOR_OPS", "Affine", "AffineInputs", "AffineStrategy", "Candidate", "Layout", "MatchState"]
@@ -252,7 +252,7 @@ def _build(state: MatchState, reading: StatReading, factors: Factors | None = No
     if factors is None:
         factors = flatten(state.junction, _data_classifier(statistic, reading.eps_sum))
     _check_product(factors, state.junction)
-    x = strip_widening_casts(statistic.x)
+    x = strip_lossless_steps(statistic.x)
     _check_types(x, state.y)
     layout = _layout(x, state.y, reading.stat, statistic, state.channels_first)
     runtime = {op.constant for op in state.tail if constants.is_runtime_parameter(op.constant)}

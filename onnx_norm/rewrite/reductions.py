@@ -205,7 +205,20 @@ def _runtime_divisor(node: ir.Node, path: _Path) -> tuple[ir.Value, float, float
 
 #: Ops of the shape arithmetic that computes a row size from `Shape(x)` or `Size(x)`.
 _COUNT_OPS = frozenset(
-    {"Shape", "Size", "Gather", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Concat", "ReduceProd", "Mul", "Cast"}
+    {
+        "Shape",
+        "Size",
+        "Gather",
+        "Slice",
+        "Squeeze",
+        "Unsqueeze",
+        "Reshape",
+        "Concat",
+        "ReduceProd",
+        "Mul",
+        "Cast",
+        "Identity",
+    }
 )
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19)
 

@@ -57,10 +57,15 @@ def is_widening_cast(node: ir.Node) -> bool:
     return _WIDTH[target] > _WIDTH[source]
 
 
-def strip_widening_casts(value: ir.Value) -> ir.Value:
+def strip_lossless_steps(value: ir.Value) -> ir.Value:
+    """`value` with the widening Casts and the Identity nodes above it removed: the steps that change no value, so
+    that the norm reads what they read (a residual Add behind them is folded into the Skip op; those that something
+    else reads too are kept, re-made from the op's Sum output)."""
     while True:
         node = value.producer()
-        if node is None or not is_widening_cast(node) or node.inputs[0] is None:
+        if node is None or not node.inputs or node.inputs[0] is None:
+            return value
+        if not (is_widening_cast(node) or (node.op_type == "Identity" and is_onnx_domain(node.domain))):
             return value
         value = node.inputs[0]
 
