@@ -324,7 +324,7 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False, unbiased_ok: bool = F
     if axes is None:
         return None
     kept = _dims_kept(path, axes, dropped_ok)
-    if kept is None or (path.reshaped and not _restores(value, reduced, axes)):
+    if kept is None or (path.reshaped and not restores_kept_dims(value, reduced, axes)):
         return None
     if path.divisor is None:
         count = _reduced_count(reduced, axes)
@@ -350,7 +350,7 @@ def _reduced_count(reduced: ir.Value, axes: tuple[int, ...]) -> int | None:
     return math.prod(dims)  # type: ignore[arg-type]
 
 
-def _restores(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:
+def restores_kept_dims(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:
     """Whether a Reshape/Expand on the way gives `value` the kept-dims layout of a reduction of `reduced`.
 
     Where shape inference knows both shapes they must agree (reduced dims 1, or the full size for an Expand
