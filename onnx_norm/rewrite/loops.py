@@ -27,6 +27,9 @@ from onnx_norm.dtypes import is_onnx_domain
 
 #: Value.meta key set on a Loop body input that every iteration sees unchanged.
 INVARIANT_KEY = "onnx_norm.loop_invariant"
+#: Value.meta key set on every input of a Loop or Scan body (the iteration count, the condition, the loop-carried
+#: values, a Scan's states and scan inputs): what a body input holds can change from one iteration to the next.
+BODY_INPUT_KEY = "onnx_norm.body_input"
 
 
 @dataclasses.dataclass
@@ -96,6 +99,8 @@ def type_bodies(model: ir.Model) -> tuple[list[Assumed], bool]:
     assumed = []
     typed = False
     for loop, body in _loops(model):
+        for value in body.inputs:
+            value.meta[BODY_INPUT_KEY] = True
         for index in range(2, min(len(body.inputs), len(loop.inputs))):
             inner, outer = body.inputs[index], loop.inputs[index]
             if outer is None:
@@ -114,6 +119,8 @@ def type_bodies(model: ir.Model) -> tuple[list[Assumed], bool]:
                 assumed.append(Assumed(body, index, before))
             inner.shape = ir.Shape(list(outer.shape))
     for _, body, states in _scans(model):
+        for value in body.inputs:
+            value.meta[BODY_INPUT_KEY] = True
         for index in range(states):
             if _returns_input(body, index, index):
                 body.inputs[index].meta[INVARIANT_KEY] = True
@@ -179,3 +186,7 @@ def _same_dims(a: ir.Shape | None, b: ir.Shape | None) -> bool:
 
 def is_invariant(value: ir.Value) -> bool:
     return bool(value.meta.get(INVARIANT_KEY))
+
+
+def is_body_input(value: ir.Value) -> bool:
+    return bool(value.meta.get(BODY_INPUT_KEY))
