@@ -1,7 +1,7 @@
 """Spellings that only some exporters write, each written out as an ONNX graph in the exporter's form: fused into
 the right op with the original's numbers.
 
-- `Identity` nodes between the residual `Add` and the norm (paddle2onnx's PP-OCR recognisers): Identity moves data,
+- `Identity` nodes between the residual `Add` and the norm (a PP-OCRv6 text recogniser's export): Identity moves data,
   so the Skip fold looks through the chain, the sum staying an output wherever the Add or an Identity is read again.
 - Flax's LayerNorm as jax2tf + tf2onnx write it: statistics reduced with `keepdims=0`, restored by a Reshape (and an
   Expand) to a shape computed from `Shape(x)`, the variance clamped by `Max(0, var)` before or after its Reshape.
