@@ -90,3 +90,14 @@ def test_a_gate_of_one_position_is_no_scale() -> None:
     assert sorted(n.op_type for n in optimized.graph.node) == ["Mul", "RMSNorm", "Sigmoid"]
     (mul,) = [n for n in optimized.graph.node if n.op_type == "Mul"]
     assert _fused_node(optimized).output[0] in mul.input and len(_fused_node(optimized).input) == 1
+
+
+def test_a_scale_from_a_constant_node_stays_a_constant() -> None:
+    """A Constant node's row is no run-time weight: it pins the symbolic row size it is the only size of (the proof
+    runs at that size, with its values)."""
+    weights = helper.make_tensor("w", FLOAT, [D], (np.arange(D, dtype=np.float32) / D + 0.5).tolist())
+    nodes = [helper.make_node("Constant", [], ["w"], value=weights), *layer_nodes(scale="w")]
+    model = make_model(
+        nodes, [("x", FLOAT, ["b", "s", "d"])], [("y", FLOAT, ["b", "s", "d"])], [const("eps", 1e-5, np.float32)]
+    )
+    assert_fused(model, {"x": [2, 3, D]}, ["LayerNorm"])

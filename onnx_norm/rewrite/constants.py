@@ -114,8 +114,8 @@ def _computed_row(value: ir.Value) -> bool:
     constant, a graph input, a loop-invariant body input or a value of an enclosing graph, never a value a loop
     body changes from one iteration to the next (loops.py marks those)."""
     producer = value.producer()
-    if producer is None or value.shape is None or len(value.shape) != 1:
-        return False
+    if producer is None or value.shape is None or len(value.shape) != 1 or is_constant(value):
+        return False  # a constant (a Constant node's row too) is folded and proven with its values
     own, nodes = producer.graph, 0
     stack = [value]
     for current in each_once(stack):
