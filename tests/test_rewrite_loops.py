@@ -160,18 +160,41 @@ def test_a_loop_carried_scale_the_body_changes_is_no_parameter() -> None:
     _check_parity(model, optimized)
 
 
-def test_a_state_the_body_grows_keeps_no_assumed_shape() -> None:
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_a_state_the_body_grows_keeps_its_rank(symbolic: bool, monkeypatch) -> None:
     """The body concatenates its state along the sequence, so the Loop's initial shape holds for the first
-    iteration only: that assumption is taken back, the norm on the state stays (its rank is unknown) and what is
-    written is the original's computation, body input shapes included."""
+    iteration only: the assumption is narrowed to what every iteration has (the rank, the batch and the row size,
+    the sequence unknown), so the norm on the state in the body and the one after the Loop (even without ONNX
+    Runtime's symbolic inference) have their rank and are fused; the results are the original's."""
+    from onnx_norm.rewrite import passes
+
+    if not symbolic:
+        monkeypatch.setattr(passes, "_infer_symbolic_shapes", lambda model: None)
     model = _model(17, "carried", state="grown")
+    optimized, report = optimize(model)
+    assert _body_ops(optimized).count(f"{DOMAIN}:LayerNorm") == 1, report.near_misses
+    assert "ReduceMean" not in _body_ops(optimized)
+    assert _main_ops(optimized) == ["Loop", "LayerNorm"], report.near_misses
+    state = _loop(optimized).attribute[0].g.input[4].type.tensor_type.shape.dim
+    assert [d.dim_value or d.dim_param or None for d in state][::2] == ["b", D]
+    assert report.near_misses == []
+    _check_parity(model, optimized)
+
+
+def test_a_state_whose_rank_the_body_changes_keeps_no_assumed_shape(monkeypatch) -> None:
+    """The body flattens its state to a vector: not even the rank of the Loop's initial value holds after the first
+    iteration, so the assumption is taken back, the norm on the state stays (its rank is unknown) and what is
+    written is the original's computation, body input shapes included."""
+    model = _model(17, "carried")
+    body = _loop(model).attribute[0].g
+    identity = next(n for n in body.node if n.output[0] == "h_out")
+    identity.op_type = "Flatten"
+    identity.attribute.append(helper.make_attribute("axis", 0))
     optimized, report = optimize(model)
     body = optimized.graph.node[0].attribute[0].g
     assert "ReduceMean" in [n.op_type for n in body.node]
     assert not body.input[4].type.tensor_type.HasField("shape")
     assert any("rank" in m.reason for m in report.near_misses), report.near_misses
-    feeds = random_feeds(model, SHAPES)
-    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("opset", [13, 17])
@@ -334,3 +357,75 @@ def test_a_norm_in_a_scan_body_is_fused(gamma: str) -> None:
         index = [o.name for o in model.graph.output].index(name)
         np.testing.assert_allclose(run(optimized, feeds)[index], run(model, feeds)[index], rtol=1e-5, atol=1e-5)
     assert onnx_norm.verify(model, optimized, inputs=[feeds]).passed
+
+
+def _computed_weights_model(spelling: str, changed: bool = False) -> onnx.ModelProto:
+    """A tf2onnx-like Loop whose body computes the norm's gamma and beta from loop-carried tensors: `slice` (gamma
+    and beta one vector `[gamma, beta]`, split by Slice) or `neg` (gamma carried negated, `Neg` in the body, beta a
+    Slice of the vector). `changed`: the body doubles the vector every iteration (no weight then)."""
+    inputs = [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        *(helper.make_tensor_value_info(n, FLOAT, None) for n in ("gb_in", "ng_in", "h_in")),
+    ]
+    gamma_node = (
+        helper.make_node("Slice", ["gb_in", "start0", "startD"], ["g"])
+        if spelling == "slice"
+        else helper.make_node("Neg", ["ng_in"], ["g"])
+    )
+    nodes = [
+        helper.make_node("Identity", ["c"], ["c_out"]),
+        helper.make_node("Constant", [], ["b_eps"], value=helper.make_tensor("e", FLOAT, [], [1e-3])),
+        gamma_node,
+        helper.make_node("Slice", ["gb_in", "startD", "end2D"], ["b"]),
+        *_layer_norm("h_in", "h_ln", "g", "b", "b_"),
+        helper.make_node("Relu", ["h_ln"], ["h_out"]),
+        helper.make_node("Add", ["gb_in", "gb_in"], ["gb_out"])
+        if changed
+        else helper.make_node("Identity", ["gb_in"], ["gb_out"]),
+        helper.make_node("Identity", ["ng_in"], ["ng_out"]),
+    ]
+    outputs = [helper.make_tensor_value_info("c_out", TensorProto.BOOL, None)]
+    outputs += [helper.make_tensor_value_info(n, FLOAT, None) for n in ("gb_out", "ng_out", "h_out")]
+    bounds = [const("start0", [0], np.int64), const("startD", [D], np.int64), const("end2D", [2 * D], np.int64)]
+    body = helper.make_graph(nodes, "body", inputs, outputs, bounds)
+    loop = helper.make_node("Loop", ["trips", "cond", "gb", "ng", "x"], ["gb_final", "ng_final", "y"], body=body)
+    gamma = rng.random(D).astype(np.float32) + 0.5
+    inits = [
+        const("trips", np.array(2, np.int64)),
+        const("cond", np.array(True)),
+        const("gb", np.concatenate([gamma, rng.standard_normal(D).astype(np.float32)])),
+        const("ng", -gamma),
+    ]
+    x = [helper.make_tensor_value_info("x", FLOAT, ["b", "s", D])]
+    graph = helper.make_graph([loop], "g", x, [helper.make_tensor_value_info("y", FLOAT, ["b", "s", D])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("spelling", ["slice", "neg"])
+def test_a_scale_and_bias_computed_from_loop_carried_weights_are_the_ops(spelling: str) -> None:
+    """A Slice or Neg of a tensor every iteration sees unchanged is a row of weights computed at run time: the fused
+    op reads it as its Scale (or Bias), and no Mul or Add of the affine is left in the body."""
+    model = _computed_weights_model(spelling)
+    optimized, report = optimize(model)
+    ops = _body_ops(optimized)
+    assert ops.count(f"{DOMAIN}:LayerNorm") == 1, report.near_misses
+    assert "Mul" not in ops and "Add" not in ops, ops
+    (fused,) = [n for n in _loop(optimized).attribute[0].g.node if n.domain == DOMAIN]
+    assert list(fused.input[1:]) == ["g", "b"]
+    _check_parity(model, optimized)
+
+
+def test_a_row_sliced_from_a_value_the_body_changes_is_no_weight() -> None:
+    """The vector doubles every iteration: its Slices are not read as weights (the norm is fused without its bias,
+    the Add stays), and the results are the original's."""
+    model = _computed_weights_model("neg", changed=True)
+    optimized, _ = optimize(model)
+    body = _loop(optimized).attribute[0].g
+    (fused,) = [n for n in body.node if n.domain == DOMAIN]
+    assert "b" not in fused.input
+    assert any(n.op_type == "Add" and "b" in n.input for n in body.node)
+    _check_parity(model, optimized)

@@ -59,3 +59,45 @@ def test_the_norms_own_graph_input_is_not_taken_for_a_scale() -> None:
     model = make_model(rms_nodes(), [("x", FLOAT, [2, 3, D])], [("y", FLOAT, None)], [const("eps", [1e-6], np.float32)])
     optimized, _ = assert_fused(model, {"x": [2, 3, D]}, ["RMSNorm"])
     assert list(_fused_node(optimized).input[:1]) == ["x"]
+
+
+def test_a_scale_computed_from_a_runtime_weight_is_read_as_it_is() -> None:
+    """Gemma's `x_norm * (1 + w)` with `w` a graph input: `1 + w` is a row computed from a weight at run time, and
+    the fused op reads it as its Scale (the Add stays in front of the op, the Mul is gone)."""
+    nodes = [
+        *rms_nodes(y="n"),
+        helper.make_node("Add", ["one", "w"], ["w1"]),
+        helper.make_node("Mul", ["n", "w1"], ["y"]),
+    ]
+    inputs = [("x", FLOAT, ["b", "s", D]), ("w", FLOAT, [D])]
+    inits = [const("eps", [1e-6], np.float32), const("one", 1.0, np.float32)]
+    model = make_model(nodes, inputs, [("y", FLOAT, None)], inits)
+    optimized, _ = assert_fused(model, SHAPES, ["RMSNorm"])
+    assert _fused_node(optimized).input[1] == "w1"
+    assert [n.op_type for n in optimized.graph.node] == ["Add", "RMSNorm"]
+
+
+def test_a_gate_of_one_position_is_no_scale() -> None:
+    """A static [1, 1, D] input gated by its own sigmoid (one position, batch 1): the gate is computed from the
+    norm's input and is 3-D, not a row of weights; the norm is fused and the gate's Mul stays after it."""
+    nodes = [
+        *rms_nodes(y="n"),
+        helper.make_node("Sigmoid", ["x"], ["gate"]),
+        helper.make_node("Mul", ["n", "gate"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", FLOAT, [1, 1, D])], [("y", FLOAT, None)], [const("eps", [1e-6], np.float32)])
+    optimized, _ = assert_fused(model, {"x": [1, 1, D]}, ["RMSNorm"])
+    assert sorted(n.op_type for n in optimized.graph.node) == ["Mul", "RMSNorm", "Sigmoid"]
+    (mul,) = [n for n in optimized.graph.node if n.op_type == "Mul"]
+    assert _fused_node(optimized).output[0] in mul.input and len(_fused_node(optimized).input) == 1
+
+
+def test_a_scale_from_a_constant_node_stays_a_constant() -> None:
+    """A Constant node's row is no run-time weight: it pins the symbolic row size it is the only size of (the proof
+    runs at that size, with its values)."""
+    weights = helper.make_tensor("w", FLOAT, [D], (np.arange(D, dtype=np.float32) / D + 0.5).tolist())
+    nodes = [helper.make_node("Constant", [], ["w"], value=weights), *layer_nodes(scale="w")]
+    model = make_model(
+        nodes, [("x", FLOAT, ["b", "s", "d"])], [("y", FLOAT, ["b", "s", "d"])], [const("eps", 1e-5, np.float32)]
+    )
+    assert_fused(model, {"x": [2, 3, D]}, ["LayerNorm"])

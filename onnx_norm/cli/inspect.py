@@ -110,6 +110,14 @@ def print_near_misses(console: Console, report: OptimizeReport) -> None:
     for miss in report.near_misses:
         table.add_row(", ".join(miss.nodes[:3]), miss.reason, miss.graph)
     console.print(table)
+    errors = sum(1 for miss in report.near_misses if miss.error)
+    if errors:
+        console.print(
+            f"{errors} of these are errors of onnx-norm itself, not of the model: please report them "
+            "(-vv prints the tracebacks)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def write_report(path: Path, report: OptimizeReport, models: dict[str, Any]) -> None:

@@ -70,7 +70,9 @@ def is_runtime_parameter(value: ir.Value | None) -> bool:
 
     - a graph input (an export with `export_params=False`, or an initializer kept as an overridable input),
     - a Loop body input every iteration sees unchanged (tf2onnx passes gamma and beta through its loops, loops.py),
-    - or a value of an enclosing graph read inside a subgraph (constant for the whole run of the subgraph).
+    - a value of an enclosing graph read inside a subgraph (constant for the whole run of the subgraph),
+    - or a 1-D row computed at run time from such weights alone (`_computed_row`: tf2onnx's `Slice` or `Neg` of a
+      loop-carried gamma, `1 + w` of a graph input).
 
     A norm's own input never is: it also feeds the statistic (a reduction, Pow, Sub, Cast or Mul with itself)."""
     if value is None or value.dtype not in FLOAT_TYPES or value.shape is None:
@@ -87,7 +89,7 @@ def is_runtime_parameter(value: ir.Value | None) -> bool:
     invariant = loops.is_invariant(value)
     # Inside a loop or branch, only a 1-D row: an enclosing activation multiplied onto the norm is no weight.
     enclosing = len(dims) <= 1 and (invariant or _read_from_subgraph(value))
-    if not (value.is_graph_input() or enclosing):
+    if not (value.is_graph_input() or enclosing or _computed_row(value)):
         return False
     for use in value.uses():
         node = use.node
@@ -98,6 +100,47 @@ def is_runtime_parameter(value: ir.Value | None) -> bool:
         if node.inputs[0] is node.inputs[1]:
             return False
     return True
+
+
+#: The most nodes `_computed_row` reads back through.
+_MAX_ROW_NODES = 16
+
+
+def _computed_row(value: ir.Value) -> bool:
+    """A 1-D value computed at run time from weights alone, which a fused op can read as its Scale or Bias like a
+    graph input: the nodes computing it (at most _MAX_ROW_NODES, default domain) hold no reduction, so it is no
+    part of a norm's own computation (every value of a norm but its input comes from the statistic's reduction,
+    and the input also feeds the statistic, which `is_runtime_parameter`'s readers exclude), and what they read is
+    constant, a graph input, a loop-invariant body input or a value of an enclosing graph, never a value a loop
+    body changes from one iteration to the next (loops.py marks those)."""
+    producer = value.producer()
+    if producer is None or value.shape is None or len(value.shape) != 1 or is_constant(value):
+        return False  # a constant (a Constant node's row too) is folded and proven with its values
+    own, nodes = producer.graph, 0
+    stack = [value]
+    for current in each_once(stack):
+        if is_direct_constant(current) or loops.is_invariant(current):
+            continue
+        node = current.producer()
+        if node is None:
+            if loops.is_body_input(current) and current.dtype is not None and current.dtype.is_floating_point():
+                return False  # a loop-carried value the body changes, or a scan input: data, not a weight
+            continue
+        if node.graph is not own:
+            continue  # read from the enclosing graph: the same for the whole run of this one
+        nodes += 1
+        if nodes > _MAX_ROW_NODES or not is_onnx_domain(node.domain) or _is_reduction(node) or _subgraphs_of(node):
+            return False
+        stack.extend(v for v in node.inputs if v is not None)
+    return True
+
+
+def _is_reduction(node: ir.Node) -> bool:
+    return node.op_type.startswith("Reduce") or node.op_type in ("GlobalAveragePool", "GlobalLpPool", "GlobalMaxPool")
+
+
+def _subgraphs_of(node: ir.Node) -> bool:
+    return any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values())
 
 
 def _read_from_subgraph(value: ir.Value) -> bool:

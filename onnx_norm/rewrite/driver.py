@@ -37,7 +37,7 @@ from onnx_norm.rewrite.match import Candidate, find_norm
 from onnx_norm.rewrite.report import NormRecord
 from onnx_norm.rewrite.session import GraphLike, Session, graph_label
 from onnx_norm.rewrite.spec import NormSpec
-from onnx_norm.rewrite.structure import NearMiss
+from onnx_norm.rewrite.structure import NearMiss, internal_error
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +104,9 @@ class _Walk:
             except NearMiss as miss:
                 self.session.near_miss(node, graph, miss)
                 continue
-            except Exception as err:  # a graph the matcher does not understand is left as it is, and reported
-                logger.warning("matcher failed at %s: %s", node.name, err, exc_info=logger.isEnabledFor(logging.DEBUG))
-                self.session.near_miss(node, graph, NearMiss(f"not analysed ({type(err).__name__}: {err})"))
+            except Exception as err:  # a matcher bug: the node is left as it is and reported, the rewrite goes on
+                _log_internal_error("the matcher failed", node, err)
+                self.session.near_miss(node, graph, internal_error("not analysed", err))
                 continue
             if found is not None:
                 yield found
@@ -117,8 +117,8 @@ class _Walk:
             selected = rules.select(rule, candidate, node, graph, self._opset(graph), self.session)
             return selected is not None and self._replace(rule, selected, node, graph)
         except Exception as err:  # a match that cannot be applied is skipped and reported, never fatal
-            logger.warning("not fused at %s: %s", node.name, err, exc_info=logger.isEnabledFor(logging.DEBUG))
-            self.session.near_miss(node, graph, NearMiss(f"not applied ({type(err).__name__}: {err})"))
+            _log_internal_error("rewriting failed", node, err)
+            self.session.near_miss(node, graph, internal_error("not applied", err))
             return False
 
     def _opset(self, graph: GraphLike) -> int:
@@ -150,6 +150,13 @@ class _Walk:
         self.session.records.append(_record(candidate, spec, self.session.target, graph, op.nodes))
         self.session.replaced(candidate.nodes)
         return True
+
+
+def _log_internal_error(what: str, node: ir.Node, err: Exception) -> None:
+    """An exception of onnx-norm's own at `node`: one line at WARNING, the traceback at DEBUG (`-vv`)."""
+    where = node.name or node.op_type
+    logger.warning("%s at %s (%s: %s); the node is left as it is", what, where, type(err).__name__, err)
+    logger.debug("traceback of the failure at %s", where, exc_info=err)
 
 
 def _subgraphs(node: ir.Node) -> Iterator[ir.Graph]:

@@ -8,7 +8,8 @@ has an input of unknown rank) nor after the Loop. Here:
 - a loop-carried body input without a shape takes the shape of the value the Loop starts it with: exact for an
   input the body returns unchanged (every iteration sees that value); for one the body changes, an assumption that
   shape inference then checks (the body must return it with the same shape, so by induction every iteration sees
-  it), taken back when it does not hold;
+  it); where the body keeps the rank but changes a dim (a state grown along the sequence), narrowed to the rank and
+  the dims it keeps, and checked again; taken back when not even the rank holds;
 - an input the body returns unchanged is marked loop-invariant: a scale or bias read from it is a parameter the
   fused op reads at run time, like a graph input (constants.is_runtime_parameter).
 
@@ -19,7 +20,7 @@ back as body output `i`. onnx's inference types a Scan body's inputs from the Sc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import onnx_ir as ir
 
@@ -27,6 +28,9 @@ from onnx_norm.dtypes import is_onnx_domain
 
 #: Value.meta key set on a Loop body input that every iteration sees unchanged.
 INVARIANT_KEY = "onnx_norm.loop_invariant"
+#: Value.meta key set on every input of a Loop or Scan body (the iteration count, the condition, the loop-carried
+#: values, a Scan's states and scan inputs): what a body input holds can change from one iteration to the next.
+BODY_INPUT_KEY = "onnx_norm.body_input"
 
 
 @dataclasses.dataclass
@@ -36,6 +40,9 @@ class Assumed:
     body: ir.Graph
     index: int  # of the body input; the body returns its next value as output `index - 1`
     before: dict[ir.Value, ir.Shape | None]  # the body's value shapes before inference used the assumption
+    # Dims the assumption was narrowed to leave unknown (`check`); inference names them (`unk__0`), which says
+    # nothing about their size.
+    unknown: set[int] = dataclasses.field(default_factory=set)
 
 
 def _loops(model: ir.Model) -> Iterator[tuple[ir.Node, ir.Graph]]:
@@ -96,6 +103,8 @@ def type_bodies(model: ir.Model) -> tuple[list[Assumed], bool]:
     assumed = []
     typed = False
     for loop, body in _loops(model):
+        for value in body.inputs:
+            value.meta[BODY_INPUT_KEY] = True
         for index in range(2, min(len(body.inputs), len(loop.inputs))):
             inner, outer = body.inputs[index], loop.inputs[index]
             if outer is None:
@@ -114,33 +123,68 @@ def type_bodies(model: ir.Model) -> tuple[list[Assumed], bool]:
                 assumed.append(Assumed(body, index, before))
             inner.shape = ir.Shape(list(outer.shape))
     for _, body, states in _scans(model):
+        for value in body.inputs:
+            value.meta[BODY_INPUT_KEY] = True
         for index in range(states):
             if _returns_input(body, index, index):
                 body.inputs[index].meta[INVARIANT_KEY] = True
     return assumed, typed
 
 
-def check(assumed: list[Assumed]) -> bool:
-    """Takes back each assumed shape the body does not return its input with (and what inference derived from
-    it); True when any was taken back (inference should run again)."""
+def check(assumed: list[Assumed], *, narrow: bool = True) -> tuple[list[Assumed], bool]:
+    """Checks each assumed shape against the shape the body returns its input with (by induction, what every
+    iteration sees): it holds when the body returns the input's rank with each of its known dims. Where the body
+    keeps the rank but not every dim (a state that grows along the sequence), the assumption is narrowed with
+    `narrow` to the rank and the dims the body keeps (`_agreed`; the next round of inference checks it again);
+    otherwise it is taken back. Either way what inference derived from it goes too. Returns the assumptions still
+    standing and whether any changed (inference should run again)."""
+    standing: list[Assumed] = []
     changed = False
     for entry in assumed:
         inner = entry.body.inputs[entry.index]
         returned = entry.body.outputs[entry.index - 1]
-        if _same_dims(returned.shape, inner.shape):
+        if _holds(inner.shape, returned.shape, entry.unknown):
+            standing.append(entry)
             continue
-        inner.shape = None
+        agreed = _agreed(inner.shape, returned.shape, entry.unknown) if narrow else None
         for value, shape in entry.before.items():
             value.shape = shape
+        inner.shape = agreed
+        if agreed is not None:
+            entry.unknown = {i for i, dim in enumerate(agreed) if not _known(dim)}
+            standing.append(entry)
         changed = True
-    return changed
+    return standing, changed
+
+
+def _known(dim: object) -> bool:
+    return isinstance(dim, int) or getattr(dim, "value", None) is not None
+
+
+def _holds(assumed: ir.Shape | None, returned: ir.Shape | None, unknown: Collection[int] = ()) -> bool:
+    """Whether a value of shape `returned` has every dim `assumed` knows (the same rank; unknown dims, and those at
+    the positions `unknown`, match anything)."""
+    if assumed is None or returned is None or len(assumed) != len(returned):
+        return False
+    pairs = enumerate(zip(assumed, returned, strict=True))
+    return all(i in unknown or not _known(p) or p == q for i, (p, q) in pairs)
+
+
+def _agreed(assumed: ir.Shape | None, returned: ir.Shape | None, unknown: Collection[int] = ()) -> ir.Shape | None:
+    """The shape of both: `assumed`'s rank, its static or named dims where `returned` has the same, unknown dims
+    elsewhere (and at the positions `unknown`); None when the ranks differ or either shape is unknown."""
+    if assumed is None or returned is None or len(assumed) != len(returned):
+        return None
+    pairs = enumerate(zip(assumed, returned, strict=True))
+    return ir.Shape([p if i not in unknown and _known(p) and p == q else None for i, (p, q) in pairs])
 
 
 def loop_output_shapes(model: ir.Model) -> bool:
-    """Gives a Loop's outputs without a shape the shape the body keeps them in (onnx's inference of Loop often
-    leaves them unknown, and a norm after the Loop then has an input of unknown rank): a loop-carried output has its
-    body input's shape when the body returns it with that shape (zero iterations return the initial value, which
-    has it too); a scan output is the body's per-iteration value stacked along a new first dim (the iteration
+    """Gives a Loop's outputs without a (full) shape the shape the body keeps them in (onnx's inference of Loop often
+    leaves them unknown, and a norm after the Loop then has an input of unknown rank): a loop-carried output has the
+    rank and the dims that its body input and what the body returns have in common (zero iterations return the
+    initial value, which has the body input's shape; a state the body grows along one dim keeps its rank and the
+    other dims); a scan output is the body's per-iteration value stacked along a new first dim (the iteration
     count, left unnamed). True when any shape was set (inference should run again)."""
     changed = False
     for loop, body in _loops(model):
@@ -152,14 +196,16 @@ def loop_output_shapes(model: ir.Model) -> bool:
             if returned is None or returned.shape is None:
                 continue
             if index < carried:
-                inner = body.inputs[index + 2]
-                if not _same_dims(returned.shape, inner.shape):
+                # Zero iterations give the initial value (which has the body input's shape), others what the body
+                # returns: the dims both have, in the rank they share.
+                agreed = _agreed(body.inputs[index + 2].shape, returned.shape)
+                if agreed is None:
                     continue
-                shape = ir.Shape(list(inner.shape))  # type: ignore[arg-type]
+                shape = agreed
             else:
                 shape = ir.Shape([None, *returned.shape])
-            if output.shape is not None and len(output.shape) != len(shape):
-                continue  # inference says otherwise: keep what it says
+            if output.shape is not None and (len(output.shape) != len(shape) or _holds(shape, output.shape)):
+                continue  # inference says otherwise, or knows as much: keep what it says
             output.shape = shape
             if output.type is None and returned.type is not None:
                 output.type = returned.type
@@ -167,15 +213,9 @@ def loop_output_shapes(model: ir.Model) -> bool:
     return changed
 
 
-def _same_dims(a: ir.Shape | None, b: ir.Shape | None) -> bool:
-    """Equal static or named dims (an anonymous dim may be any size, so it equals nothing)."""
-    if a is None or b is None or len(a) != len(b):
-        return False
-    return all(
-        (isinstance(p, int) and p == q) or (not isinstance(p, int) and p.value is not None and p == q)
-        for p, q in zip(a, b, strict=True)
-    )
-
-
 def is_invariant(value: ir.Value) -> bool:
     return bool(value.meta.get(INVARIANT_KEY))
+
+
+def is_body_input(value: ir.Value) -> bool:
+    return bool(value.meta.get(BODY_INPUT_KEY))

@@ -45,7 +45,7 @@ from onnx_norm.rewrite.match_affine import (
 from onnx_norm.rewrite.match_outside import Replaced, replaced, twin_casts
 from onnx_norm.rewrite.match_state import Layout, MatchState, StatReading, TailOp, fold_product
 from onnx_norm.rewrite.match_tail import extends, walk_tail
-from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, row_mean
+from onnx_norm.rewrite.reductions import REDUCTIONS, is_float_cast, rank_of, restores_kept_dims, row_mean
 from onnx_norm.rewrite.spec import NormSpec, Statistic
 from onnx_norm.rewrite.structure import (
     LAYOUT_OPS,
@@ -54,8 +54,8 @@ from onnx_norm.rewrite.structure import (
     flatten,
     is_centred,
     same_data,
+    strip_lossless_steps,
     strip_nonnegative_clamp,
-    strip_widening_casts,
 )
 
 __all__ = ["ANCHOR_OPS", "Affine", "AffineInputs", "AffineStrategy", "Candidate", "Layout", "MatchState"]
@@ -71,13 +71,36 @@ class _NotANorm(Exception):
 
 def _statistic(stat: ir.Value, kinds: frozenset[str]) -> Statistic | None:
     """The first registered family's reading of `stat` as its statistic, among the families of `kinds`."""
-    stat = strip_nonnegative_clamp(stat)
+    core, restorers = _statistic_core(stat)
     for norm_family in family.families():
         if norm_family.statistic is not None and norm_family.kind in kinds:
-            found = norm_family.statistic(stat)
-            if found is not None:
+            found = norm_family.statistic(core)
+            if found is not None and all(restores_kept_dims(v, found.x, found.axes) for v in restorers):
                 return found
     return None
+
+
+def _statistic_core(stat: ir.Value) -> tuple[ir.Value, list[ir.Value]]:
+    """`stat` under the steps on top of it that change none of its values, in any order and number: a clamp at
+    zero (`strip_nonnegative_clamp`), an Identity, and the Reshape/Expand/Unsqueeze that restores the dims the
+    reductions dropped (jax2tf's `expand_dims` to a shape computed from `Shape(x)`, after Flax's `Max(0, var)` or
+    before it); also the outputs of those layout steps, which must give the kept-dims layout where shape inference
+    knows it (the proof evaluates the graph's own shape arithmetic where it does not)."""
+    restorers: list[ir.Value] = []
+    for _ in range(8):
+        unclamped = strip_nonnegative_clamp(stat)
+        if unclamped is not stat:
+            stat = unclamped
+            continue
+        node = stat.producer()
+        if node is None or not is_onnx_domain(node.domain) or not node.inputs or node.inputs[0] is None:
+            break
+        if node.op_type in LAYOUT_OPS:
+            restorers.append(stat)
+        elif node.op_type != "Identity":
+            break
+        stat = node.inputs[0]
+    return stat, restorers
 
 
 def _stat_leaves(junction: ir.Value) -> list[ir.Value]:
@@ -235,7 +258,7 @@ def _build(state: MatchState, reading: StatReading, factors: Factors | None = No
     if factors is None:
         factors = flatten(state.junction, _data_classifier(statistic, reading.eps_sum))
     _check_product(factors, state.junction)
-    x = strip_widening_casts(statistic.x)
+    x = strip_lossless_steps(statistic.x)
     _check_types(x, state.y)
     layout = _layout(x, state.y, reading.stat, statistic, state.channels_first)
     runtime = {op.constant for op in state.tail if constants.is_runtime_parameter(op.constant)}

@@ -189,22 +189,36 @@ def _runtime_divisor(node: ir.Node, path: _Path) -> tuple[ir.Value, float, float
         return a, 1.0, 1e-6
     for s, inverse in ((a, b), (b, a)):
         producer = inverse.producer()
-        if producer is None or not is_onnx_domain(producer.domain) or producer.inputs[-1] is None:
+        # Any producer can be met here, one without inputs too (a Constant that is not a scalar factor).
+        if producer is None or not is_onnx_domain(producer.domain) or None in producer.inputs:
             continue
-        if producer.op_type == "Reciprocal":
+        if producer.op_type == "Reciprocal" and len(producer.inputs) == 1:
             path.divisor = producer.inputs[0]
             return s, 1.0, 1e-6
-        if producer.op_type == "Div" and producer.inputs[0] is not None:
+        if producer.op_type == "Div" and len(producer.inputs) == 2:
             numerator = constants.scalar(producer.inputs[0])
             if numerator is not None:
                 path.divisor = producer.inputs[1]
-                return s, numerator, _REL_TOLERANCE.get(producer.inputs[0].dtype, 1e-6)  # type: ignore[arg-type]
+                return s, numerator, _REL_TOLERANCE.get(producer.inputs[0].dtype, 1e-6)  # type: ignore[union-attr]
     return None
 
 
 #: Ops of the shape arithmetic that computes a row size from `Shape(x)` or `Size(x)`.
 _COUNT_OPS = frozenset(
-    {"Shape", "Size", "Gather", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Concat", "ReduceProd", "Mul", "Cast"}
+    {
+        "Shape",
+        "Size",
+        "Gather",
+        "Slice",
+        "Squeeze",
+        "Unsqueeze",
+        "Reshape",
+        "Concat",
+        "ReduceProd",
+        "Mul",
+        "Cast",
+        "Identity",
+    }
 )
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19)
 
@@ -310,7 +324,7 @@ def row_mean(value: ir.Value, *, dropped_ok: bool = False, unbiased_ok: bool = F
     if axes is None:
         return None
     kept = _dims_kept(path, axes, dropped_ok)
-    if kept is None or (path.reshaped and not _restores(value, reduced, axes)):
+    if kept is None or (path.reshaped and not restores_kept_dims(value, reduced, axes)):
         return None
     if path.divisor is None:
         count = _reduced_count(reduced, axes)
@@ -336,7 +350,7 @@ def _reduced_count(reduced: ir.Value, axes: tuple[int, ...]) -> int | None:
     return math.prod(dims)  # type: ignore[arg-type]
 
 
-def _restores(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:
+def restores_kept_dims(value: ir.Value, reduced: ir.Value, axes: tuple[int, ...]) -> bool:
     """Whether a Reshape/Expand on the way gives `value` the kept-dims layout of a reduction of `reduced`.
 
     Where shape inference knows both shapes they must agree (reduced dims 1, or the full size for an Expand

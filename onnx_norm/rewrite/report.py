@@ -39,6 +39,9 @@ class NearMissRecord:
     nodes: list[str]
     reason: str
     graph: str
+    # The exception's type when onnx-norm failed on this subgraph (a bug to report, not something the graph does);
+    # empty for a near-miss the graph causes.
+    error: str = ""
 
 
 @dataclasses.dataclass

@@ -96,9 +96,9 @@ def _select_plain(
     if not _after(graph, node, readers):
         session.near_miss(node, graph, NearMiss("a statistic of the norm is read before the norm ends"))
         return None
-    failure = session.proven(candidate)
+    failure = session.proof_failure(candidate)
     if failure is not None:
-        session.near_miss(node, graph, NearMiss(failure))
+        session.near_miss(node, graph, failure)
         return None
     return Selected(candidate, emitter)
 

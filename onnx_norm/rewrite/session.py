@@ -11,7 +11,7 @@ import onnx_ir as ir
 from onnx_norm.rewrite.match import Candidate
 from onnx_norm.rewrite.prove import prove
 from onnx_norm.rewrite.report import NearMissRecord, NormRecord
-from onnx_norm.rewrite.structure import NearMiss
+from onnx_norm.rewrite.structure import NearMiss, internal_error
 from onnx_norm.rewrite.targets import TARGETS
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Session:
         # One near-miss per node of a graph (the graph object itself is the key: ids of freed graphs are reused).
         self._near_misses: dict[tuple[GraphLike, object], tuple[NearMissRecord, ir.Node]] = {}
         self._replaced: set[ir.Node] = set()  # nodes a fused op replaced
-        self._proven: dict[tuple, str | None] = {}
+        self._proven: dict[tuple, NearMiss | None] = {}
         self._examined = 0
         self._reported = time.perf_counter()
 
@@ -65,7 +65,7 @@ class Session:
         names = [v.name for v in miss.values if isinstance(v, ir.Node) and v.name]
         names += [v.producer().name for v in miss.values if isinstance(v, ir.Value) and v.producer() is not None]
         nodes = [node.name or node.op_type] + [n for n in names if n and n != node.name]
-        record = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph))
+        record = NearMissRecord(nodes=nodes, reason=miss.reason, graph=graph_label(graph), error=miss.error)
         self._near_misses[key] = (record, node)
         logger.info("not fused at %s: %s", node.name, miss.reason)
 
@@ -83,6 +83,11 @@ class Session:
 
     def proven(self, candidate: Candidate) -> str | None:
         """None when the candidate is proven (or proofs are off), else the reason it failed."""
+        failure = self.proof_failure(candidate)
+        return None if failure is None else failure.reason
+
+    def proof_failure(self, candidate: Candidate) -> NearMiss | None:
+        """None when the candidate is proven (or proofs are off), else the near-miss saying why it is not."""
         if not self.verify_rewrites:
             return None
         key = _proof_key(candidate)
@@ -91,9 +96,10 @@ class Session:
                 prove(candidate)
                 self._proven[key] = None
             except NearMiss as miss:
-                self._proven[key] = miss.reason
+                self._proven[key] = miss
             except Exception as err:  # an unprovable candidate is never rewritten
-                self._proven[key] = f"proof could not run ({type(err).__name__}: {err})"
+                logger.debug("the proof failed with an exception", exc_info=True)
+                self._proven[key] = internal_error("proof could not run", err)
         return self._proven[key]
 
 

@@ -94,13 +94,14 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
     for _ in range(_LOOP_ROUNDS):
         # Outputs first: an inner Loop's output is what its enclosing body returns, which checks that body.
         outputs = loops.loop_output_shapes(model)
-        taken_back = loops.check(assumed)
-        assumed, typed = loops.type_bodies(model)
-        if not (outputs or taken_back or typed):
+        assumed, changed = loops.check(assumed)
+        new, typed = loops.type_bodies(model)
+        assumed += new
+        if not (outputs or changed or typed):
             break
         _infer_again(model)
     else:
-        loops.check(assumed)  # the last round's assumptions, which inference has now used
+        loops.check(assumed, narrow=False)  # the last round's assumptions, which inference has now used
     stored: Shapes = {}
     if _reductions_without_shape(model.graph) or (native_norms and _native_norms_without_shape(model.graph)):
         stored = _stored_shapes(model)

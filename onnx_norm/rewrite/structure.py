@@ -27,12 +27,21 @@ _WIDTH = {
 
 
 class NearMiss(Exception):
-    """A candidate that looks like a norm but must not be rewritten; the message says why."""
+    """A candidate that looks like a norm but must not be rewritten; the message says why. `error`: the type of the
+    exception when onnx-norm itself failed on the candidate (`internal_error`), empty when the graph is the reason."""
 
-    def __init__(self, reason: str, *values: ir.Value | ir.Node | None) -> None:
+    def __init__(self, reason: str, *values: ir.Value | ir.Node | None, error: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.values = [v for v in values if v is not None]
+        self.error = error
+
+
+def internal_error(what: str, err: Exception) -> NearMiss:
+    """The near-miss for an exception raised while matching, proving or rewriting a candidate: a bug in onnx-norm,
+    not a property of the graph. It is reported (and the candidate skipped, never fatal) with the exception's type
+    in `error`, so that the report and the tests tell it from the near-misses the graph causes."""
+    return NearMiss(f"{what} ({type(err).__name__}: {err})", error=type(err).__name__)
 
 
 def is_widening_cast(node: ir.Node) -> bool:
@@ -48,10 +57,15 @@ def is_widening_cast(node: ir.Node) -> bool:
     return _WIDTH[target] > _WIDTH[source]
 
 
-def strip_widening_casts(value: ir.Value) -> ir.Value:
+def strip_lossless_steps(value: ir.Value) -> ir.Value:
+    """`value` with the widening Casts and the Identity nodes above it removed: the steps that change no value, so
+    that the norm reads what they read (a residual Add behind them is folded into the Skip op; those that something
+    else reads too are kept, re-made from the op's Sum output)."""
     while True:
         node = value.producer()
-        if node is None or not is_widening_cast(node) or node.inputs[0] is None:
+        if node is None or not node.inputs or node.inputs[0] is None:
+            return value
+        if not (is_widening_cast(node) or (node.op_type == "Identity" and is_onnx_domain(node.domain))):
             return value
         value = node.inputs[0]
 
