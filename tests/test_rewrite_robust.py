@@ -185,3 +185,28 @@ def test_inline_save_writes_large_tensors_one_at_a_time(tmp_path, monkeypatch):
     assert ir_model.graph.initializers["big"].const_value is not None  # the model itself is left as it was
     feeds = random_feeds(model, {"x": [2, 3, D]})
     np.testing.assert_array_equal(run(streamed, feeds)[0], run(model, feeds)[0])
+
+
+def test_a_slice_with_computed_bounds_keeps_the_dims_it_does_not_slice():
+    """onnx's inference gives a Slice whose end is known only at run time its rank only; the dims off its constant
+    `axes` are the input's (a batch dim lost there made every residual Add after it one that might broadcast)."""
+    from onnx import TensorProto, numpy_helper
+
+    from onnx_norm.rewrite.shape_pass import infer_shapes
+
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "start")]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axes"))
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "start", "end", "axes"], ["y"])],
+        "slice",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 6]),
+            helper.make_tensor_value_info("end", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    infer_shapes(model)
+    dims = list(model.graph.outputs[0].shape)
+    assert dims[0] == 1 and dims[2] == 6 and not isinstance(dims[1], int), dims

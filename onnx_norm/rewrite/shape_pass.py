@@ -14,7 +14,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from onnx_norm.dtypes import is_onnx_domain
-from onnx_norm.rewrite import loops, native
+from onnx_norm.rewrite import constants, loops, native
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.run_state import RunState, Shapes
 
@@ -87,7 +87,10 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
             onnx_inference(model, strict_mode=False, data_prop=False)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
-    if _reshapes_to_own_shape(model.graph):
+    # Each round's dims reach the next layer's Reshape or Slice only after inference ran again: a few rounds.
+    for _ in range(_KEPT_DIMS_ROUNDS):
+        if not (_reshapes_to_own_shape(model.graph) | _slices_keep_other_dims(model.graph)):
+            break
         _infer_again(model)
     # Loop bodies take their types from what inference found in front of the Loop, and what follows the Loop its
     # shapes from the body: a few rounds (one per nesting level in practice).
@@ -204,6 +207,35 @@ def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
             output.shape = ir.Shape(list(source.shape))
             if output.type is None and source.type is not None:
                 output.type = source.type
+            changed = True
+    return changed
+
+
+#: Rounds of dims given by _reshapes_to_own_shape/_slices_keep_other_dims and inference run again (one per layer
+#: that needs them, at most; more layers keep what inference alone finds).
+_KEPT_DIMS_ROUNDS = 8
+
+
+def _slices_keep_other_dims(graph: ir.Graph) -> bool:
+    """Gives a Slice whose starts or ends are computed at run time the input's dims on the axes it does not slice
+    (its `axes` constant): onnx's inference then knows only the rank, and a batch dim lost there (transformers'
+    Mamba slices its conv output by the sequence length) makes every Add after it one that might broadcast, which
+    the Skip fold must refuse. True when it set any dim."""
+    changed = False
+    for node in graph:
+        if node.op_type != "Slice" or not is_onnx_domain(node.domain) or len(node.inputs) < 4:
+            continue
+        source, axes_value, output = node.inputs[0], node.inputs[3], node.outputs[0]
+        axes = None if axes_value is None else constants.int_list(axes_value)
+        if source is None or source.shape is None or axes is None or output.shape is None:
+            continue
+        rank = len(source.shape)
+        if len(output.shape) != rank:
+            continue
+        sliced = {axis % rank for axis in axes}
+        dims = [source.shape[i] if i not in sliced else output.shape[i] for i in range(rank)]
+        if any(dims[i] != output.shape[i] and isinstance(dims[i], int) for i in range(rank)):
+            output.shape = ir.Shape(dims)
             changed = True
     return changed
 
