@@ -324,8 +324,8 @@ def _sigmoid(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     return y.astype(np.float32).astype(x.dtype) if x.dtype != np.float64 else y
 
 
-#: Activations the families fuse after or before a norm (GroupNorm's SiLU; gates): evaluated by the proof, never
-#: folded as constants. Here, not in a family's module, so that every family that fuses one finds it.
+#: Activations the families fuse after or before a norm (an activation after it, a gate before it): evaluated by the
+#: proof, never folded as constants. Here, not in a family's module, so that every family that fuses one finds it.
 _EVALUATED_ONLY: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = {"Sigmoid": _sigmoid}
 
 
