@@ -30,6 +30,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -46,8 +47,9 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Where tools/setup.sh installs openvino (not into the venv: it pins numpy and pulls its telemetry package).
-OPENVINO_SITE = ROOT / "build" / "openvino-site"
+#: Where tools/setup.sh installs openvino (not into the venv: it pins numpy and pulls its telemetry package);
+#: $ONNX_NORM_OPENVINO_SITE names another folder.
+OPENVINO_SITE = Path(os.environ.get("ONNX_NORM_OPENVINO_SITE") or ROOT / "build" / "openvino-site")
 WEB_DIR = ROOT / "tools" / "web"
 RUNTIMES = ("openvino", "wasm", "node", "ort")
 #: The ops `--target onnx` writes and the default opset each needs (what --upgrade-opset must reach).
@@ -93,6 +95,22 @@ class Variant:
     left: str  # why norms were left decomposed, when some were
     upgraded: Path | None = None  # the original at the raised opset, not optimized (what the upgrade alone does)
     run: bool = True  # False: nothing was fused and the upgraded variant is checked instead
+
+
+def check_readable(path: Path) -> None:
+    """UsageError, one line, for a missing, truncated, non-ONNX or invalid file (external data is not read)."""
+    from onnx_norm import inputs
+
+    try:
+        inputs.load_model(path)
+    except inputs.InputError as err:
+        raise UsageError(str(err)) from err
+
+
+def load(path: Path) -> onnx.ModelProto:
+    """The model at `path`, external data read."""
+    check_readable(path)
+    return onnx.load(str(path))
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -145,10 +163,10 @@ def llama_case(hidden: int, layers: int, sequence: int, exporter: str, keep: Pat
 
 def make_variants(case: Case, upgrade_opset: int, out: Path) -> list[Variant]:
     """The case as exported and, below `upgrade_opset`, upgraded to it, each optimized with `--target onnx`."""
-    original = onnx.load(str(case.original))
+    original = load(case.original)
     opset = _opset(original)
     if case.optimized is not None:
-        given = onnx.load(str(case.optimized), load_external_data=False)
+        given = load(case.optimized)
         return [Variant(case, "given", case.optimized, -1, _standard_ops(given), "")]
     stem = out / _slug(case.name)
     variants = [_optimized(case, original, f"as exported (opset {opset})", Path(f"{stem}.target-onnx.onnx"))]
@@ -247,7 +265,7 @@ class OpenVINORuntime(Runtime):
             import openvino
         except ImportError as err:
             raise UsageError(
-                f"openvino is not installed ({err}); bash tools/setup.sh puts it into {OPENVINO_SITE.relative_to(ROOT)}"
+                f"openvino is not installed ({err}); bash tools/setup.sh installs it into build/openvino-site"
             ) from err
         self._ov = openvino
         self._core = openvino.Core()
@@ -451,7 +469,7 @@ def reference(case: Case, shapes: Mapping[str, Sequence[int]] | None, n_samples:
     from onnx_norm.parity.precision import narrowest_on_path
     from onnx_norm.sessions import RuntimeConfig, create_session, run_model
 
-    model = onnx.load(str(case.original))
+    model = load(case.original)
     samples = inputs.generate(model, shapes=case.shapes or shapes, samples=n_samples, seed=0)
     session = create_session(case.original, RuntimeConfig(threads=threads), custom_ops=False)
     outputs = [run_model(session, sample) for sample in samples]
@@ -462,15 +480,26 @@ def reference(case: Case, shapes: Mapping[str, Sequence[int]] | None, n_samples:
     return Reference(samples, outputs, usable, narrowest_on_path(model, names))
 
 
-def parity(actual: Sequence[Sample], expected: Sequence[Sample], ref: Reference) -> tuple[bool, str]:
-    """(passed, what failed or the widest error) of every output of `expected`, by onnx_norm.parity.compare."""
+@dataclasses.dataclass(frozen=True)
+class Parity:
+    """Every output of one model against another's: passed, a short text for the table, the verdicts in full."""
+
+    passed: bool
+    text: str
+    detail: str = ""
+
+
+def parity(actual: Sequence[Sample], expected: Sequence[Sample], ref: Reference) -> Parity:
+    """`actual` against `expected` on every output of the original, by onnx_norm.parity.compare with the default
+    tolerances of the narrowest float type on each output's path and the float64 evaluation of the original."""
     from onnx_norm.parity import ToleranceSpec, compare
     from onnx_norm.parity.precision import narrower
 
-    tolerances, failures, worst = ToleranceSpec(), [], 0.0
+    tolerances, short, full, worst = ToleranceSpec(), [], [], 0.0
     for name in ref.outputs[0]:
         if name not in actual[0] or name not in expected[0]:
-            failures.append(f"{name}: missing from the {'optimized' if name not in actual[0] else 'original'} outputs")
+            short.append(f"{name}: missing")
+            full.append(short[-1])
             continue
         dtype = np.asarray(expected[0][name]).dtype
         computed = narrower(ref.computed_in.get(name), dtype)
@@ -480,29 +509,43 @@ def parity(actual: Sequence[Sample], expected: Sequence[Sample], ref: Reference)
             name, [a[name] for a in actual], [e[name] for e in expected], tolerance, golden, compute_dtype=computed
         )
         if not result.passed:
-            failures.append(f"{name}: {result.message}")
+            short.append(f"{name}: {result.verdict.split(':')[0]} ({result.row})")
+            full.append(f"{name}: {result.message}")
         elif result.metrics is not None:
             worst = max(worst, result.metrics.max_abs)
-    if failures:
-        return False, "; ".join(failures)
-    return True, f"pass {worst:.2g}"
+    if short:
+        return Parity(False, "; ".join(short), "; ".join(full))
+    return Parity(True, f"pass {worst:.2g}")
 
 
 @dataclasses.dataclass
 class Row:
+    """One model variant on one runtime. `vs_self` (optimized against the original, both run here) is the rewrite's
+    check; `vs_ort` (against the original run by ONNX Runtime) may fail where `runtime_vs_ort` (the original run
+    here against ONNX Runtime) fails too: the runtime's own numerics, not the rewrite's."""
+
     variant: Variant
     runtime: str
     original: Run
     optimized: Run
     upgraded: Run | None = None
-    vs_ort: tuple[bool, str] | None = None
-    vs_self: tuple[bool, str] | None = None
+    vs_ort: Parity | None = None
+    vs_self: Parity | None = None
+    runtime_vs_ort: Parity | None = None
+
+    @property
+    def runtime_differs(self) -> bool:
+        """The optimized model misses ONNX Runtime's result only as the original run here does."""
+        own = self.runtime_vs_ort
+        return self.vs_ort is not None and not self.vs_ort.passed and own is not None and not own.passed
 
     @property
     def passed(self) -> bool:
-        if self.optimized.error:  # the original failing on this runtime is reported, not held against the rewrite
+        if self.optimized.error or self.vs_ort is None:  # the original failing here is reported, not held against us
             return False
-        return all(check is None or check[0] for check in (self.vs_ort, self.vs_self))
+        if self.vs_self is not None and not self.vs_self.passed:
+            return False
+        return self.vs_ort.passed or self.runtime_differs
 
     def speedup(self, baseline: Run | None = None) -> Any:
         """baseline (the original by default) / optimized per round (onnx_norm.bench.Speedup: median, spread and
@@ -521,6 +564,8 @@ def check(variant: Variant, runtime: Runtime, ref: Reference, timing: Timing) ->
         row.vs_ort = parity(optimized.outputs, ref.outputs, ref)
         if original.outputs is not None:
             row.vs_self = parity(optimized.outputs, original.outputs, ref)
+    if original.outputs is not None and runtime.name != "ort":
+        row.runtime_vs_ort = parity(original.outputs, ref.outputs, ref)
     return row
 
 
@@ -536,13 +581,16 @@ def _ops_text(variant: Variant) -> str:
     return ", ".join(f"{n} {SHORT_OPS[op]}-{STANDARD_OPS[op]}" for op, n in variant.ops.items()) or "none"
 
 
-def _check_text(result: tuple[bool, str] | None, run: Run) -> str:
+def _check_text(result: Parity | None, run: Run, runtime_differs: bool = False) -> str:
     if run.error:
         return f"[red]{run.error}[/red]"
     if result is None:
         return "-"
-    passed, text = result
-    return text if passed else f"[red]FAIL {text}[/red]"
+    if result.passed:
+        return result.text
+    if runtime_differs:
+        return f"[yellow]as the original here: {result.text}[/yellow]"
+    return f"[red]FAIL {result.text}[/red]"
 
 
 def _ms(run: Run) -> str:
@@ -574,7 +622,8 @@ def table(rows: Sequence[Row], runtime: Runtime, timing: Timing) -> Table:
         original_text = row.original.error and f"original: {row.original.error}"
         fused = "-" if row.variant.fused < 0 else str(row.variant.fused)
         cells = [row.variant.case.name, row.variant.label, fused, _ops_text(row.variant)]
-        cells += [_check_text(row.vs_ort, row.optimized), original_text or _check_text(row.vs_self, row.optimized)]
+        cells.append(_check_text(row.vs_ort, row.optimized, row.runtime_differs))
+        cells.append(original_text or _check_text(row.vs_self, row.optimized))
         cells += [_ms(row.original), _ms(row.optimized), _speedup_text(row)]
         cells.append(_speedup_text(row, row.upgraded) if row.upgraded is not None else "-")
         if runtime.name == "openvino":
@@ -623,8 +672,9 @@ def report_data(rows: Sequence[Row], runtimes: Sequence[Runtime], timing: Timing
                 "left": row.variant.left,
                 "runtime": row.runtime,
                 "passed": row.passed,
-                "vs_ort_original": row.vs_ort,
-                "vs_original_here": row.vs_self,
+                "vs_ort_original": None if row.vs_ort is None else dataclasses.asdict(row.vs_ort),
+                "vs_original_here": None if row.vs_self is None else dataclasses.asdict(row.vs_self),
+                "original_here_vs_ort": None if row.runtime_vs_ort is None else dataclasses.asdict(row.runtime_vs_ort),
                 "speedup": _speedup_data(row, None),
                 "speedup_vs_upgraded": None if row.upgraded is None else _speedup_data(row, row.upgraded),
                 "original_run": run_data(row.original),
@@ -690,13 +740,17 @@ def _prepare(args: argparse.Namespace, console: Console) -> tuple[list[Runtime],
         shapes = inputs.parse_shapes(args.shape)
     except inputs.InputError as err:
         raise UsageError(str(err)) from err
+    if args.report is not None and not args.report.parent.is_dir():
+        raise UsageError(f"--report {args.report}: folder {args.report.parent} does not exist")
     keep = args.keep or ROOT / "build" / "runtime-check"
     keep.mkdir(parents=True, exist_ok=True)
     cases = resolve_cases([*([] if args.no_suite else _suite()), *args.models], keep, console)
     if args.optimized is not None:
-        if not args.optimized.is_file():
-            raise UsageError(f"optimized model not found: {args.optimized}")
         cases[-1].optimized = args.optimized
+    for case in cases:
+        for path in (case.original, case.optimized):
+            if path is not None:
+                check_readable(path)
     if args.llama_hidden is not None:
         cases.append(
             llama_case(args.llama_hidden, args.llama_layers, args.llama_sequence, args.llama_exporter, keep, console)
@@ -705,13 +759,25 @@ def _prepare(args: argparse.Namespace, console: Console) -> tuple[list[Runtime],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from onnx_norm.cli import expected_error
+
     args = parse_args(argv)
     console = Console(width=200, emoji=False)
     try:
-        runtimes, cases, shapes, keep = _prepare(args, console)
+        return _check_all(args, console)
     except UsageError as err:
         print(f"runtime_check: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        message = expected_error(err)  # the CLI's: a model ONNX Runtime cannot run, inputs that do not fit, ...
+        if message is None:
+            raise
+        print(f"runtime_check: {message}", file=sys.stderr)
+        return 2
+
+
+def _check_all(args: argparse.Namespace, console: Console) -> int:
+    runtimes, cases, shapes, keep = _prepare(args, console)
     timing = Timing(args.warmup, args.repeat, args.threads)
     rows: list[Row] = []
     skipped: list[Variant] = []
@@ -722,9 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for variant in (variant for variant in variants if variant.run):
             for runtime in runtimes:
                 rows.append(check(variant, runtime, ref, timing))
-                console.print(
-                    f"{case.name} / {variant.label} / {runtime.name}: {'pass' if rows[-1].passed else 'FAIL'}"
-                )
+                verdict = "pass" if rows[-1].passed else "FAIL"
+                console.print(f"{case.name} / {variant.label} / {runtime.name}: {verdict}")
     if skipped:
         console.print(skipped_table(skipped))
     for runtime in runtimes:
