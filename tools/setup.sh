@@ -19,6 +19,8 @@ TORCH_VERSION=2.13.0
 TORCHVISION_VERSION=0.28.0 # the release built against torch $TORCH_VERSION (timm needs it)
 TIMM_VERSION=1.0.31
 TIMM_SITE=build/timm-site
+OPENVINO_VERSION=2026.4.1
+OPENVINO_SITE=build/openvino-site
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
@@ -110,6 +112,28 @@ if [[ ! -d $TIMM_SITE/timm-$TIMM_VERSION.dist-info || ! -d $TIMM_SITE/torchvisio
     echo "timm not installed; its tests skip"
 fi
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
+
+step "openvino $OPENVINO_VERSION into $OPENVINO_SITE (tests/test_runtime_check.py, tools/runtime_check.py; ~10 s)"
+# Optional, like timm: its tests skip without it. Not into the venv: openvino pins numpy below the next major and
+# pulls its telemetry package; only tools/runtime_check.py puts this folder on its path. --no-deps: numpy is the
+# venv's (openvino-telemetry is only for its converters).
+if [[ ! -d $OPENVINO_SITE/openvino-$OPENVINO_VERSION.dist-info ]]; then
+  rm -rf "$OPENVINO_SITE"
+  python -m pip install -q --no-deps --target "$OPENVINO_SITE" "openvino==$OPENVINO_VERSION" ||
+    echo "openvino not installed; its tests skip"
+fi
+
+step "onnxruntime-web and onnxruntime-node into tools/web/node_modules (tests/test_runtime_check.py; ~20 s)"
+# Optional: the web tests skip without node or these. Pinned by tools/web/package-lock.json; --ignore-scripts:
+# onnxruntime-node's install script would fetch CUDA binaries from GitHub, and its CPU binaries are in the package.
+if ! command -v npm >/dev/null; then
+  echo "npm not found; the web tests skip (Node 20 or newer with npm runs them)"
+elif [[ tools/web/node_modules/.package-lock.json -nt tools/web/package-lock.json ]]; then
+  echo "already installed"
+else
+  (cd tools/web && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) ||
+    echo "tools/web packages not installed; the web tests skip"
+fi
 
 if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   step "CUDA kernels: register spills"
