@@ -17,11 +17,13 @@ onnx.version_converter raised its default opset to --upgrade-opset (23: RMSNorma
 Every runtime runs the original and the optimized model on the same seeded inputs; the optimized model's outputs
 are compared, by onnx-norm's parity verdict and default tolerances (onnx_norm.parity.compare, with the float64
 evaluation of the original), with the original run by ONNX Runtime's CPU provider and with the original run by the
-same runtime. Latency: the median of --repeat runs, the two models in turn in each round, so that their ratio is
-measured in one run. OpenVINO runs with INFERENCE_PRECISION_HINT f32 (on CPUs with AMX or AVX512-BF16 its default is
-bf16, which no fp32 tolerance fits); its table also counts the RMS and MVN layers of the compiled graph, where
-OpenVINO fused a norm itself. Exit 0 when every check passed, 1 when a model did not load or run or failed parity,
-2 on a usage error or a runtime that is not installed (tools/setup.sh installs both, as optional steps).
+same runtime. Latency: --repeat rounds, each running the original, the optimized model and (upgraded variants) the
+upgraded original once, in an order that rotates from round to round; the speedup is the median of the per-round
+ratios (onnx_norm.bench.Speedup, with its 95% interval), so each ratio is measured in one run. OpenVINO runs with
+INFERENCE_PRECISION_HINT f32 (on CPUs with AMX or AVX512-BF16 its default is bf16, which no fp32 tolerance fits); its
+table also counts the RMS and MVN layers of the compiled graph, where OpenVINO fused a norm itself. Exit 0 when every
+check passed, 1 when a model did not load or run or failed parity, 2 on a usage error or a runtime that is not
+installed (tools/setup.sh installs OpenVINO and the npm packages, as optional steps). Results: docs/targets.md.
 """
 
 from __future__ import annotations
@@ -245,8 +247,12 @@ class Runtime:
 
 
 def _time_in_turn(calls: Sequence[Callable[[], object] | None], runs: Sequence[Run], timing: Timing) -> None:
+    """Every model once per round, starting one model later each round: a model run first in a round (after the
+    others' caches) is not always the same one. Round r's time of each model goes to its list at index r."""
     for round_ in range(timing.warmup + timing.repeat):
-        for call, run in zip(calls, runs, strict=True):
+        for step in range(len(calls)):
+            index = (round_ + step) % len(calls)
+            call, run = calls[index], runs[index]
             if call is None:
                 continue
             start = time.perf_counter()
@@ -608,7 +614,7 @@ def _speedup_text(row: Row, baseline: Run | None = None) -> str:
 def table(rows: Sequence[Row], runtime: Runtime, timing: Timing) -> Table:
     title = (
         f"{runtime.name} {runtime.version}: the --target onnx output; parity as max abs error when it passed; "
-        f"threads {timing.threads}, median of {timing.repeat} runs in turn; speedup = original / optimized per round"
+        f"threads {timing.threads}, median of {timing.repeat} rounds; speedup = original / optimized per round"
     )
     result = Table(title=title, title_justify="left")
     result.add_column("model", overflow="fold")

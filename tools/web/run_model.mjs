@@ -8,11 +8,12 @@
 //
 // inputs.json: {"samples": [{"NAME": {"dtype": "float32", "shape": [1, 8], "file": "s0-0.bin"}, ...}, ...]},
 // files relative to the manifest. OUT/result.json: {"backend", "versions", "models": [{"path", "error" | "outputs":
-// [sample -> {"NAME": {"dtype", "shape", "file"}}], "times_ms"}]}. Timing runs the first sample, the models in
-// turn within each round (so a ratio between two models is measured in one run, under the same load). A model that
+// [sample -> {"NAME": {"dtype", "shape", "file"}}], "times_ms"}]}. Timing runs the first sample, every model once
+// per round (so a ratio between two models is measured in one run, under the same load). A model that
 // fails to load or run gets an "error" and the others still run; a bad command line exits 2 with one line.
 import fs from 'node:fs';
 import path from 'node:path';
+
 const BACKENDS = { wasm: 'onnxruntime-web', node: 'onnxruntime-node' };
 // onnxruntime-common's tensor types and the typed arrays holding them (float16 as raw bits, as ORT takes it where
 // the JavaScript engine has no Float16Array: Node 20).
@@ -106,11 +107,14 @@ async function runAll(ort, sessions, samples, out) {
   }
 }
 
+// Every model once per round, starting one model later each round (a model run first in a round, after the
+// others' caches, is not always the same one).
 async function time(sessions, feeds, warmup, repeat) {
   const live = sessions.filter((item) => !item.error);
   for (const item of live) item.times_ms = [];
   for (let round = 0; round < warmup + repeat; round += 1) {
-    for (const item of live) {
+    for (let step = 0; step < live.length; step += 1) {
+      const item = live[(round + step) % live.length];
       const start = performance.now();
       await item.session.run(feeds);
       if (round >= warmup) item.times_ms.push(performance.now() - start);
