@@ -160,6 +160,17 @@ def test_ort_runs_both_variants_and_the_upgrade_fuses_the_rms_norm(model_path: P
     assert len(upgraded["optimized_run"]["times_ms"]) == 2 and upgraded["speedup"]["median"] > 0
 
 
+def test_the_ort_target_needs_no_opset_upgrade(model_path: Path, tmp_path: Path) -> None:
+    """ONNX Runtime's SimplifiedLayerNormalization takes the RMSNorm at the model's own opset 18."""
+    report = tmp_path / "report.json"
+    done = _tool("--ort", *QUICK, "--target", "ort", "--upgrade-opset", "0", model_path, "--report", report)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = _rows(report)
+    assert json.loads(report.read_text())["target"] == "ort"
+    assert row["variant"] == "as exported (opset 18)" and row["fused"] == 2 and row["passed"]
+    assert row["ops"] == {"LayerNormalization": 1, "SimplifiedLayerNormalization": 1}
+
+
 def test_a_wrong_optimized_model_fails_parity(model_path: Path, tmp_path: Path) -> None:
     """The optimized model's LayerNormalization with epsilon 0.5 instead of 1e-5: the check fails, exit 1."""
     upgraded = version_converter.convert_version(norms_model(), 23)
@@ -208,6 +219,19 @@ def test_openvino_reads_every_standard_op_and_matches(model_path: Path, tmp_path
         assert set(row["optimized_run"]["layers"]) == {"RMS", "MVN"}
     llama = next(row for row in rows if row["model"] == LLAMA_FP16.stem)
     assert llama["ops"] == {"RMSNormalization": 5}
+
+
+@pytest.mark.usefixtures("openvino_available")
+def test_openvino_reads_the_ort_targets_ops(tmp_path: Path) -> None:
+    """The dynamo LLaMA at its own opset 20 with `--target ort`: SimplifiedLayerNormalization and com.microsoft's
+    SkipSimplifiedLayerNormalization read and match."""
+    report = tmp_path / "report.json"
+    dynamo = ROOT / "examples" / "llama-rmsnorm-dynamo-fp32.onnx"
+    done = _tool("--openvino", *QUICK, "--target", "ort", "--upgrade-opset", "0", dynamo, "--report", report)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = _rows(report)
+    assert row["passed"] and row["vs_original_here"]["passed"], row
+    assert row["ops"] == {"SimplifiedLayerNormalization": 1, "com.microsoft.SkipSimplifiedLayerNormalization": 4}
 
 
 @pytest.mark.usefixtures("openvino_available")
@@ -294,7 +318,8 @@ def test_run_model_reports_a_model_it_cannot_load(web_packages: str, model_path:
 @pytest.mark.usefixtures("web_packages")
 def test_web_runtimes_load_the_standard_ops_and_match(model_path: Path, tmp_path: Path) -> None:
     """The wasm backend and onnxruntime-node run the --target onnx output of the built model (both variants) and of
-    the fp16 LLaMA (int64 in, float16 out) and match the original run by Python's ONNX Runtime and by themselves."""
+    the fp16 LLaMA (int64 in, float16 out), and the --target ort output of the built model at its own opset, and match
+    the original run by Python's ONNX Runtime and by themselves."""
     report = tmp_path / "report.json"
     done = _tool("--web", *QUICK, model_path, LLAMA_FP16, "--keep", tmp_path, "--report", report)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -304,6 +329,11 @@ def test_web_runtimes_load_the_standard_ops_and_match(model_path: Path, tmp_path
         assert row["passed"] and row["vs_ort_original"]["passed"] and row["vs_original_here"]["passed"], row
         assert len(row["optimized_run"]["times_ms"]) == 2
     assert {op for row in rows for op in row["ops"]} == {"LayerNormalization", "RMSNormalization"}
+    done = _tool("--web", *QUICK, "--target", "ort", "--upgrade-opset", "0", model_path, "--report", report)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _rows(report)  # ONNX Runtime's own ops at the model's opset 18, in both
+    assert len(rows) == 2 and all(row["passed"] for row in rows), rows
+    assert all(row["ops"] == {"LayerNormalization": 1, "SimplifiedLayerNormalization": 1} for row in rows)
     versions = json.loads(report.read_text())["runtimes"]
     lock = json.loads((WEB / "package-lock.json").read_text())["packages"]
     assert versions["wasm"] == lock["node_modules/onnxruntime-web"]["version"]

@@ -7,10 +7,11 @@ as transformers.js runs a model), and ONNX Runtime's Python CPU provider without
     python tools/runtime_check.py --web model.onnx zoo:qwen3:dynamo  # your models / zoo exports, wasm and node
     python tools/runtime_check.py --openvino --llama-hidden 2048 --no-suite   # a LLaMA-style model at hidden 2048
     python tools/runtime_check.py --openvino model.onnx --optimized model.opt.onnx  # an optimized model of yours
+    python tools/runtime_check.py --target ort --upgrade-opset 0    # ONNX Runtime's ops, at the models' own opsets
 
 The suite: every bundled example (examples/*.onnx), the zoo's BERT (TorchScript, opset 17) and LLaMA (dynamo,
 opset 20), and diffusers' blocks (tests/data: ResNet and VAE GroupNorms, AdaLayerNormContinuous with RMSNorm,
-attention's q/k RMSNorm). Each model is optimized with `--target onnx` as exported, and again after
+attention's q/k RMSNorm). Each model is optimized with `--target onnx` (or --target) as exported, and again after
 onnx.version_converter raised its default opset to --upgrade-opset (23: RMSNormalization's; LayerNormalization needs
 17, GroupNormalization 21), because `--target onnx` never raises a model's opset and exporters write 13 to 20.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -87,7 +89,7 @@ class Case:
 
 @dataclasses.dataclass
 class Variant:
-    """One optimized form of a case: the user's original, and what `--target onnx` made of it (or of its upgrade)."""
+    """One optimized form of a case: the user's original, and what the target made of it (or of its upgrade)."""
 
     case: Case
     label: str  # "as exported (opset 17)" or "opset 17->23"
@@ -163,15 +165,16 @@ def llama_case(hidden: int, layers: int, sequence: int, exporter: str, keep: Pat
     return Case(f"llama hidden {hidden} x{layers} {exporter}", path, shapes)
 
 
-def make_variants(case: Case, upgrade_opset: int, out: Path) -> list[Variant]:
-    """The case as exported and, below `upgrade_opset`, upgraded to it, each optimized with `--target onnx`."""
+def make_variants(case: Case, upgrade_opset: int, out: Path, target: str = "onnx") -> list[Variant]:
+    """The case as exported and, below `upgrade_opset`, upgraded to it, each optimized for `target`."""
     original = load(case.original)
     opset = _opset(original)
     if case.optimized is not None:
         given = load(case.optimized)
-        return [Variant(case, "given", case.optimized, -1, _standard_ops(given), "")]
+        return [Variant(case, "given", case.optimized, -1, norm_ops(given), "")]
     stem = out / _slug(case.name)
-    variants = [_optimized(case, original, f"as exported (opset {opset})", Path(f"{stem}.target-onnx.onnx"))]
+    optimize = functools.partial(_optimized, case, target=target)
+    variants = [optimize(original, f"as exported (opset {opset})", Path(f"{stem}.target-{target}.onnx"))]
     if upgrade_opset and opset < upgrade_opset:
         from onnx import version_converter
 
@@ -179,7 +182,7 @@ def make_variants(case: Case, upgrade_opset: int, out: Path) -> list[Variant]:
 
         upgraded = version_converter.convert_version(original, upgrade_opset)
         label = f"opset {opset}->{upgrade_opset}"
-        variant = _optimized(case, upgraded, label, Path(f"{stem}.opset{upgrade_opset}.target-onnx.onnx"))
+        variant = optimize(upgraded, label, Path(f"{stem}.opset{upgrade_opset}.target-{target}.onnx"))
         variant.upgraded = Path(f"{stem}.opset{upgrade_opset}.onnx")
         onnx_norm.save(upgraded, variant.upgraded)
         variants.append(variant)
@@ -187,26 +190,26 @@ def make_variants(case: Case, upgrade_opset: int, out: Path) -> list[Variant]:
     return variants
 
 
-def _optimized(case: Case, model: onnx.ModelProto, label: str, path: Path) -> Variant:
+def _optimized(case: Case, model: onnx.ModelProto, label: str, path: Path, *, target: str) -> Variant:
     import onnx_norm
 
-    optimized, report = onnx_norm.optimize(model, target="onnx")
+    optimized, report = onnx_norm.optimize(model, target=target)
     onnx_norm.save(optimized, path)
-    reasons = collections.Counter(_short_reason(miss.reason) for miss in report.near_misses)
+    reasons = collections.Counter(miss.reason.removeprefix(f"target {target}: ") for miss in report.near_misses)
     left = "; ".join(f"{count}x {reason}" for reason, count in reasons.most_common(2))
-    return Variant(case, label, path, report.fused, _standard_ops(optimized), left)
+    return Variant(case, label, path, report.fused, norm_ops(optimized), left)
 
 
-def _short_reason(reason: str) -> str:
-    return reason.removeprefix("target onnx: ")
-
-
-def _standard_ops(model: onnx.ModelProto) -> dict[str, int]:
-    """The standard norm ops in the model (subgraphs and model-local functions included)."""
+def norm_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """The norm ops in the model by type (`domain.Op` outside ONNX's domain), subgraphs and model-local functions
+    included: the standard ones, ONNX Runtime's, ours, and InstanceNormalization (torch's GroupNorm)."""
     from onnx_norm.zoo.detect import model_nodes
 
-    found = collections.Counter(n.op_type for n in model_nodes(model) if n.domain in ("", "ai.onnx"))
-    return {op: found[op] for op in STANDARD_OPS if found[op]}
+    found: collections.Counter[str] = collections.Counter()
+    for node in model_nodes(model):
+        if "Norm" in node.op_type:
+            found[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
+    return dict(sorted(found.items()))
 
 
 def _slug(name: str) -> str:
@@ -584,7 +587,8 @@ SHORT_OPS = {"LayerNormalization": "LN", "GroupNormalization": "GN", "RMSNormali
 
 
 def _ops_text(variant: Variant) -> str:
-    return ", ".join(f"{n} {SHORT_OPS[op]}-{STANDARD_OPS[op]}" for op, n in variant.ops.items()) or "none"
+    names = {op: f"{SHORT_OPS[op]}-{STANDARD_OPS[op]}" if op in SHORT_OPS else op for op in variant.ops}
+    return ", ".join(f"{n} {names[op]}" for op, n in variant.ops.items()) or "none"
 
 
 def _check_text(result: Parity | None, run: Run, runtime_differs: bool = False) -> str:
@@ -613,12 +617,12 @@ def _speedup_text(row: Row, baseline: Run | None = None) -> str:
 
 def table(rows: Sequence[Row], runtime: Runtime, timing: Timing) -> Table:
     title = (
-        f"{runtime.name} {runtime.version}: the --target onnx output; parity as max abs error when it passed; "
+        f"{runtime.name} {runtime.version}: the optimized output; parity as max abs error when it passed; "
         f"threads {timing.threads}, median of {timing.repeat} rounds; speedup = original / optimized per round"
     )
     result = Table(title=title, title_justify="left")
     result.add_column("model", overflow="fold")
-    for column in ("variant", "fused", "ops written", "vs ORT original", "vs original here"):
+    for column in ("variant", "fused", "norm ops", "vs ORT original", "vs original here"):
         result.add_column(column)
     for column in ("original ms", "optimized ms", "speedup [95% CI]", "vs upgraded original"):
         result.add_column(column, justify="right")
@@ -645,10 +649,9 @@ def _layers_text(row: Row) -> str:
     return f"{text(row.original)} -> {text(row.optimized)}"
 
 
-def skipped_table(variants: Sequence[Variant]) -> Table:
-    result = Table(
-        title="--target onnx as exported: nothing fused, so only the upgraded model is run", title_justify="left"
-    )
+def skipped_table(variants: Sequence[Variant], target: str) -> Table:
+    title = f"--target {target} as exported: nothing fused, so only the upgraded model is run"
+    result = Table(title=title, title_justify="left")
     for column in ("model", "variant", "why the norms stay decomposed"):
         result.add_column(column)
     for variant in variants:
@@ -661,11 +664,12 @@ def _speedup_data(row: Row, baseline: Run | None) -> dict[str, Any] | None:
     return None if speedup is None else dataclasses.asdict(speedup)
 
 
-def report_data(rows: Sequence[Row], runtimes: Sequence[Runtime], timing: Timing) -> dict[str, Any]:
+def report_data(rows: Sequence[Row], runtimes: Sequence[Runtime], timing: Timing, target: str) -> dict[str, Any]:
     def run_data(run: Run) -> dict[str, Any]:
         return {"error": run.error, "median_ms": run.median_ms, "times_ms": run.times_ms, "layers": run.layers}
 
     return {
+        "target": target,
         "runtimes": {runtime.name: runtime.version for runtime in runtimes},
         "timing": dataclasses.asdict(timing),
         "rows": [
@@ -704,6 +708,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--web", action="store_true", help="--wasm and --node")
     parser.add_argument("--no-suite", action="store_true", help="only the models given (and --llama-hidden)")
     parser.add_argument("--optimized", type=Path, help="with one model: its optimized form (not optimized here)")
+    parser.add_argument("--target", default="onnx", help="the target to optimize for (onnx, ort or onnx-norm)")
     parser.add_argument("--upgrade-opset", type=int, default=23, help="also check each model at this opset (0: no)")
     parser.add_argument("--llama-hidden", type=int, help="also a LLaMA-style model at this hidden size")
     parser.add_argument("--llama-layers", type=int, default=1)
@@ -728,6 +733,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--optimized needs exactly one model and --no-suite")
     if args.no_suite and not args.models and args.llama_hidden is None:
         parser.error("--no-suite with no model and no --llama-hidden: nothing to check")
+    from onnx_norm.rewrite.targets import TARGETS
+
+    if args.target not in TARGETS:
+        parser.error(f"--target must be one of {', '.join(TARGETS)}, got {args.target!r}")
     if args.web:
         args.wasm = args.node = True
     return args
@@ -788,7 +797,7 @@ def _check_all(args: argparse.Namespace, console: Console) -> int:
     rows: list[Row] = []
     skipped: list[Variant] = []
     for case in cases:
-        variants = make_variants(case, args.upgrade_opset, keep)
+        variants = make_variants(case, args.upgrade_opset, keep, args.target)
         skipped += [variant for variant in variants if not variant.run]
         ref = reference(case, shapes, args.samples, args.threads)
         for variant in (variant for variant in variants if variant.run):
@@ -797,11 +806,11 @@ def _check_all(args: argparse.Namespace, console: Console) -> int:
                 verdict = "pass" if rows[-1].passed else "FAIL"
                 console.print(f"{case.name} / {variant.label} / {runtime.name}: {verdict}")
     if skipped:
-        console.print(skipped_table(skipped))
+        console.print(skipped_table(skipped, args.target))
     for runtime in runtimes:
         console.print(table([row for row in rows if row.runtime == runtime.name], runtime, timing))
     if args.report is not None:
-        args.report.write_text(json.dumps(report_data(rows, runtimes, timing), indent=1, default=str))
+        args.report.write_text(json.dumps(report_data(rows, runtimes, timing, args.target), indent=1, default=str))
     failed = [row for row in rows if not row.passed]
     console.print(f"{len(rows) - len(failed)}/{len(rows)} checks passed")
     return 1 if failed else 0
