@@ -22,6 +22,8 @@ TIMM_SITE=build/timm-site
 SILERO_VERSION=6.2.3
 RAPIDOCR_VERSION=1.4.4
 PUBLIC_MODELS=build/public-models
+OPENVINO_VERSION=2026.4.1
+OPENVINO_SITE=build/openvino-site
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
@@ -137,6 +139,28 @@ PY
   else
     echo "public model files not fetched; their tests skip"
   fi
+fi
+
+step "openvino $OPENVINO_VERSION into $OPENVINO_SITE (tests/test_runtime_check.py, tools/runtime_check.py; ~10 s)"
+# Optional, like timm: its tests skip without it. Not into the venv: openvino pins numpy below the next major and
+# pulls its telemetry package; only tools/runtime_check.py puts this folder on its path. --no-deps: numpy is the
+# venv's (openvino-telemetry is only for its converters).
+if [[ ! -d $OPENVINO_SITE/openvino-$OPENVINO_VERSION.dist-info ]]; then
+  rm -rf "$OPENVINO_SITE"
+  python -m pip install -q --no-deps --target "$OPENVINO_SITE" "openvino==$OPENVINO_VERSION" ||
+    echo "openvino not installed; its tests skip"
+fi
+
+step "onnxruntime-web and onnxruntime-node into tools/web/node_modules (tests/test_runtime_check.py; ~20 s)"
+# Optional: the web tests skip without node or these. Pinned by tools/web/package-lock.json; --ignore-scripts:
+# onnxruntime-node's install script would fetch CUDA binaries from GitHub, and its CPU binaries are in the package.
+if ! command -v npm >/dev/null; then
+  echo "npm not found; the web tests skip (Node 20 or newer with npm runs them)"
+elif [[ tools/web/node_modules/.package-lock.json -nt tools/web/package-lock.json ]]; then
+  echo "already installed"
+else
+  (cd tools/web && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) ||
+    echo "tools/web packages not installed; the web tests skip"
 fi
 
 if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
