@@ -29,6 +29,9 @@ ELSEWHERE = {
     "olive/olive_config.json": "a file of the olive-ai package",
     "graph_transform_test_layernorm.cc": "ONNX Runtime's test source the fusion cases are rebuilt from",
     "ChooseModulatedConfig": "a former name, in the history of the GroupNorm worked example",
+    "node_modules/onnxruntime-web/docs/webgpu-operators.md": "onnxruntime-web's own list, installed by npm",
+    "onnxruntime/core/providers/webgpu/webgpu_execution_provider.cc": "ONNX Runtime's source, read for targets.md",
+    "docs/operators.md": "a file of another project's documentation, quoted in targets.md",
 }
 
 
