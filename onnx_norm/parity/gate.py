@@ -262,6 +262,33 @@ def _plan(models: _Models, setting: int | str, provider: Provider) -> segments.P
         raise model_inputs.InputError(f"--segments {count}: {err}") from None
 
 
+def _configure(
+    models: _Models, given: tuple[Any, Any], protos: tuple[onnx.ModelProto, onnx.ModelProto], options: VerifyOptions
+) -> tuple[segments.Plan | None, bool, RuntimeConfig]:
+    """The segment plan (None: the whole models), whether half-precision weights are cast where used, and the
+    sessions' configuration, once the memory is known to suffice for what runs at once."""
+    runtime, compare = options.runtime, options.compare
+    plan = _plan(models, compare.segments, runtime.provider)
+    at_run = _set_sources(models, *given, *protos, runtime.provider, plan)
+    level = compare.original_optimization
+    config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
+    return plan, at_run, config
+
+
+def _execute(
+    plan: segments.Plan | None,
+    models: _Models,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    config: RuntimeConfig,
+    compare: CompareOptions,
+    hint: str,
+) -> _Runs:
+    """The whole models one after the other, or segment by segment when there is a plan."""
+    if plan is None:
+        return _run(models, samples, config, compare, hint)
+    return _run_plan(plan, models, samples, config, compare)
+
+
 def _run_plan(
     plan: segments.Plan,
     models: _Models,
@@ -341,19 +368,12 @@ def verify(
     output_names = [value.name for value in original_proto.graph.output]
     tolerances.check_names(output_names)
     sample_list, hint, input_notes = _samples(original_proto, inputs, options.input)
-
     compare, runtime = options.compare, options.runtime
     norms = find_fused_norms(original_proto, optimized_proto) if compare.per_node and not optimized_failure else []
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
-    plan = _plan(models, compare.segments, runtime.provider)
-    at_run = _set_sources(models, original, optimized, original_proto, optimized_proto, runtime.provider, plan)
+    plan, at_run, config = _configure(models, (original, optimized), (original_proto, optimized_proto), options)
     level = compare.original_optimization
-    config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
-    runs = (
-        _run(models, sample_list, config, compare, hint)
-        if plan is None
-        else _run_plan(plan, models, sample_list, config, compare)
-    )
+    runs = _execute(plan, models, sample_list, config, compare, hint)
     outputs = _compare_outputs(output_names, optimized_proto, runs, tolerances, original_proto)
     norm_results = _compare_norms(original_proto, norms, runs, tolerances)
     passed = all(item.passed for item in outputs) and not any(norm.status == "diverges" for norm in norm_results)

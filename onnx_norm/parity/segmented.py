@@ -80,12 +80,15 @@ def _golden_segment(
     if chain.failure is not None:
         return "none"
     method, threads = evaluator_args
-    evaluator = GoldenEvaluator(segment_model(model, segment, chain.carried[0], segment.outputs), method, threads)  # type: ignore[arg-type]
+    proto = segment_model(model, segment, chain.carried[0], segment.outputs)
+    inputs = {value.name for value in proto.graph.input}
+    evaluator = GoldenEvaluator(proto, method, threads)  # type: ignore[arg-type]
     if evaluator.method == "none":
         chain.failure = "no float64 evaluation"
         return "none"
     for index, sample in enumerate(samples):
-        values = evaluator.run({**sample, **chain.carried[index]}, segment.outputs)
+        feeds = {k: v for k, v in {**sample, **chain.carried[index]}.items() if k in inputs}
+        values = evaluator.run(feeds, segment.outputs)
         if values is None:
             chain.failure = "the float64 evaluation failed"
             return "none"

@@ -147,38 +147,50 @@ def _choose_cuts(original: onnx.ModelProto, optimized_values: set[str], count: i
     return cuts
 
 
-def _split(model: onnx.ModelProto, cuts: Sequence[list[str]]) -> list[Segment]:
-    """`model` cut at `cuts` (the values carried across each): each segment computes its cut's values from the
-    previous cut's, and every other node runs in the first segment that has all it reads (a KV-cache output in its
-    layer's segment). PlanError (with `cut`, the index of the cut at fault when known) when a node would be needed
-    on both sides of a cut or reads values no one segment has."""
+def _slices(nodes: Sequence[onnx.NodeProto], points: Sequence[int]) -> dict[str, int]:
+    """The segment of each value the original's nodes make, cut after the nodes at `points` (topological order)."""
+    where: dict[str, int] = {}
+    segment = 0
+    for index, node in enumerate(nodes):
+        for name in node.output:
+            if name:
+                where[name] = segment
+        if segment < len(points) and index == points[segment]:
+            segment += 1
+    return where
+
+
+def _split(model: onnx.ModelProto, cuts: Sequence[list[str]], home: dict[str, int]) -> list[Segment]:
+    """`model` cut at `cuts` (the values carried across each): a node runs in the segment where the original makes
+    the values it makes (`home`: the rewrite keeps the names of what it does not replace), a node of the rewrite's
+    own in the latest segment of what it reads. PlanError (with `cut` where one is at fault) when a node would make
+    values of two segments (a fused op across a cut) or reads a value its segment does not have."""
     graph = model.graph
     nodes = topological(graph)
     given = {value.name for value in graph.input} | {init.name for init in graph.initializer} | {""}
-    producer = {name: node for node in nodes for name in node.output if name}
-    bounds = [set(), *map(set, cuts)]  # what each segment starts from, besides `given`
-    owner: dict[int, int] = {}  # id(node) -> segment
-    for index, cut in enumerate(cuts):
-        try:
-            found = _closure(cut, producer, given | bounds[index], set(owner))
-        except PlanError as err:
-            err.cut = index
-            raise
-        owner.update((id(node), index) for node in found)
-    readable: dict[str, set[int]] = {}  # value -> the segments that can read it
+    made_in: dict[str, int] = {}
+    owner: dict[int, int] = {}
     for node in nodes:
-        if id(node) not in owner:
-            where = set(range(len(bounds)))
-            for name in reads(node) - given:
-                where &= readable.get(name, set())
-            if not where:
-                raise PlanError(f"{node.name or node.op_type} reads values that no one segment has")
-            owner[id(node)] = min(where)
-        segment = owner[id(node)]
-        for name in node.output:
-            carried = segment < len(cuts) and name in bounds[segment + 1]
-            readable[name] = {segment, segment + 1} if carried else {segment}
+        homes = {home[name] for name in node.output if name in home}
+        if len(homes) > 1:
+            raise _at_cut(f"{node.name or node.op_type} makes values on both sides of a cut", min(homes))
+        reads_in = [made_in[name] for name in reads(node) - given if name in made_in]
+        segment = homes.pop() if homes else max(reads_in, default=0)
+        for name in reads(node) - given:
+            source = made_in.get(name)
+            carried = source is not None and source + 1 == segment and name in cuts[source]
+            if source is None or (source != segment and not carried):
+                raise _at_cut(f"{node.name or node.op_type} reads {name} across a cut", source)
+        owner[id(node)] = segment
+        made_in.update((name, segment) for name in node.output if name)
+    bounds = [set(), *map(set, cuts)]
     return [_segment(graph, nodes, owner, index, bounds, cuts) for index in range(len(bounds))]
+
+
+def _at_cut(message: str, cut: int | None) -> PlanError:
+    error = PlanError(message)
+    error.cut = cut
+    return error
 
 
 def _segment(
@@ -198,26 +210,6 @@ def _segment(
     return Segment(order, sorted(bounds[index] & read), list(dict.fromkeys(outputs)), _weights_read(order, sizes))
 
 
-def _closure(
-    targets: Sequence[str], producer: dict[str, onnx.NodeProto], available: set[str], assigned: set[int]
-) -> list[onnx.NodeProto]:
-    """The nodes that compute `targets` from `available`; PlanError when one belongs to another segment."""
-    chosen: dict[int, onnx.NodeProto] = {}
-    stack = [name for name in targets if name not in available]
-    while stack:
-        name = stack.pop()
-        node = producer.get(name)
-        if node is None:
-            raise PlanError(f"{name} is neither made nor carried")
-        if id(node) in chosen:
-            continue
-        if id(node) in assigned:
-            raise PlanError(f"{node.name or node.op_type} is needed on both sides of a cut")
-        chosen[id(node)] = node
-        stack.extend(n for n in reads(node) if n not in available)
-    return list(chosen.values())
-
-
 def plan(original: onnx.ModelProto, optimized: onnx.ModelProto, count: int) -> Plan:
     """The two models cut into `count` segments at the same values; PlanError saying why they cannot be. A point
     where the optimized model cannot be cut (a fused op that makes a crossing value and one read after it) is left
@@ -225,15 +217,17 @@ def plan(original: onnx.ModelProto, optimized: onnx.ModelProto, count: int) -> P
     if count < 2:
         raise PlanError("a plan needs at least two segments")
     optimized_values = {name for node in optimized.graph.node for name in node.output if name}
-    crossing = _crossings(topological(original.graph), set())
+    nodes = topological(original.graph)
+    crossing = _crossings(nodes, set())
     excluded: set[int] = set()
     for _ in range(_RETRIES):
         points = _choose_cuts(original, optimized_values, count, excluded)
         cuts = [sorted(crossing[i]) for i in points]
+        home = _slices(nodes, points)
         try:
-            return Plan(cuts, _split(original, cuts), _split(optimized, cuts))
+            return Plan(cuts, _split(original, cuts, home), _split(optimized, cuts, home))
         except PlanError as err:
-            if err.cut is None:
+            if err.cut is None or err.cut >= len(points):
                 raise
             excluded.add(points[err.cut])
     raise PlanError(f"no {count - 1} points found where both models can be cut")
