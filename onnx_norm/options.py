@@ -104,7 +104,9 @@ class RuntimeOptions:
 class CompareOptions:
     """How the parity gate compares outputs (the docstring of onnx_norm.parity): tolerances (one value or
     {output: value}, "*" for the rest), the statistic compared, the float64 `golden` method, ORT's optimization
-    levels for each model, whether all-NaN/Inf outputs pass, and `per_node` (compare every fused norm too)."""
+    levels for each model, whether all-NaN/Inf outputs pass, `per_node` (compare every fused norm too) and
+    `segments`: "auto" (segment by segment when the whole models would not fit the memory available), "off", or
+    how many segments (onnx_norm/parity/segments.py)."""
 
     atol: PerOutput = None
     rtol: PerOutput = None
@@ -115,8 +117,13 @@ class CompareOptions:
     optimized_optimization: OptLevel = "all"
     per_node: bool = False
     allow_nonfinite: bool = False
+    segments: int | str = "auto"
 
     def __post_init__(self) -> None:
+        if isinstance(self.segments, str):
+            _check_choice("segments", self.segments, ("auto", "off"))
+        else:
+            _check_count(self.segments, "segments", minimum=1)
         _check_choice("golden", self.golden, GOLDEN_METHODS)
         _check_choice("original_optimization", self.original_optimization, OPT_LEVELS)
         _check_choice("optimized_optimization", self.optimized_optimization, OPT_LEVELS)
@@ -220,6 +227,7 @@ class VerifyKwargs(TypedDict, total=False):
     optimized_optimization: OptLevel
     per_node: bool
     allow_nonfinite: bool
+    segments: int | str
 
 
 class BenchKwargs(TypedDict, total=False):

@@ -88,7 +88,7 @@ def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str =
     return model
 
 
-def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """Bytes of one tensor's data, external or not, without reading it."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return reference(tensor).length
@@ -99,7 +99,7 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
 
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the main graph's initializers, external or not, without reading any."""
-    return sum(_tensor_bytes(tensor) for tensor in model.graph.initializer)
+    return sum(tensor_bytes(tensor) for tensor in model.graph.initializer)
 
 
 #: Memory a command needs beyond the weights it holds at once (activations, ONNX Runtime's arenas, Python).
@@ -122,7 +122,7 @@ def session_copies(model: onnx.ModelProto, provider: str, *, at_run: bool = Fals
     copies of the few largest exist at once, while a run lasts."""
     if provider != "cpu":
         return 0
-    sizes = sorted(_tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
+    sizes = sorted(tensor_bytes(tensor) for tensor in model.graph.initializer if tensor.data_type in _HALF_TYPES)
     return 2 * sum(sizes[-_CAST_AT_ONCE:] if at_run else sizes)
 
 

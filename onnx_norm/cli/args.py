@@ -266,6 +266,13 @@ class ToleranceArgs(ArgGroup):
             "(by default both fail; the report names the rows)",
         )
         group.add_argument(
+            "--segments",
+            default="auto",
+            metavar="auto|N|off",
+            help="run the models segment by segment, one segment's weights at a time: auto (default) when the "
+            "whole models would not fit the memory available, N segments, or off",
+        )
+        group.add_argument(
             "--per-node",
             action="store_true",
             help="also compare every fused norm with the subgraph it replaced, to name the norm that diverged",
@@ -284,6 +291,7 @@ class ToleranceArgs(ArgGroup):
                 original_optimization=args.original_opt_level,
                 allow_nonfinite=args.allow_nonfinite,
                 per_node=args.per_node,
+                segments=_segments(args.segments),
             )
 
 
@@ -298,6 +306,18 @@ def add_tolerance_flags(group: argparse._ActionsContainer, note: str = "") -> No
         "bf16 5e-2)",
     )
     group.add_argument("--rtol", nargs="+", metavar=per_output, help=f"relative tolerance{note} (defaults as --atol)")
+
+
+def _segments(text: str) -> int | str:
+    """--segments: auto, off, or a count (validated by CompareOptions)."""
+    if text in ("auto", "off"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        from onnx_norm.errors import InputError
+
+        raise InputError(f"--segments {text!r}: expected auto, off or a number of segments") from None
 
 
 class TargetArgs(ArgGroup):

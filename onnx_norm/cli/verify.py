@@ -197,6 +197,10 @@ def print_report(report: ParityReport, console: Console) -> None:
         console.print(report.inputs_line, highlight=False, markup=False)
     if report.weights_policy:
         console.print(report.weights_policy, highlight=False, markup=False)
+    if report.form != "whole model":
+        parting = report.first_parting_segment
+        where = "the models agree at every cut" if parting is None else f"the models part after segment {parting}"
+        console.print(f"form: {report.form}; {where}", highlight=False, markup=False)
     if report.norms:
         norms = Table(title="Fused norms against the subgraphs they replaced", title_justify="left")
         for column in ("norm", "op", "rule", "replaces", "max abs", "mean abs", "inputs match", "status"):

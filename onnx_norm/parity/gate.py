@@ -4,6 +4,8 @@ of onnx_norm.parity)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,7 +16,7 @@ import onnx
 
 from onnx_norm import inputs as model_inputs
 from onnx_norm.options import CompareOptions, InputOptions, VerifyKwargs, VerifyOptions
-from onnx_norm.parity import precision
+from onnx_norm.parity import precision, segmented, segments
 from onnx_norm.parity.golden import GoldenEvaluator
 from onnx_norm.parity.mapping import FusedNorm, find_fused_norms, with_outputs
 from onnx_norm.parity.report import NormComparison, ParityReport
@@ -31,7 +33,16 @@ from onnx_norm.sessions import (
     model_label,
     run_model,
 )
-from onnx_norm.weights import check_memory, half_weights_at_run, session_copies, weight_bytes
+from onnx_norm.weights import (
+    HEADROOM,
+    available_memory,
+    check_memory,
+    half_weights_at_run,
+    session_copies,
+    weight_bytes,
+)
+
+logger = logging.getLogger(__name__)
 
 Results = list[dict[str, np.ndarray]]
 
@@ -92,6 +103,8 @@ class _Runs:
     golden_method: str
     optimized_failure: str | None
     warnings: list[str]
+    form: str = "whole model"  # or "N segments (the largest reads W MiB of weights)"
+    cuts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -123,8 +136,10 @@ def _set_sources(
     original_proto: onnx.ModelProto,
     optimized_proto: onnx.ModelProto,
     provider: Provider,
+    plan: segments.Plan | None = None,
 ) -> bool:
-    """What each session is made from (a path when the model runs as it is), once the memory is known to suffice:
+    """What each session is made from (a path when the model runs as it is), once the memory is known to suffice
+    (for the largest segment when `plan` cuts the models):
     one model at a time, its weights and the fp32 copies ORT's CPU provider makes of half-precision ones. Returns
     whether the sessions cast half-precision weights where used (`weights.half_weights_at_run`): the values of
     ORT's fp32 copies made at load, less its pre-packing of them (which sums in another order), without holding
@@ -133,7 +148,10 @@ def _set_sources(
     models.optimized_source = _source(optimized, optimized_proto, models.optimized)
     at_run = half_weights_at_run([original_proto, optimized_proto], provider)
     resident = [weight_bytes(p) + session_copies(p, provider, at_run=at_run) for p in (original_proto, optimized_proto)]
-    check_memory(max(resident), "verify")
+    if plan is None:
+        check_memory(max(resident), "verify")
+    else:
+        check_memory(plan.largest_weights, f"verify in {len(plan.original)} segments (its largest segment)")
     if at_run:
         at_once = max(session_copies(p, provider, at_run=True) for p in (original_proto, optimized_proto))
         models.weights_policy = "weights: " + half_weights_policy("in both models alike", at_once)
@@ -221,6 +239,75 @@ def _run(
     return runs
 
 
+def _plan(models: _Models, setting: int | str, provider: Provider) -> segments.Plan | None:
+    """The segment plan, None for the whole models: `setting` "auto" cuts only when the whole models would not fit
+    the memory available (into twice as many segments as their weights need), a count cuts into that many."""
+    if setting in ("off", 1) or models.optimized_failure is not None:
+        return None
+    protos = (models.original, models.optimized)
+    resident = max(weight_bytes(p) + session_copies(p, provider) for p in protos)
+    if setting == "auto":
+        room = available_memory() - HEADROOM
+        if resident <= room:
+            return None
+        count = max(2, 2 * math.ceil(resident / max(room, 1)))
+    else:
+        count = int(setting)
+    try:
+        return segments.plan(models.original, models.optimized, count)
+    except segments.PlanError as err:
+        if setting == "auto":  # the whole-model memory check then says why it cannot run
+            logger.warning("verify cannot cut the models into %d segments: %s", count, err)
+            return None
+        raise model_inputs.InputError(f"--segments {count}: {err}") from None
+
+
+def _configure(
+    models: _Models, given: tuple[Any, Any], protos: tuple[onnx.ModelProto, onnx.ModelProto], options: VerifyOptions
+) -> tuple[segments.Plan | None, bool, RuntimeConfig]:
+    """The segment plan (None: the whole models), whether half-precision weights are cast where used, and the
+    sessions' configuration, once the memory is known to suffice for what runs at once."""
+    runtime, compare = options.runtime, options.compare
+    plan = _plan(models, compare.segments, runtime.provider)
+    at_run = _set_sources(models, *given, *protos, runtime.provider, plan)
+    level = compare.original_optimization
+    config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
+    return plan, at_run, config
+
+
+def _execute(
+    plan: segments.Plan | None,
+    models: _Models,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    config: RuntimeConfig,
+    compare: CompareOptions,
+    hint: str,
+) -> _Runs:
+    """The whole models one after the other, or segment by segment when there is a plan."""
+    if plan is None:
+        return _run(models, samples, config, compare, hint)
+    return _run_plan(plan, models, samples, config, compare)
+
+
+def _run_plan(
+    plan: segments.Plan,
+    models: _Models,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    config: RuntimeConfig,
+    compare: CompareOptions,
+) -> _Runs:
+    """`_run`, segment by segment (onnx_norm/parity/segmented.py)."""
+    golden = (compare.golden, config.threads)
+    pair = (models.original, models.optimized)
+    done = segmented.run(plan, pair, samples, config, golden, compare.optimized_optimization)
+    form = f"{len(plan.original)} segments (the largest reads {plan.largest_weights / 2**20:.1f} MiB of weights)"
+    runs = _Runs(done.original, done.optimized, done.golden, done.golden_method, done.optimized_failure, [], form)
+    runs.cuts = done.cuts
+    models.optimized_failure = done.optimized_failure
+    models.golden_form = "segment by segment" if done.golden is not None else ""
+    return runs
+
+
 def _compare_outputs(
     output_names: Sequence[str],
     optimized: onnx.ModelProto,
@@ -281,14 +368,12 @@ def verify(
     output_names = [value.name for value in original_proto.graph.output]
     tolerances.check_names(output_names)
     sample_list, hint, input_notes = _samples(original_proto, inputs, options.input)
-
     compare, runtime = options.compare, options.runtime
     norms = find_fused_norms(original_proto, optimized_proto) if compare.per_node and not optimized_failure else []
     models = _models(original_proto, optimized_proto, norms, original_label, optimized_failure)
-    at_run = _set_sources(models, original, optimized, original_proto, optimized_proto, runtime.provider)
+    plan, at_run, config = _configure(models, (original, optimized), (original_proto, optimized_proto), options)
     level = compare.original_optimization
-    config = RuntimeConfig(runtime.provider, runtime.threads, level, runtime.device_id, half_weights_at_run=at_run)
-    runs = _run(models, sample_list, config, compare, hint)
+    runs = _execute(plan, models, sample_list, config, compare, hint)
     outputs = _compare_outputs(output_names, optimized_proto, runs, tolerances, original_proto)
     norm_results = _compare_norms(original_proto, norms, runs, tolerances)
     passed = all(item.passed for item in outputs) and not any(norm.status == "diverges" for norm in norm_results)
@@ -305,6 +390,8 @@ def verify(
         golden_form=models.golden_form if runs.golden_method != "none" else "",
         half_weights_at_run=at_run,
         weights_policy=models.weights_policy,
+        form=runs.form,
+        cuts=runs.cuts,
         seed=options.input.seed,
         elapsed_s=time.perf_counter() - start,
         warnings=_warnings(sample_list, runs, norm_results),

@@ -51,6 +51,17 @@ class ParityReport:
     #: the sessions ran with ONNX Runtime's defaults). The values are the folded copies' bar pre-packing's sum order.
     half_weights_at_run: bool = False
     weights_policy: str = ""
+    #: How the models ran: "whole model", or "N segments (the largest reads W MiB of weights)".
+    form: str = "whole model"
+    #: With segments: per cut, the values carried across it, whether the two models agreed there, the largest
+    #: difference (onnx_norm/parity/segmented.py).
+    cuts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def first_parting_segment(self) -> int | None:
+        """The first segment (from 1) after which the two models' carried values differ, None when none."""
+        return next((index + 1 for index, cut in enumerate(self.cuts) if not cut.get("passed")), None)
+
     #: The inputs whose values choose the model's path, {name: {"value", "why"}} (`onnx_norm.inputs.input_notes`):
     #: those given (`--input`), and one-element inputs whose generated value the graph chose or chance drew.
     input_values: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -72,6 +83,7 @@ class ParityReport:
         data["status"] = "PASSED" if self.passed else "FAILED"
         first = self.first_divergent_norm
         data["first_divergent_norm"] = None if first is None else first.node
+        data["first_parting_segment"] = self.first_parting_segment
         for item, output in zip(data["outputs"], self.outputs, strict=True):
             item["message"] = output.message
         return json_safe(data)
