@@ -454,3 +454,11 @@ def test_opset_a_conversion_the_converter_cannot_do_is_one_line(tmp_path) -> Non
     assert len(line.splitlines()) == 1 and "Traceback" not in line
     assert "cannot raise the opset from 16 to 23: onnx's version converter: " in line
     assert "No Adapter From Version $16 for LayerNormalization" in line
+
+
+def test_opset_is_refused_for_a_genai_folder(tmp_path) -> None:
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    done = cli("optimize", folder, "-o", tmp_path / "out", "--opset", "23")
+    assert done.returncode == 2 and "--opset takes one model, not a GenAI model folder" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
