@@ -404,3 +404,61 @@ def test_demo_does_not_present_its_temporary_folder_as_an_output() -> None:
         " ".join(done.stdout.split())
     )
     assert not any(line.startswith("wrote /") for line in done.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("model", "opset", "op", "was"),
+    [(LLAMA, 23, "RMSNormalization", 20), (BERT, 17, "LayerNormalization", 13)],
+    ids=["llama-dynamo-rms-23", "bert-layer-norm-17"],
+)
+def test_opset_raises_the_model_so_target_onnx_fuses_and_verify_passes(tmp_path, model, opset, op, was) -> None:
+    out, report = tmp_path / "fused.onnx", tmp_path / "report.json"
+    done = cli("optimize", model, "-o", out, "--target", "onnx", "--opset", opset, "--verify", "--report", report)
+    assert done.returncode == 0, done.stderr
+    assert f"default opset raised from {was} to {opset} (onnx's version converter)" in done.stdout
+    assert "PASSED" in done.stdout  # the gate compared OUT with the unconverted input
+    written = onnx.load(out, load_external_data=False)
+    assert {o.domain: o.version for o in written.opset_import}[""] == opset
+    assert sum(node.op_type == op for node in written.graph.node) == 5
+    data = json.loads(report.read_text())
+    assert data["opset_raised"] == {"from": was, "to": opset} and data["fused"] == 5
+
+
+@pytest.mark.parametrize(
+    ("opset", "message"),
+    [
+        ("17", "cannot lower the model's default opset 20 to 17: the opset is only raised"),
+        ("twenty-three", "argument --opset: not an opset number: 'twenty-three'"),
+        (str(onnx.defs.onnx_opset_version() + 1), f"is not one the installed onnx {onnx.__version__} knows"),
+    ],
+    ids=["below-the-models", "not-a-number", "above-onnxs"],
+)
+def test_opset_refusals_are_one_line_and_write_nothing(tmp_path, opset, message) -> None:
+    out = tmp_path / "fused.onnx"
+    done = cli("optimize", LLAMA, "-o", out, "--target", "onnx", "--opset", opset)
+    assert done.returncode == 2 and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_opset_a_conversion_the_converter_cannot_do_is_one_line(tmp_path) -> None:
+    # ONNX Runtime's LayerNormalization in the ONNX domain at opset 16 (which it loads): no adapter from 16.
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y"])
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 8]) for name in ("x", "s", "y")]
+    graph = helper.make_graph([node], "g", values[:2], values[2:])
+    model = tmp_path / "ln16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8), model)
+    done = cli("inspect", model, "--target", "onnx", "--opset", "23")
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert "cannot raise the opset from 16 to 23: onnx's version converter: " in line
+    assert "No Adapter From Version $16 for LayerNormalization" in line
+
+
+def test_opset_is_refused_for_a_genai_folder(tmp_path) -> None:
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    done = cli("optimize", folder, "-o", tmp_path / "out", "--opset", "23")
+    assert done.returncode == 2 and "--opset takes one model, not a GenAI model folder" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -321,8 +321,9 @@ def _segments(text: str) -> int | str:
 
 
 class TargetArgs(ArgGroup):
-    """What a rewrite emits -> target (`inspect`, `optimize`): the choices are the rewrite's registry
-    (`onnx_norm.rewrite.TARGETS`), the default `defaults.TARGET` (`optimize()`'s, tests/test_cli_args.py checks)."""
+    """What a rewrite emits -> target and opset (`inspect`, `optimize`): the choices are the rewrite's registry
+    (`onnx_norm.rewrite.TARGETS`), the default `defaults.TARGET` (`optimize()`'s, tests/test_cli_args.py checks);
+    `--opset N` raises the model's default opset to N before the rewrite (`optimize(opset=N)`)."""
 
     def __init__(self, help_text: str) -> None:
         self.help_text = help_text
@@ -335,10 +336,30 @@ class TargetArgs(ArgGroup):
         parser.add_argument(
             "--target", choices=TARGETS, default=default, help=f"{self.help_text} (default: {default}). {described}"
         )
+        parser.add_argument(
+            "--opset",
+            type=opset_number,
+            default=None,
+            metavar="N",
+            help="first raise the model's default opset to N with onnx's version converter (never lowered): "
+            "--target onnx writes LayerNormalization from 17, GroupNormalization from 21, RMSNormalization from 23; "
+            "--verify then checks the result against the unconverted model",
+        )
         return parser
 
     def parse(self, args: argparse.Namespace) -> dict[str, Any]:
-        return {"target": args.target}
+        return {"target": args.target, "opset": args.opset}
+
+
+def opset_number(text: str) -> int:
+    """`--opset N`: an integer the installed onnx knows (`opset_pass.check_opset`), else argparse's one line."""
+    from onnx_norm.rewrite.opset_pass import check_opset
+
+    try:
+        return check_opset(int(text))
+    except ValueError as err:
+        message = str(err) if text.strip().lstrip("+-").isdigit() else f"not an opset number: {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 class RewriteReportArgs(ArgGroup):

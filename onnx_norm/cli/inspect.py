@@ -39,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
 
     common.check_outputs([("--report", args.report)], [args.model])
     with common.input_errors():
-        report = inspect(args.model, target=args.target)
+        report = inspect(args.model, target=args.target, opset=args.opset)
     console = common.console()
+    print_opset(console, report)
     print_norms(console, report, nothing_else=args.explain and not report.near_misses)
     if args.explain and (report.norms or report.near_misses):
         print_near_misses(console, report)
@@ -49,6 +50,15 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         write_report(args.report, report, {"model": args.model})
     return 0
+
+
+def print_opset(console: Console, report: OptimizeReport) -> None:
+    """`--opset N`: the opset the model was raised from, before the rewrite (nothing when it was at N already)."""
+    raised = report.opset_raised
+    if raised:
+        verb = "would be raised" if report.dry_run else "raised"
+        line = f"default opset {verb} from {raised['from']} to {raised['to']} (onnx's version converter)"
+        console.print(line, highlight=False)
 
 
 def native_hint(report: OptimizeReport) -> str | None:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from onnx_norm.cli import UsageError
 from onnx_norm.cli import args as common
-from onnx_norm.cli.inspect import print_near_misses, print_norms, write_report
+from onnx_norm.cli.inspect import print_near_misses, print_norms, print_opset, write_report
 
 if TYPE_CHECKING:  # the rewrite is imported when this command's parser is built or it runs
     from onnx_norm.rewrite import OptimizeReport
@@ -140,12 +140,18 @@ def run(args: argparse.Namespace) -> int:
     if source.is_dir():  # an ONNX Runtime GenAI model folder: every model its genai_config names
         from onnx_norm.cli.genai_folder import run_folder
 
+        if args.opset is not None:
+            raise UsageError(f"{source}: --opset takes one model, not a GenAI model folder")
         return run_folder(args)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
     _check_before_work(args, source, output, external)
     with common.input_errors():
         model, report = optimize(
-            str(source), target=args.target, disable=args.disable, take_over_native=args.take_over_native
+            str(source),
+            target=args.target,
+            disable=args.disable,
+            take_over_native=args.take_over_native,
+            opset=args.opset,
         )
     console = common.console(quiet=bool(args.quiet))  # -q: nothing but errors (and a failed gate's line)
     # Written next to OUT under a temporary directory and moved into place only once the parity gate
@@ -157,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         passed = _verify(args, staged, console)
         if passed:
             _move_into_place(Path(staging), output, source)
+    print_opset(console, report)
     print_norms(console, report)
     print_summary(console, report)
     if args.take_over_native:

@@ -17,6 +17,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_norm import model_io
+from onnx_norm.rewrite.opset_pass import OpsetError
 from onnx_norm.rewrite.passes import FuseNormsPass
 from onnx_norm.rewrite.report import NearMissRecord, NormRecord, OptimizeReport
 from onnx_norm.rewrite.rules import RULE_NAMES
@@ -30,6 +31,7 @@ __all__ = [
     "NearMissRecord",
     "NormRecord",
     "NormSpec",
+    "OpsetError",
     "OptimizeReport",
     "inspect",
     "optimize",
@@ -47,26 +49,38 @@ def optimize(
     disable: Iterable[str] = (),
     take_over_native: bool = False,
     verify_rewrites: bool = True,
+    opset: int | None = None,
 ) -> tuple[ModelT, OptimizeReport]:
     """Fuses the norms of `model`; returns the rewritten model, of the same kind, and a report.
 
     `model` is a path (the result is an `ir.Model` loaded from it; save it with `onnx_norm.model_io.save`), an
     `onnx.ModelProto` (a new ModelProto is returned, the argument is not modified) or an `onnx_ir.Model`
     (rewritten in place and returned). `disable` names rules to skip (`RULE_NAMES`); `verify_rewrites=False`
-    skips the proof of each candidate (faster, not safer).
+    skips the proof of each candidate (faster, not safer). `opset` first raises the model's default-domain opset
+    to it with onnx's version converter (`--target onnx` needs 17 for LayerNormalization, 21 for
+    GroupNormalization, 23 for RMSNormalization); never lowered: a model above it, or one the converter cannot
+    convert, is an `OpsetError` (`report.opset_raised` says from which opset it was raised). Verify the result
+    against the original model: that checks the conversion too.
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    fuse = FuseNormsPass(
+        target, disable=disable, take_over_native=take_over_native, verify_rewrites=verify_rewrites, opset=opset
+    )
     ir_model = model_io.load(model)
-    fuse = FuseNormsPass(target, disable=disable, take_over_native=take_over_native, verify_rewrites=verify_rewrites)
     fuse(ir_model)
     return model_io.like(model, ir_model), fuse.report  # type: ignore[return-value]
 
 
 def inspect(
-    model: str | onnx.ModelProto | ir.Model, *, target: str = "onnx-norm", explain: bool | None = None
+    model: str | onnx.ModelProto | ir.Model,
+    *,
+    target: str = "onnx-norm",
+    explain: bool | None = None,
+    opset: int | None = None,
 ) -> OptimizeReport:
-    """A dry run: what `optimize` would fuse, and every near-miss with its reason (`report.near_misses`).
+    """A dry run: what `optimize` would fuse, and every near-miss with its reason (`report.near_misses`);
+    `opset` as `optimize`'s (the conversion is run on a copy).
 
     The model is not modified. `explain` is deprecated and has no effect: the near-misses are always in the
     report, and what to print is the caller's choice (the CLI prints them with `--explain`).
@@ -77,10 +91,10 @@ def inspect(
             DeprecationWarning,
             stacklevel=2,
         )
+    fuse = FuseNormsPass(target, opset=opset)
     ir_model = model_io.load(model)
     if isinstance(model, ir.Model):
         ir_model = model_io.clone(ir_model)
-    fuse = FuseNormsPass(target)
     fuse(ir_model)
     report = fuse.report
     report.dry_run = True

@@ -1,10 +1,10 @@
 """The fusions as an onnx-ir pass, for pipelines (Olive, onnxscript's optimizer) and for `optimize()`.
 
 FuseNormsPass is a sequence of small in-place onnx-ir passes, each in its own module with its own PassResult:
-shape inference (shape_pass.py: InferShapesPass), the fusions (fuse_pass.py: FuseDecomposedPass), the take-over of
-native norms (take_over_pass.py: TakeOverNativePass), the shapes put back (RestoreShapesPass), onnx-ir's clean-up
-passes, and the model-local functions (functions_pass.py: AttachFunctionsPass); this module runs them in order and
-writes the report."""
+the opset raised when asked (opset_pass.py: RaiseOpsetPass), shape inference (shape_pass.py: InferShapesPass),
+the fusions (fuse_pass.py: FuseDecomposedPass), the take-over of native norms (take_over_pass.py:
+TakeOverNativePass), the shapes put back (RestoreShapesPass), onnx-ir's clean-up passes, and the model-local
+functions (functions_pass.py: AttachFunctionsPass); this module runs them in order and writes the report."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import onnx_ir.passes.common as common_passes
 
 from onnx_norm.rewrite.functions_pass import AttachFunctionsPass
 from onnx_norm.rewrite.fuse_pass import FuseDecomposedPass
+from onnx_norm.rewrite.opset_pass import RaiseOpsetPass
 from onnx_norm.rewrite.report import OptimizeReport, op_counts
 from onnx_norm.rewrite.rules import enabled_rules
 from onnx_norm.rewrite.run_state import RunState
@@ -40,7 +41,8 @@ class FuseNormsPass(ir.passes.InPlacePass):
     (driver.py) over the main graph, If/Loop/Scan bodies and model-local functions, then removes what became
     unused and (for targets whose ops need them) attaches the model-local functions that keep the model runnable
     without our library; each step is an onnx-ir pass of its own (the module docstring), all of them sharing one
-    `RunState` made afresh by each call. `self.report` describes the last run.
+    `RunState` made afresh by each call. `self.report` describes the last run. With `opset`, the model's
+    default-domain opset is first raised to it (RaiseOpsetPass: onnx's version converter; never lowered).
     """
 
     def __init__(
@@ -51,9 +53,11 @@ class FuseNormsPass(ir.passes.InPlacePass):
         take_over_native: bool = False,
         verify_rewrites: bool = True,
         infer_shapes: bool = True,
+        opset: int | None = None,
     ) -> None:
         super().__init__()
         Session(target, verify_rewrites=verify_rewrites, disabled=disable)  # a bad target fails here, not at run
+        self.raise_opset = None if opset is None else RaiseOpsetPass(opset)  # a bad opset fails here too
         self.target = target
         self.disable = tuple(disable)
         self.verify_rewrites = verify_rewrites
@@ -71,6 +75,10 @@ class FuseNormsPass(ir.passes.InPlacePass):
         state = self.new_state()
         report = OptimizeReport(target=self.target, ops_before=op_counts(model))
         progress = _Progress()
+        if self.raise_opset is not None:
+            progress.step(f"raising the default opset to {self.raise_opset.opset}")
+            self.raise_opset(model)
+            report.opset_raised = _raised(self.raise_opset.raised)
         order = _initializer_order(model)
         for label, step in self._steps(state, sum(report.ops_before.values())):
             progress.step(label)
@@ -84,7 +92,7 @@ class FuseNormsPass(ir.passes.InPlacePass):
         progress.step("done")
         if state.fused:
             logger.info("fused %d norm(s): %s", state.fused, self.report.rule_counts)
-        return ir.passes.PassResult(model, state.modified)
+        return ir.passes.PassResult(model, state.modified or report.opset_raised is not None)
 
     def _steps(self, state: RunState, nodes: int) -> list[tuple[str, ir.passes.PassBase]]:
         """Shape inference (when on), the fusions, the take-over (when on), the shapes put back, in order, each with
@@ -111,6 +119,10 @@ def _report(report: OptimizeReport, state: RunState, model: ir.Model) -> Optimiz
     report.native_taken_over = [_as_dict(r) for r in state.taken_over]
     report.ops_after = op_counts(model)
     return report
+
+
+def _raised(raised: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if raised is None else {"from": raised[0], "to": raised[1]}
 
 
 def _initializer_order(model: ir.Model) -> dict[ir.Graph, list[str]]:

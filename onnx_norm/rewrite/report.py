@@ -54,6 +54,8 @@ class OptimizeReport:
     ops_after: dict[str, int] = dataclasses.field(default_factory=dict)
     native_taken_over: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     dry_run: bool = False
+    #: {"from": A, "to": N} when the default opset was raised before the rewrite (`opset=`), else None.
+    opset_raised: dict[str, int] | None = None
 
     @property
     def fused(self) -> int:
