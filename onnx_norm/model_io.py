@@ -199,10 +199,11 @@ def _graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
     """The main graph and every subgraph (of If/Loop/Scan nodes, in the main graph or in functions)."""
     yield model.graph
     for node in proto_nodes(model):
-        yield from _subgraphs(node)
+        yield from subgraphs(node)
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs a node holds in its attributes (If's branches, Loop's and Scan's bodies)."""
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
             yield attr.g
@@ -210,10 +211,21 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield from attr.graphs
 
 
+def outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from the scopes around it (ONNX subgraphs see outer values without declaring them)."""
+    local = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    local |= {name for node in graph.node for name in node.output}
+    used = {name for node in graph.node for name in node.input if name}
+    for node in graph.node:
+        for sub in subgraphs(node):
+            used |= outer_names(sub)
+    return used - local
+
+
 def _reads(node: onnx.NodeProto) -> set[str]:
     """The names a node reads: its inputs, and every name its subgraphs read (outer-scope values among them)."""
     names = {name for name in node.input if name}
-    for sub in _subgraphs(node):
+    for sub in subgraphs(node):
         for inner in graph_nodes(sub):
             names.update(name for name in inner.input if name)
     return names
@@ -810,5 +822,5 @@ def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """All nodes of `graph` and of the subgraphs in its If/Loop/Scan nodes."""
     for node in graph.node:
         yield node
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             yield from graph_nodes(sub)

@@ -13,12 +13,13 @@ output, a value counts when a node computes in its type, which is
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 
 from onnx_norm.dtypes import BY_PRECISION as _FLOATS
+from onnx_norm.model_io import outer_names, subgraphs
 from onnx_norm.ops.reference import np_dtype
 
 #: Ops whose float inputs are not computed on (only their shape or a count is read).
@@ -37,14 +38,6 @@ def _declared(graph: onnx.GraphProto) -> dict[str, int]:
     return types
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
 def _node_types(node: onnx.NodeProto, declared: dict[str, int], producers: dict[str, onnx.NodeProto]) -> set[int]:
     """The element types `node` computes in, as far as the declarations tell."""
     if node.op_type == "Cast":
@@ -57,7 +50,7 @@ def _node_types(node: onnx.NodeProto, declared: dict[str, int], producers: dict[
         constant = {name for name in node.input if name in producers and producers[name].op_type == "Constant"}
         sources = [name for name in node.input if name and (name not in producers or name in constant)]
         found |= {declared[name] for name in sources if name in declared}
-    for graph in _subgraphs(node):
+    for graph in subgraphs(node):
         found |= _graph_types(graph)
     return found
 
@@ -70,17 +63,6 @@ def _graph_types(graph: onnx.GraphProto) -> set[int]:
     for node in graph.node:
         found |= _node_types(node, declared, producers)
     return found
-
-
-def _outer_names(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from the scopes around it (ONNX subgraphs see outer values without declaring them)."""
-    local = {value.name for value in graph.input} | {init.name for init in graph.initializer}
-    local |= {name for node in graph.node for name in node.output}
-    used = {name for node in graph.node for name in node.input if name}
-    for node in graph.node:
-        for sub in _subgraphs(node):
-            used |= _outer_names(sub)
-    return used - local
 
 
 def narrowest_on_path(model: onnx.ModelProto, outputs: Sequence[str]) -> dict[str, np.dtype | None]:
@@ -100,8 +82,8 @@ def narrowest_on_path(model: onnx.ModelProto, outputs: Sequence[str]) -> dict[st
             seen.add(id(node))
             types |= _node_types(node, declared, producers)
             frontier.extend(name for name in node.input if name)
-            for sub in _subgraphs(node):
-                frontier.extend(_outer_names(sub))
+            for sub in subgraphs(node):
+                frontier.extend(outer_names(sub))
         floats = [code for code in _FLOATS if code in types]
         result[output] = np_dtype(floats[-1]) if floats else None
     return result

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from onnx_norm import weights
+from onnx_norm.model_io import outer_names, subgraphs
 
 
 @dataclasses.dataclass
@@ -51,25 +52,6 @@ class PlanError(Exception):
     """The models cannot be cut as asked; the message says why, `cut` which cut (None when not one)."""
 
     cut: int | None = None
-
-
-def subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def outer_names(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from the scopes around it (ONNX subgraphs see outer values without declaring them)."""
-    local = {value.name for value in graph.input} | {init.name for init in graph.initializer}
-    local |= {name for node in graph.node for name in node.output}
-    used = {name for node in graph.node for name in node.input if name}
-    for node in graph.node:
-        for sub in subgraphs(node):
-            used |= outer_names(sub)
-    return used - local
 
 
 def reads(node: onnx.NodeProto) -> set[str]:
