@@ -342,7 +342,7 @@ class TargetArgs(ArgGroup):
             default=None,
             metavar="N",
             help="first raise the model's default opset to N with onnx's version converter (never lowered): "
-            "--target onnx writes LayerNormalization from 17, GroupNormalization from 21, RMSNormalization from 23; "
+            "--target onnx writes ONNX's norm ops only from the opsets that define them (17 to 23, docs/targets.md); "
             "--verify then checks the result against the unconverted model",
         )
         return parser

@@ -57,8 +57,8 @@ def optimize(
     `onnx.ModelProto` (a new ModelProto is returned, the argument is not modified) or an `onnx_ir.Model`
     (rewritten in place and returned). `disable` names rules to skip (`RULE_NAMES`); `verify_rewrites=False`
     skips the proof of each candidate (faster, not safer). `opset` first raises the model's default-domain opset
-    to it with onnx's version converter (`--target onnx` needs 17 for LayerNormalization, 21 for
-    GroupNormalization, 23 for RMSNormalization); never lowered: a model above it, or one the converter cannot
+    to it with onnx's version converter (`--target onnx` writes ONNX's norm ops only from the opsets that define
+    them, 17 to 23: docs/targets.md); never lowered: a model above it, or one the converter cannot
     convert, is an `OpsetError` (`report.opset_raised` says from which opset it was raised). Verify the result
     against the original model: that checks the conversion too.
     """

@@ -1,6 +1,6 @@
 """Raising a model's default-domain opset before the rewrite (`optimize(opset=N)`, `--opset N`), as an onnx-ir pass
-(in place): ONNX's standard norm ops need opsets the usual exports do not import (LayerNormalization 17,
-GroupNormalization 21, RMSNormalization 23), and `--target onnx` never raises one by itself (a new opset changes
+(in place): ONNX's standard norm ops need opsets the usual exports do not import (17 to 23, each op's record says
+which: `ops/*.py`'s natives), and `--target onnx` never raises one by itself (a new opset changes
 other ops too). The conversion is onnx's version converter's (`onnx.version_converter.convert_version`); onnx-norm
 only hands it the model without its external data and puts the model back together around what it returns.
 
