@@ -16,7 +16,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import onnx
@@ -229,6 +229,12 @@ def _reads(node: onnx.NodeProto) -> set[str]:
         for inner in graph_nodes(sub):
             names.update(name for name in inner.input if name)
     return names
+
+
+def topological_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` in a stable topological order (as they are when already in order, or when they form a cycle)."""
+    order = _topological_order(nodes)
+    return list(nodes) if order is None else [nodes[i] for i in order]
 
 
 def _topological_order(nodes: Any) -> list[int] | None:

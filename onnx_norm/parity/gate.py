@@ -301,8 +301,9 @@ def _run_plan(
     pair = (models.original, models.optimized)
     done = segmented.run(plan, pair, samples, config, golden, compare.optimized_optimization)
     form = f"{len(plan.original)} segments (the largest reads {plan.largest_weights / 2**20:.1f} MiB of weights)"
-    runs = _Runs(done.original, done.optimized, done.golden, done.golden_method, done.optimized_failure, [], form)
-    runs.cuts = done.cuts
+    runs = _Runs(
+        done.original, done.optimized, done.golden, done.golden_method, done.optimized_failure, [], form, done.cuts
+    )
     models.optimized_failure = done.optimized_failure
     models.golden_form = "segment by segment" if done.golden is not None else ""
     return runs

@@ -191,6 +191,7 @@ def measure(
         matched = sum(d.nonfinite_matched for d in diffs)
         one_sided = [d.one_sided for d in diffs]
         repaired = _repaired(a64, b64, golden, one_sided, tolerance)
+        unrepaired = [m & ~r for m, r in zip(one_sided, repaired, strict=True)]
         metrics = Metrics(
             max_abs=float(absdiff.max()) if absdiff.size else math.nan,
             max_rel=float(rel.max()) if absdiff.size else math.nan,
@@ -199,12 +200,12 @@ def measure(
             cosine=cosine,
             mismatched=sum(d.mismatched for d in diffs),
             total=int(absdiff.size) + matched + sum(int(m.sum()) for m in one_sided),
-            nonfinite_mismatched=sum(int((m & ~r).sum()) for m, r in zip(one_sided, repaired, strict=True)),
+            nonfinite_mismatched=sum(int(m.sum()) for m in unrepaired),
             first_mismatches=first,
             nonfinite_matched=matched,
             nonfinite_repaired=sum(int(r.sum()) for r in repaired),
             nonfinite_counts={"original": _counts(b64), "optimized": _counts(a64)},
-            nonfinite_rows=_rows([m & ~r for m, r in zip(one_sided, repaired, strict=True)]),
+            nonfinite_rows=_rows(unrepaired),
         )
     return metrics, absdiff, rel
 

@@ -60,8 +60,8 @@ def _run_segment(
         session = create_session(proto, config, label=label)
         inputs = {i.name for i in session.get_inputs()}
         for index, sample in enumerate(samples):
-            feeds = {**{k: v for k, v in sample.items() if k in inputs}, **chain.carried[index]}
-            values = run_model(session, {k: v for k, v in feeds.items() if k in inputs}, segment.outputs, label=label)
+            feeds = {k: v for k, v in {**sample, **chain.carried[index]}.items() if k in inputs}
+            values = run_model(session, feeds, segment.outputs, label=label)
             chain.results[index].update(values)
             chain.carried[index] = values
     except SessionError as err:

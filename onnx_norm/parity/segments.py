@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from onnx_norm import weights
-from onnx_norm.model_io import outer_names, subgraphs
+from onnx_norm.model_io import outer_names, subgraphs, topological_nodes
 
 
 @dataclasses.dataclass
@@ -62,29 +62,7 @@ def reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The nodes in an order where each comes after what it reads (ONNX Runtime accepts graphs that are not)."""
-    producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
-    done: set[int] = set()
-    order: list[onnx.NodeProto] = []
-    for start in range(len(graph.node)):
-        stack = [(start, False)]
-        while stack:
-            index, expanded = stack.pop()
-            if index in done:
-                continue
-            if expanded:
-                done.add(index)
-                order.append(graph.node[index])
-                continue
-            stack.append((index, True))
-            stack.extend(
-                (producer[n], False) for n in reads(graph.node[index]) if n in producer and producer[n] not in done
-            )
-    return order
-
-
-def _crossings(nodes: Sequence[onnx.NodeProto], outputs: set[str]) -> list[set[str]]:
+def _crossings(nodes: Sequence[onnx.NodeProto]) -> list[set[str]]:
     """After each node, the values made so far that a later node reads."""
     last_read: dict[str, int] = {}
     for index, node in enumerate(nodes):
@@ -103,26 +81,26 @@ def _weights_read(nodes: Iterable[onnx.NodeProto], sizes: dict[str, int]) -> int
     return sum(sizes[name] for name in set().union(*(reads(node) for node in nodes)) if name in sizes)
 
 
-def _choose_cuts(original: onnx.ModelProto, optimized_values: set[str], count: int, excluded: set[int]) -> list[int]:
-    """The node indices (in topological order) after which to cut: near equal shares of the weights, among the
-    points whose crossing values the optimized model computes too, the fewest crossing values first."""
-    graph = original.graph
-    nodes = topological(graph)
-    sizes = {init.name: weights.tensor_bytes(init) for init in graph.initializer}
-    crossing = _crossings(nodes, {value.name for value in graph.output})
+def _cumulative_weights(nodes: Sequence[onnx.NodeProto], sizes: dict[str, int]) -> list[int]:
+    """After each node, the bytes of the weights read so far (each weight once)."""
     seen: set[str] = set()
-    cumulative = []
-    total = 0
+    cumulative, total = [], 0
     for node in nodes:
         new = (reads(node) & sizes.keys()) - seen
         seen |= new
         total += sum(sizes[name] for name in new)
         cumulative.append(total)
-    usable = [i for i in range(len(nodes) - 1) if i not in excluded and crossing[i] and crossing[i] <= optimized_values]
+    return cumulative
+
+
+def _choose_cuts(crossing: Sequence[set[str]], cumulative: Sequence[int], count: int, usable: set[int]) -> list[int]:
+    """The node indices (in topological order) after which to cut, among the `usable` points: near equal shares of
+    the weights (`cumulative`), the fewest crossing values first."""
+    total = cumulative[-1] if cumulative else 0
     cuts: list[int] = []
     for share in range(1, count):
         target, window = total * share / count, max(total / (2 * count), 1)
-        near = [i for i in usable if abs(cumulative[i] - target) <= window and (not cuts or i > cuts[-1])]
+        near = [i for i in sorted(usable) if abs(cumulative[i] - target) <= window and (not cuts or i > cuts[-1])]
         if not near:
             raise PlanError(f"no point near {share}/{count} of the weights where the two models can be cut")
         cuts.append(min(near, key=lambda i: (len(crossing[i]), abs(cumulative[i] - target))))
@@ -148,7 +126,7 @@ def _split(model: onnx.ModelProto, cuts: Sequence[list[str]], home: dict[str, in
     own in the latest segment of what it reads. PlanError (with `cut` where one is at fault) when a node would make
     values of two segments (a fused op across a cut) or reads a value its segment does not have."""
     graph = model.graph
-    nodes = topological(graph)
+    nodes = topological_nodes(graph.node)
     given = {value.name for value in graph.input} | {init.name for init in graph.initializer} | {""}
     made_in: dict[str, int] = {}
     owner: dict[int, int] = {}
@@ -166,7 +144,8 @@ def _split(model: onnx.ModelProto, cuts: Sequence[list[str]], home: dict[str, in
         owner[id(node)] = segment
         made_in.update((name, segment) for name in node.output if name)
     bounds = [set(), *map(set, cuts)]
-    return [_segment(graph, nodes, owner, index, bounds, cuts) for index in range(len(bounds))]
+    sizes = {init.name: weights.tensor_bytes(init) for init in graph.initializer}
+    return [_segment(graph, nodes, (owner, sizes), index, bounds, cuts) for index in range(len(bounds))]
 
 
 def _at_cut(message: str, cut: int | None) -> PlanError:
@@ -178,17 +157,17 @@ def _at_cut(message: str, cut: int | None) -> PlanError:
 def _segment(
     graph: onnx.GraphProto,
     nodes: Sequence[onnx.NodeProto],
-    owner: dict[int, int],
+    placed: tuple[dict[int, int], dict[str, int]],
     index: int,
     bounds: Sequence[set[str]],
     cuts: Sequence[list[str]],
 ) -> Segment:
+    owner, sizes = placed  # the segment of each node, the bytes of each weight
     order = [node for node in nodes if owner.get(id(node)) == index]
     made = {name for node in order for name in node.output if name}
     read = set().union(*(reads(node) for node in order)) if order else set()
     outputs = [v.name for v in graph.output if v.name in made]
     outputs += list(cuts[index]) if index < len(cuts) else []
-    sizes = {init.name: weights.tensor_bytes(init) for init in graph.initializer}
     return Segment(order, sorted(bounds[index] & read), list(dict.fromkeys(outputs)), _weights_read(order, sizes))
 
 
@@ -199,11 +178,12 @@ def plan(original: onnx.ModelProto, optimized: onnx.ModelProto, count: int) -> P
     if count < 2:
         raise PlanError("a plan needs at least two segments")
     optimized_values = {name for node in optimized.graph.node for name in node.output if name}
-    nodes = topological(original.graph)
-    crossing = _crossings(nodes, set())
-    excluded: set[int] = set()
+    nodes = topological_nodes(original.graph.node)
+    crossing = _crossings(nodes)
+    cumulative = _cumulative_weights(nodes, {i.name: weights.tensor_bytes(i) for i in original.graph.initializer})
+    usable = {i for i in range(len(nodes) - 1) if crossing[i] and crossing[i] <= optimized_values}
     for _ in range(_RETRIES):
-        points = _choose_cuts(original, optimized_values, count, excluded)
+        points = _choose_cuts(crossing, cumulative, count, usable)
         cuts = [sorted(crossing[i]) for i in points]
         home = _slices(nodes, points)
         try:
@@ -211,7 +191,7 @@ def plan(original: onnx.ModelProto, optimized: onnx.ModelProto, count: int) -> P
         except PlanError as err:
             if err.cut is None or err.cut >= len(points):
                 raise
-            excluded.add(points[err.cut])
+            usable.discard(points[err.cut])
     raise PlanError(f"no {count - 1} points found where both models can be cut")
 
 
