@@ -9,7 +9,7 @@ from typing import Protocol
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.signature import NormAttributes, OpSignature
+from onnx_norm.ops.signature import NormAttributes, NormOpAttributes, OpSignature
 
 __all__ = ["FLOAT", "INT64_MAX", "Body", "BodySignature"]
 
@@ -89,5 +89,8 @@ class Body:
             centred = self.op("Sub", [x, mean])
         variance = self.reduce_mean(self.op("Mul", [centred, centred]), axes)
         eps = self.const(np.array(self.sig.attrs.epsilon, np.float32))
+        a = self.sig.attrs
+        if isinstance(a, NormOpAttributes) and a.epsilon_outside:  # 1 / (sqrt(var) + eps)
+            return centred, mean, self.op("Reciprocal", [self.op("Add", [self.op("Sqrt", [variance]), eps])])
         inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [variance, eps])])])
         return centred, mean, inv

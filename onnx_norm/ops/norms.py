@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from onnx_norm.ops.body import FLOAT, INT64_MAX, Body
 from onnx_norm.ops.numerics import normalize, normalized, output
-from onnx_norm.ops.signature import MS_DOMAIN, BodyBuilder, NativeOp, NormAttributes, OpSignature
+from onnx_norm.ops.signature import MS_DOMAIN, BodyBuilder, NativeOp, NormOpAttributes, OpSignature
 
 __all__ = [
     "LAYER_NORM",
@@ -35,14 +35,14 @@ def layer_norm(
     x: np.ndarray, scale: np.ndarray | None = None, bias: np.ndarray | None = None, **attrs: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LayerNorm -> (Y, Mean, InvStdDev)."""
-    y, inv, mean = normalize(x, scale, bias, NormAttributes(**attrs), rms=False)  # type: ignore[arg-type]
+    y, inv, mean = normalize(x, scale, bias, NormOpAttributes(**attrs), rms=False)  # type: ignore[arg-type]
     assert mean is not None
     return y, mean, inv
 
 
 def rms_norm(x: np.ndarray, scale: np.ndarray | None = None, **attrs: float) -> tuple[np.ndarray, np.ndarray]:
     """RMSNorm -> (Y, InvRMS)."""
-    y, inv, _ = normalize(x, scale, None, NormAttributes(**attrs), rms=True)  # type: ignore[arg-type]
+    y, inv, _ = normalize(x, scale, None, NormOpAttributes(**attrs), rms=True)  # type: ignore[arg-type]
     return y, inv
 
 
@@ -50,7 +50,7 @@ def _skip_norm(
     x: np.ndarray,
     skip: np.ndarray,
     params: tuple[np.ndarray | None, np.ndarray | None],
-    attrs: NormAttributes,
+    attrs: NormOpAttributes,
     *,
     rms: bool,
     rounded_sum: bool,
@@ -77,7 +77,7 @@ def skip_layer_norm(
     **attrs: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """SkipLayerNorm -> (Y, Sum)."""
-    a = NormAttributes(**attrs)  # type: ignore[arg-type]
+    a = NormOpAttributes(**attrs)  # type: ignore[arg-type]
     return _skip_norm(x, skip, (scale, bias), a, rms=False, rounded_sum=rounded_sum)
 
 
@@ -85,7 +85,7 @@ def skip_rms_norm(
     x: np.ndarray, skip: np.ndarray, scale: np.ndarray | None = None, *, rounded_sum: bool = False, **attrs: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """SkipRMSNorm -> (Y, Sum)."""
-    a = NormAttributes(**attrs)  # type: ignore[arg-type]
+    a = NormOpAttributes(**attrs)  # type: ignore[arg-type]
     return _skip_norm(x, skip, (scale, None), a, rms=True, rounded_sum=rounded_sum)
 
 
@@ -237,6 +237,7 @@ LAYER_NORM = OpSignature(
     kind="layer",
     reference=layer_norm,
     body=_NORM_BODY,
+    attributes=NormOpAttributes,
     natives=(_LAYER_NORMALIZATION, _ORT_LAYER_NORMALIZATION),
 )
 RMS_NORM = OpSignature(
@@ -249,6 +250,7 @@ RMS_NORM = OpSignature(
     kind="rms",
     reference=rms_norm,
     body=_NORM_BODY,
+    attributes=NormOpAttributes,
     natives=(_RMS_NORMALIZATION, _SIMPLIFIED_LAYER_NORMALIZATION),
 )
 SKIP_LAYER_NORM = OpSignature(
@@ -261,6 +263,7 @@ SKIP_LAYER_NORM = OpSignature(
     kind="layer",
     reference=skip_layer_norm,
     body=_NORM_BODY,
+    attributes=NormOpAttributes,
     natives=(_SKIP_LAYER_NORMALIZATION,),
 )
 SKIP_RMS_NORM = OpSignature(
@@ -273,6 +276,7 @@ SKIP_RMS_NORM = OpSignature(
     kind="rms",
     reference=skip_rms_norm,
     body=_NORM_BODY,
+    attributes=NormOpAttributes,
     natives=(_SKIP_SIMPLIFIED,),
 )
 #: The ops of this module: the LayerNorm/RMSNorm semantics (their tests and GPU cases select them).

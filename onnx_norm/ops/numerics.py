@@ -7,9 +7,9 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper
 
-from onnx_norm.ops.signature import NormAttributes
+from onnx_norm.ops.signature import NormAttributes, NormOpAttributes
 
-__all__ = ["elem_type", "normalize", "normalized", "np_dtype", "output", "round_to"]
+__all__ = ["elem_type", "inverse_root", "normalize", "normalized", "np_dtype", "output", "round_to"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -61,15 +61,25 @@ def normalized(
         mean = xf.mean(axis=axes, keepdims=True)
         centred = xf - mean
     var = np.mean(centred * centred, axis=axes, keepdims=True)
-    # A constant row with epsilon 0 gives 0 * inf = NaN, as the graphs with epsilon 0 do (ONNX Runtime's fusion cases).
+    inv = inverse_root(var, attrs)
     with np.errstate(divide="ignore", invalid="ignore"):
-        inv = 1.0 / np.sqrt(var + np.float64(np.float32(attrs.epsilon)))
         y = round_to(centred * inv, attrs.normalized_type)
     if scale is not None:
         y = round_to(y * scale.astype(np.float64), attrs.multiply_type)
     if bias is not None:
         y = round_to(y + bias.astype(np.float64), attrs.multiply_type)
     return y, inv, mean
+
+
+def inverse_root(var: np.ndarray, attrs: NormAttributes) -> np.ndarray:
+    """1 / sqrt(var + eps), or 1 / (sqrt(var) + eps) for an op with `epsilon_outside` set (the Annotated
+    Transformer's `(x - mean) / (std + eps)`)."""
+    eps = np.float64(np.float32(attrs.epsilon))
+    # A constant row with epsilon 0 gives 0 * inf = NaN, as the graphs with epsilon 0 do (ONNX Runtime's fusion cases).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if isinstance(attrs, NormOpAttributes) and attrs.epsilon_outside:
+            return 1.0 / (np.sqrt(var) + eps)
+        return 1.0 / np.sqrt(var + eps)
 
 
 def output(y: np.ndarray, x: np.ndarray, attrs: NormAttributes) -> np.ndarray:

@@ -8,7 +8,15 @@ from onnx_norm.dtypes import FLOAT_TYPES, ONNX_DOMAINS
 from onnx_norm.ops.group_norm import GROUP_NORM
 from onnx_norm.ops.modulated import MODULATED_OPS
 from onnx_norm.ops.norms import LAYER_NORM, NORM_OPS, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
-from onnx_norm.ops.signature import DOMAIN, MS_DOMAIN, OPSET_VERSION, NativeOp, NormAttributes, OpSignature
+from onnx_norm.ops.signature import (
+    DOMAIN,
+    MS_DOMAIN,
+    OPSET_VERSION,
+    NativeOp,
+    NormAttributes,
+    NormOpAttributes,
+    OpSignature,
+)
 
 __all__ = [
     "DOMAIN",
@@ -22,6 +30,7 @@ __all__ = [
     "SKIP_RMS_NORM",
     "NativeOp",
     "NormAttributes",
+    "NormOpAttributes",
     "OpSignature",
     "native_norm_ops",
     "native_of",

@@ -12,7 +12,7 @@ import numpy as np
 
 from onnx_norm.dtypes import NARROW_TYPES, ONNX_DOMAINS
 
-__all__ = ["DOMAIN", "MS_DOMAIN", "OPSET_VERSION", "NativeOp", "NormAttributes", "OpSignature"]
+__all__ = ["DOMAIN", "MS_DOMAIN", "OPSET_VERSION", "NativeOp", "NormAttributes", "NormOpAttributes", "OpSignature"]
 
 DOMAIN = "onnx_norm"
 OPSET_VERSION = 1
@@ -32,6 +32,39 @@ class NormAttributes:
 
     def as_dict(self) -> dict[str, int | float]:
         return dataclasses.asdict(self)
+
+    def unsupported_by(self, record: OpSignature) -> list[str]:
+        """The attributes set here to other than their default that `record`'s op does not have (a family whose op
+        is built on an inner norm must not drop what that norm computes)."""
+        defaults = type(self)()
+        names = set(record.attribute_names)
+        return [
+            field.name
+            for field in dataclasses.fields(self)
+            if field.name not in names and getattr(self, field.name) != getattr(defaults, field.name)
+        ]
+
+    def native_reason(self) -> str | None:
+        """Why no ONNX/ONNX Runtime norm op computes a norm with these attributes; None when one can."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NormOpAttributes(NormAttributes):
+    """The attributes of the LayerNorm/RMSNorm ops (ops/norms.py): the shared ones, plus `epsilon_outside`: 1 adds
+    epsilon to the standard deviation instead of the variance, `(x - mean) / (sqrt(var) + eps)` (the Annotated
+    Transformer's LayerNorm, `a * (x - mean) / (x.std(-1) + eps) + b`, copied into much hand-written model code),
+    which no ONNX or ONNX Runtime op computes."""
+
+    epsilon_outside: int = 0
+
+    def native_reason(self) -> str | None:
+        if self.epsilon_outside:
+            return (
+                "epsilon is added to the standard deviation, outside the square root ((x - mean) / (std + eps)); "
+                "the standard ops add it to the variance"
+            )
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain, type_name
-from onnx_norm.ops.schema import NormAttributes
+from onnx_norm.ops.schema import NormAttributes, NormOpAttributes
 from onnx_norm.rewrite import casts, constants, distributed, family
 from onnx_norm.rewrite.candidate import Candidate
 from onnx_norm.rewrite.match_affine import (
@@ -181,12 +181,39 @@ def find_norm(
         return None
 
     def attempt(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
-        statistic = _statistic(stat, kinds)
-        if statistic is None:
-            return None
-        return _build(state, StatReading(eps_sum, stat, eps_value, statistic))
+        reading = _reading(eps_sum, stat, eps_value, kinds)
+        return None if reading is None else _build(state, reading)
 
     return _first_candidate(sums, attempt)
+
+
+def _reading(
+    eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None, kinds: frozenset[str]
+) -> StatReading | None:
+    """`eps_sum` read as `stat + eps` with `stat` a family's statistic, or as `sqrt(stat) + eps` (epsilon added to
+    the standard deviation: `(x - mean) / (x.std() + eps)`); None when neither is."""
+    statistic = _statistic(stat, kinds)
+    if statistic is not None:
+        return StatReading(eps_sum, stat, eps_value, statistic)
+    root = _square_root_of(stat) if eps_value is not None else None
+    statistic = None if root is None else _statistic(root, kinds)
+    if root is None or statistic is None:
+        return None
+    return StatReading(eps_sum, root, eps_value, statistic, epsilon_outside=True)
+
+
+def _square_root_of(value: ir.Value) -> ir.Value | None:
+    """v for `Sqrt(v)` or `Pow(v, 0.5)`, else None."""
+    node = value.producer()
+    if node is None or not is_onnx_domain(node.domain) or not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type == "Sqrt":
+        return node.inputs[0]
+    if node.op_type == "Pow" and len(node.inputs) == 2 and node.inputs[1] is not None:
+        exponent = constants.constant_array(node.inputs[1])
+        if exponent is not None and exponent.size == 1 and float(exponent.reshape(())) == 0.5:
+            return node.inputs[0]
+    return None
 
 
 def _eps_splits(eps_sum: ir.Value) -> list[tuple[ir.Value, ir.Value | None]]:
@@ -237,15 +264,15 @@ def _find_distributed(state: MatchState) -> Candidate | None:
     assert sum_node is not None
 
     def attempt(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
-        statistic = _statistic(stat, state.kinds)
-        if statistic is None:
+        reading = _reading(eps_sum, stat, eps_value, state.kinds)
+        if reading is None or reading.epsilon_outside:  # distributed.analyse reads (stat + eps)^-1/2 only
             return None
-        form = distributed.analyse(terms, statistic, eps_sum)
+        form = distributed.analyse(terms, reading.statistic, eps_sum)
         if form is None:
             return None
         bias_tail = [] if form.bias is None else [TailOp(sum_node, "bias", form.bias)]
         term_state = dataclasses.replace(state, junction=form.x_term, tail=state.tail + bias_tail)
-        return _build(term_state, StatReading(eps_sum, stat, eps_value, statistic), form.factors)
+        return _build(term_state, reading, form.factors)
 
     return _first_candidate(sums, attempt)
 
@@ -254,10 +281,10 @@ def _build(state: MatchState, reading: StatReading, factors: Factors | None = No
     """The candidate for the normalised value `state.junction` (flattened here unless `factors` are given) and
     `state.tail`, with the statistic of `reading`."""
     statistic = reading.statistic
-    epsilon = _epsilon(reading.eps_value, statistic)
+    epsilon = _epsilon(reading.eps_value, statistic, reading.epsilon_outside)
     if factors is None:
         factors = flatten(state.junction, _data_classifier(statistic, reading.eps_sum))
-    _check_product(factors, state.junction)
+    _check_product(factors, state.junction, reading.epsilon_outside)
     x = strip_lossless_steps(statistic.x)
     _check_types(x, state.y)
     layout = _layout(x, state.y, reading.stat, statistic, state.channels_first)
@@ -265,12 +292,16 @@ def _build(state: MatchState, reading: StatReading, factors: Factors | None = No
     removed = replaced(state.y, x, statistic, layout, reading.eps_sum, runtime)
     params = (state.affine or default_affine)(_affine_inputs(state, statistic, layout, factors))
     rounding = _rounding(x, state.y, state.junction, state.tail, factors)
-    graph_attrs = NormAttributes(
+    # The built-in norm ops' attributes only when the norm needs one of their own (other ops built on an inner
+    # norm then see it: NormAttributes.unsupported_by).
+    attributes = NormOpAttributes if reading.epsilon_outside else NormAttributes
+    graph_attrs = attributes(
         axis=-len(layout.axes),
         epsilon=epsilon,
         normalized_type=rounding.normalized_type,
         multiply_type=rounding.multiply_type,
         output_type=rounding.output_type,
+        **({"epsilon_outside": 1} if reading.epsilon_outside else {}),
     )
     op = casts.op_rounding(rounding)
     attrs = dataclasses.replace(
@@ -306,8 +337,9 @@ def _affine_inputs(state: MatchState, statistic: Statistic, layout: Layout, fact
     )
 
 
-def _epsilon(eps_value: ir.Value | None, statistic: Statistic) -> float:
-    """The fused op's epsilon: the constant added to the statistic, divided by its correction."""
+def _epsilon(eps_value: ir.Value | None, statistic: Statistic, outside: bool = False) -> float:
+    """The fused op's epsilon: the constant added to the statistic (to its square root when `outside`), divided by
+    its correction (by the correction's square root when `outside`)."""
     if eps_value is None:
         return 0.0
     eps_array = constants.constant_array(eps_value)
@@ -318,19 +350,22 @@ def _epsilon(eps_value: ir.Value | None, statistic: Statistic) -> float:
     epsilon = float(np.asarray(eps_array, dtype=np.float64).reshape(()))
     if not np.isfinite(epsilon) or epsilon < 0:
         raise NearMiss(f"epsilon {epsilon} is not a non-negative number", eps_value)
+    if outside:  # sqrt(c * var) + eps = sqrt(c) * (sqrt(var) + eps / sqrt(c))
+        return epsilon / statistic.correction**0.5
     return epsilon / statistic.correction  # sqrt(c * var + eps) = sqrt(c) * sqrt(var + eps / c)
 
 
-def _check_product(factors: Factors, junction: ir.Value) -> None:
-    """The normalised value must be data^1 * (stat + eps)^-1/2 times constants."""
+def _check_product(factors: Factors, junction: ir.Value, outside: bool = False) -> None:
+    """The normalised value must be data^1 * (stat + eps)^-1/2 (`outside`: (sqrt(stat) + eps)^-1) times constants."""
     data_exp = factors.leaves.get("data", Fraction(0))
     stat_exp = factors.leaves.get("stat", Fraction(0))
     if data_exp == 0:
         raise _NotANorm  # e.g. the reciprocal square root alone, before it meets the input
-    if data_exp != 1 or stat_exp != Fraction(-1, 2):
+    leaf, wanted = ("(sqrt(statistic) + eps)", Fraction(-1)) if outside else ("(statistic + eps)", Fraction(-1, 2))
+    if data_exp != 1 or stat_exp != wanted:
         raise NearMiss(
-            f"computes input^{_exponent_text(data_exp)} * (statistic + eps)^{_exponent_text(stat_exp)}, "
-            "not input * (statistic + eps)^-1/2",
+            f"computes input^{_exponent_text(data_exp)} * {leaf}^{_exponent_text(stat_exp)}, "
+            f"not input * {leaf}^{_exponent_text(wanted)}",
             junction,
         )
 

@@ -54,6 +54,8 @@ class StatReading:
     stat: ir.Value
     eps_value: ir.Value | None
     statistic: Statistic
+    #: The leaf is `sqrt(stat) + eps` (epsilon added to the standard deviation), its exponent -1.
+    epsilon_outside: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -262,6 +262,9 @@ def _plan_onnx_norm(spec: NormSpec, opset: int) -> _Plan | str:
     signature = op_for(spec.kind, spec.skip is not None)
     if signature is None:
         return f"onnx_norm has no op for a {spec.kind} norm{' with a residual' if spec.skip is not None else ''}"
+    missing = spec.attrs.unsupported_by(signature)
+    if missing:
+        return f"{signature.name} has no attribute {', '.join(missing)}"
     other_y = spec.attrs.output_type not in (0, spec.x_type) and not _output_cast(spec)
     if other_y and _honours_output_type(spec):
         return _Plan(signature, 0, False, len(_steps(spec)), False, False)
@@ -370,7 +373,7 @@ def _standard_planner(
     skip_op: Callable[[NormSpec, int], CoreOp | None] = lambda spec, opset: None,
 ) -> Callable[[NormSpec, int], _Plan | str]:
     def plan(spec: NormSpec, opset: int) -> _Plan | str:
-        reason = _common_reason(spec)
+        reason = _common_reason(spec) or spec.attrs.native_reason()
         if reason:
             return reason
         core = core_op(spec, opset)

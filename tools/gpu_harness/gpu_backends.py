@@ -36,6 +36,7 @@ def case_attributes(case: Case) -> dict[str, Any]:
         "normalized_type": case.normalized_type,
         "multiply_type": case.multiply_type,
         "clusters": case.clusters,
+        "op_ints": (1,) if case.epsilon_outside else (),  # the norms' op_ints[0] (custom_ops/src/cuda/launch.h)
     }
 
 

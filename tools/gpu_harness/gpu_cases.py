@@ -26,7 +26,7 @@ from onnx_norm.ops import reference  # noqa: E402
 from onnx_norm.ops.norms import NORM_OPS  # noqa: E402
 from onnx_norm.ops.reference import np_dtype  # noqa: E402
 from onnx_norm.ops.schema import OPS as SIGNATURES  # noqa: E402
-from onnx_norm.ops.schema import NormAttributes  # noqa: E402
+from onnx_norm.ops.schema import NormOpAttributes  # noqa: E402
 
 T = TypeVar("T")
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -96,6 +96,7 @@ class Case:
     normalized_type: int = 0
     multiply_type: int = 0
     epsilon: float = 1e-5
+    epsilon_outside: bool = False  # 1 / (sqrt(var) + epsilon): the norms' own attribute
     outputs: bool = True  # Mean/InvStdDev (LayerNorm), InvRMS (RMSNorm) or Sum (Skip ops)
     data: str = "normal"  # normal | offset | constant | nonfinite | overflow16
     # contiguous | shifted (one common element offset) | misaligned (mixed offsets) | sum-on-x / sum-on-skip
@@ -133,6 +134,7 @@ class Case:
             "normalized_type": self.normalized_type,
             "multiply_type": self.multiply_type,
             "output_type": self.output_type,
+            **({"epsilon_outside": 1} if self.epsilon_outside else {}),
         }
 
     def name(self) -> str:
@@ -155,6 +157,8 @@ class Case:
             parts.append("y-only")
         if not self.clusters:
             parts.append("no-cluster")
+        if self.epsilon_outside:
+            parts.append("eps-outside")
         return " ".join(parts)
 
 
@@ -262,6 +266,9 @@ def build_cases(quick: bool = False) -> list[Case]:
         # 4 vectors per thread (512 threads per row), and rows that share a block with a shifted layout.
         cases.append(_default_case(op, F32, (3, 8000)))
         cases.append(_default_case(op, BF16, (3, 16000), layout="shifted"))
+        # epsilon added to the std (the Annotated Transformer's LayerNorm) on the register, shared and cluster paths.
+        for x_type, shape in ((F32, (37, 768)), (F16, (9, 4097)), (BF16, (2, 20000)), (F32, (1, 50000))):
+            cases.append(_default_case(op, x_type, shape, epsilon=0.1, epsilon_outside=True))
     if not quick:
         cases += [case for op in OPS for case in _wide_row_cases(op)]
         cases += [case for op in OPS for case in _long_row_cases(op)]
@@ -373,7 +380,7 @@ def _spread(x: np.ndarray) -> float:
 def _row_inverse(case: Case, inputs: Inputs, want: dict[str, np.ndarray]) -> np.ndarray:
     """The reference's 1/std (1/rms) per row, keepdims (broadcasts over X's shape)."""
     effective = want["Sum"] if case.skip else inputs.x
-    _, inv, _ = reference.normalize(effective, None, None, NormAttributes(**case.attrs()), rms=case.rms)
+    _, inv, _ = reference.normalize(effective, None, None, NormOpAttributes(**case.attrs()), rms=case.rms)
     return inv.astype(np.float64)
 
 

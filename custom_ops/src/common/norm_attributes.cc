@@ -313,6 +313,17 @@ OrtStatusPtr MakeError(const OpSignature& op, const std::string& message, OrtErr
   return Ort::GetApi().CreateStatus(code, text.c_str());
 }
 
+namespace {
+
+// One of kAttributeNames (every op's), not an op's own int attribute.
+bool IsSharedAttribute(const char* name) {
+  return std::find_if(std::begin(kAttributeNames), std::end(kAttributeNames), [&](const char* shared) {
+           return std::strcmp(shared, name) == 0;
+         }) != std::end(kAttributeNames);
+}
+
+}  // namespace
+
 std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, NormAttributes* attrs) {
   int64_t value = 0;
   if (GetIntAttribute(info, kAttributeNames[0], &value)) attrs->axis = value;
@@ -338,15 +349,29 @@ std::string ParseAttributes(const OrtKernelInfo* info, const OpSignature& op, No
   size_t own = 0;
   for (const char* name : op.attributes) {
     if (name == nullptr) break;
-    if (std::find_if(std::begin(kAttributeNames), std::end(kAttributeNames),
-                     [&](const char* shared) { return std::strcmp(shared, name) == 0; }) != std::end(kAttributeNames)) {
-      continue;
-    }
+    if (IsSharedAttribute(name)) continue;
     if (own == kMaxOpInts) return std::string("too many attributes of its own: ") + name;  // a table error
     if (GetIntAttribute(info, name, &attrs->op_ints[own])) attrs->op_ints_set |= 1u << own;
     ++own;
   }
   return op.check_attributes == nullptr ? std::string() : op.check_attributes(*attrs);
+}
+
+bool OwnIntSet(const OpSignature& op, const NormAttributes& attrs, const char* name) {
+  size_t own = 0;
+  for (const char* attribute : op.attributes) {
+    if (attribute == nullptr) break;
+    if (IsSharedAttribute(attribute)) continue;
+    if (std::strcmp(attribute, name) == 0) return attrs.op_ints[own] != 0;
+    ++own;
+  }
+  return false;
+}
+
+std::string CheckNormAttributes(const NormAttributes& attrs) {
+  const int64_t outside = attrs.op_ints[0];
+  if (outside == 0 || outside == 1) return {};
+  return std::string("attribute ") + kEpsilonOutside + " must be 0 or 1, got " + std::to_string(outside);
 }
 
 std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs,
@@ -357,6 +382,7 @@ std::string PrepareProblem(Ort::KernelContext& ctx, const OpSignature& op, const
   std::string error = ReadX(in, attrs, p, &x_shape, &axis);
   if (!error.empty()) return error;
   p->rms = op.rms;
+  p->epsilon_outside = OwnIntSet(op, attrs, kEpsilonOutside);
   if (op.skip) error = ReadSkip(in, x_shape, p);
   // Scale follows X (and Skip); Bias follows Scale.
   const size_t scale_index = op.skip ? 2 : 1;

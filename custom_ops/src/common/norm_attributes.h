@@ -3,6 +3,7 @@
 // with the same messages. Semantics: docs/ops.md.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -22,6 +23,10 @@ inline constexpr size_t kMaxOpInts = 4;
 // The attributes the norms take, in NormAttributes' order (ParseAttributes reads these, and an op's own ones).
 inline constexpr const char* kAttributeNames[] = {"axis", "epsilon", "normalized_type", "multiply_type",
                                                   "output_type"};
+
+// The norms' own attribute (common/norm_ops.cc): 1 adds epsilon to the standard deviation, 1 / (sqrt(var) + eps),
+// instead of to the variance (the Annotated Transformer's LayerNorm; docs/ops.md).
+inline constexpr const char* kEpsilonOutside = "epsilon_outside";
 
 struct NormAttributes;
 
@@ -74,6 +79,7 @@ struct NormProblem {
   int64_t cols = 0;
   int64_t scale_size = 0;  // elements of Scale (and Bias); element j of a row uses scale[j % scale_size]
   float epsilon = 1e-5f;
+  bool epsilon_outside = false;  // 1 / (sqrt(var) + epsilon) instead of 1 / sqrt(var + epsilon)
   bool rms = false;
   int x_type = 0;
   int scale_type = 0;
@@ -81,6 +87,17 @@ struct NormProblem {
   int normalized_type = 0;
   int multiply_type = 0;
 };
+
+// The inverse of the row's standard deviation (or RMS) from its variance (mean square), as `p` says.
+inline float InverseRoot(float variance, const NormProblem& p) {
+  return p.epsilon_outside ? 1.0f / (std::sqrt(variance) + p.epsilon) : 1.0f / std::sqrt(variance + p.epsilon);
+}
+
+// Whether the node sets the op's own attribute `name` to a nonzero value (false when the op has no such attribute).
+bool OwnIntSet(const OpSignature& op, const NormAttributes& attrs, const char* name);
+
+// The norms' check of their own attribute (epsilon_outside is 0 or 1).
+std::string CheckNormAttributes(const NormAttributes& attrs);
 
 const char* ElemTypeName(int type);
 

@@ -12,18 +12,25 @@ OrtStatusPtr Compute(Ort::KernelContext& ctx, const OpSignature& op, const NormA
 
 namespace {
 
+// The norms take the shared attributes and epsilon_outside, their own int (NormAttributes::op_ints[0]).
+constexpr OpSignature WithEpsilonOutside(OpSignature op) {
+  op.attributes[5] = kEpsilonOutside;
+  op.check_attributes = &CheckNormAttributes;
+  return op;
+}
+
 const OpRegistrar kNormRows[] = {
-    OpRegistrar{{{"LayerNorm", false, false, 3, 3, {"X", "Scale", "Bias"}, {"Y", "Mean", "InvStdDev"},
-                  kInput1 | kInput2},
+    OpRegistrar{{WithEpsilonOutside(OpSignature{"LayerNorm", false, false, 3, 3, {"X", "Scale", "Bias"}, {"Y", "Mean", "InvStdDev"},
+                  kInput1 | kInput2}),
                  &cpu::Compute,
                  ONNX_NORM_CUDA_COMPUTE(Compute)}},
-    OpRegistrar{{{"RMSNorm", true, false, 2, 2, {"X", "Scale"}, {"Y", "InvRMS"}, kInput1},
+    OpRegistrar{{WithEpsilonOutside(OpSignature{"RMSNorm", true, false, 2, 2, {"X", "Scale"}, {"Y", "InvRMS"}, kInput1}),
                  &cpu::Compute,
                  ONNX_NORM_CUDA_COMPUTE(Compute)}},
-    OpRegistrar{{{"SkipLayerNorm", false, true, 4, 2, {"X", "Skip", "Scale", "Bias"}, {"Y", "Sum"}, kInput2 | kInput3},
+    OpRegistrar{{WithEpsilonOutside(OpSignature{"SkipLayerNorm", false, true, 4, 2, {"X", "Skip", "Scale", "Bias"}, {"Y", "Sum"}, kInput2 | kInput3}),
                  &cpu::Compute,
                  ONNX_NORM_CUDA_COMPUTE(Compute)}},
-    OpRegistrar{{{"SkipRMSNorm", true, true, 3, 2, {"X", "Skip", "Scale"}, {"Y", "Sum"}, kInput2},
+    OpRegistrar{{WithEpsilonOutside(OpSignature{"SkipRMSNorm", true, true, 3, 2, {"X", "Skip", "Scale"}, {"Y", "Sum"}, kInput2}),
                  &cpu::Compute,
                  ONNX_NORM_CUDA_COMPUTE(Compute)}},
 };

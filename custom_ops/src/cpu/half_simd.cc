@@ -302,7 +302,7 @@ __attribute__((target("avx2,f16c"))) void AddSkipWith(const uint16_t* x, const u
 }
 
 template <class IO>
-void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
+void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, bool epsilon_outside, const float* scale,
                  const float* bias, int64_t period, float* mean, float* inv_std) {
   float center = 0.0f;
   float var;
@@ -312,7 +312,7 @@ void NormRowWith(const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsi
     center = SumLanes<IO, false>(x, n, 0.0f) / static_cast<float>(n);
     var = SumLanes<IO, true>(x, n, center) / static_cast<float>(n);
   }
-  const float r = 1.0f / std::sqrt(var + epsilon);
+  const float r = epsilon_outside ? 1.0f / (std::sqrt(var) + epsilon) : 1.0f / std::sqrt(var + epsilon);
   *mean = center;
   *inv_std = r;
   NormalizeTo<IO, IO>(x, y, n, center, r, scale, bias, period, 0, 0);
@@ -340,12 +340,12 @@ void AddSkip16(bool half, const uint16_t* x, const uint16_t* skip, uint16_t* sum
   }
 }
 
-void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
+void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, bool epsilon_outside, const float* scale,
                const float* bias, int64_t period, float* mean, float* inv_std) {
   if (half) {
-    NormRowWith<HalfIO>(x, y, n, rms, epsilon, scale, bias, period, mean, inv_std);
+    NormRowWith<HalfIO>(x, y, n, rms, epsilon, epsilon_outside, scale, bias, period, mean, inv_std);
   } else {
-    NormRowWith<BFloatIO>(x, y, n, rms, epsilon, scale, bias, period, mean, inv_std);
+    NormRowWith<BFloatIO>(x, y, n, rms, epsilon, epsilon_outside, scale, bias, period, mean, inv_std);
   }
 }
 
@@ -358,7 +358,7 @@ bool Fused16Available() { return false; }
 void NormalizeRounded16(bool, const float*, uint16_t*, int64_t, float, float, const float*, const float*, int64_t, int,
                         int) {}
 void AddSkip16(bool, const uint16_t*, const uint16_t*, uint16_t*, float*, int64_t) {}
-void NormRow16(bool, const uint16_t*, uint16_t*, int64_t, bool, float, const float*, const float*, int64_t, float*,
+void NormRow16(bool, const uint16_t*, uint16_t*, int64_t, bool, float, bool, const float*, const float*, int64_t, float*,
                float*) {}
 }  // namespace cpu
 }  // namespace onnx_norm

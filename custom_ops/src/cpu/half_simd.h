@@ -29,8 +29,9 @@ void AddSkip16(bool half, const uint16_t* x, const uint16_t* skip, uint16_t* sum
 // rounding attributes: conversions happen in registers, no intermediate buffer. Same arithmetic and
 // summation order as the generic kernels, so the results are bit-identical to theirs.
 // scale/bias: float, `period` elements repeating along the row, or null.
-void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, const float* scale,
-               const float* bias, int64_t period, float* mean, float* inv_std);
+// epsilon_outside: 1 / (sqrt(var) + epsilon) instead of 1 / sqrt(var + epsilon).
+void NormRow16(bool half, const uint16_t* x, uint16_t* y, int64_t n, bool rms, float epsilon, bool epsilon_outside,
+               const float* scale, const float* bias, int64_t period, float* mean, float* inv_std);
 
 // One row of the (rounded, where normalized_type/multiply_type are set) normalisation of docs/ops.md into an
 // fp16 (half_out true) or bf16 Y:

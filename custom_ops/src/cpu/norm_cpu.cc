@@ -317,7 +317,7 @@ void RunBlock(void* data, size_t block) {
       float mean = 0.0f;
       float inv = 0.0f;
       NormRow16(p.x_type == kFloat16, static_cast<const uint16_t*>(p.x) + offset, static_cast<uint16_t*>(p.y) + offset,
-                n, p.rms, p.epsilon, job.scale, job.bias, plan.period, &mean, &inv);
+                n, p.rms, p.epsilon, p.epsilon_outside, job.scale, job.bias, plan.period, &mean, &inv);
       if (p.mean) p.mean[row] = mean;
       if (p.inv_std) p.inv_std[row] = inv;
       continue;
@@ -331,7 +331,7 @@ void RunBlock(void* data, size_t block) {
       center = SumRow(x, n) / static_cast<float>(n);
       var = SumSquaresRow(x, n, center) / static_cast<float>(n);
     }
-    const float r = 1.0f / std::sqrt(var + p.epsilon);
+    const float r = InverseRoot(var, p);
     if (p.mean) p.mean[row] = center;
     if (p.inv_std) p.inv_std[row] = r;
     NormalizeRow(plan, offset, x, center, r, ybuf.data());

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kClusterMaxBlock, 1) ClusterRowKernel(NormArgs
     float mean = 0.0f;
     float inv;
     if (a.rms) {
-      inv = InverseRoot(ClusterSum(sum_sq, shared, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(ClusterSum(sum_sq, shared, parity) / a.cols, a);
     } else {
       mean = ClusterSum(sum, shared, parity) / a.cols;
       float squares = ClusterSliceSquares<TX>(cache, count, mean);
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kClusterMaxBlock, 1) ClusterRowKernel(NormArgs
         const float d = ToFloat(scalars[t]) - mean;
         squares = fmaf(d, d, squares);
       }
-      inv = InverseRoot(ClusterSum(squares, shared, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(ClusterSum(squares, shared, parity) / a.cols, a);
     }
     if (rank == 0 && t == 0) WriteStatistics(a, row, mean, inv);
 

@@ -26,6 +26,7 @@ NormLaunchParams LaunchParamsFor(const NormProblem& p, Ort::KernelContext& ctx) 
   params.cols = p.cols;
   params.scale_size = p.scale_size;
   params.epsilon = p.epsilon;
+  params.op_ints[0] = p.epsilon_outside ? 1 : 0;  // a row op's wrapper sets its own ints over it
   params.rms = p.rms;
   params.x_type = p.x_type;
   params.scale_type = p.scale_type;

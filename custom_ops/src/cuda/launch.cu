@@ -84,6 +84,7 @@ int PrepareNorm(const NormLaunchParams& p, NormArgs* args, const char** error) {
   args->sum = p.sum;
   args->mean = p.mean;
   args->inv_std = p.inv_std;
+  args->epsilon_outside = p.op_ints[0] != 0;  // the norms' own int (launch.h)
   args->scale_size = has_parameters ? static_cast<int>(p.scale_size) : args->cols;
   args->scale_type = has_parameters ? p.scale_type : kFloat32;
   const int vector = 16 / x_size;

@@ -39,7 +39,7 @@ struct NormLaunchParams {
   int device = -1;
   // A row op (row_op_launch.h): the name its launcher registered under, and its own inputs and int parameters in
   // the order its launch header (cuda/<op>_launch.h) gives; null for the norms. Its kernel reads no Skip, Sum or
-  // statistics.
+  // statistics. For the norms, op_ints[0] is epsilon_outside (1: 1 / (sqrt(var) + epsilon)).
   const char* row_op = nullptr;
   const void* op_inputs[kMaxLaunchInputs] = {};
   int64_t op_ints[kMaxLaunchInts] = {};

@@ -26,6 +26,7 @@ struct NormArgs {
   int cols;
   int scale_size;
   float epsilon;
+  bool epsilon_outside;  // 1 / (sqrt(var) + epsilon) instead of 1 / sqrt(var + epsilon)
   // Threads per row: a power of two >= 8; when > 32 it is the block size (one row per block).
   int group;
   // Element offset of x from the previous 16-byte boundary: vectors start where

@@ -144,9 +144,9 @@ __device__ __forceinline__ void NormalizeAndStore(const NormArgs& a, float mean,
   StoreOutput<N>(a, offset, v);
 }
 
-__device__ __forceinline__ float InverseRoot(float mean_square, float epsilon) {
+__device__ __forceinline__ float InverseRoot(float mean_square, const NormArgs& a) {
   // IEEE sqrt and division (not rsqrtf's approximation): once per row, so exactness is free.
-  return 1.0f / sqrtf(mean_square + epsilon);
+  return a.epsilon_outside ? 1.0f / (sqrtf(mean_square) + a.epsilon) : 1.0f / sqrtf(mean_square + a.epsilon);
 }
 
 __device__ __forceinline__ void WriteStatistics(const NormArgs& a, int64_t row, float mean, float inv) {
@@ -441,11 +441,11 @@ __global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks
     float mean = 0.0f;
     float inv;
     if constexpr (kRms) {
-      inv = InverseRoot(GroupSum(total, rows.group, scratch, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(GroupSum(total, rows.group, scratch, parity) / a.cols, a);
     } else {
       mean = GroupSum(total, rows.group, scratch, parity) / a.cols;
       const float squares = ShareSquares<TX>(rows, layout, xw, xs, mean);
-      inv = InverseRoot(GroupSum(squares, rows.group, scratch, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(GroupSum(squares, rows.group, scratch, parity) / a.cols, a);
     }
     if (rows.rank == 0 && row < a.rows) WriteStatistics(a, row, mean, inv);
 
@@ -565,10 +565,10 @@ __global__ void __launch_bounds__(1024, 1) SharedRowKernel(NormArgs a) {
     float mean = 0.0f;
     float inv;
     if (a.rms) {
-      inv = InverseRoot(GroupSum(sum_sq, blockDim.x, scratch, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(GroupSum(sum_sq, blockDim.x, scratch, parity) / a.cols, a);
     } else {
       mean = GroupSum(sum, blockDim.x, scratch, parity) / a.cols;
-      inv = InverseRoot(GroupSum(cached.Squares(a, mean), blockDim.x, scratch, parity) / a.cols, a.epsilon);
+      inv = InverseRoot(GroupSum(cached.Squares(a, mean), blockDim.x, scratch, parity) / a.cols, a);
     }
     if (threadIdx.x == 0) WriteStatistics(a, row, mean, inv);
     cached.Normalize(a, mean, inv);

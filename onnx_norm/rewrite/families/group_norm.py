@@ -131,6 +131,8 @@ def _inner_norm(end: ir.Node, grouped_value: ir.Value) -> tuple[list[ir.Node], i
     spec = inner.spec
     if spec.scale is not None or spec.bias is not None or spec.mean is not None or spec.inv_std is not None:
         return None
+    if spec.attrs.unsupported_by(GROUP_NORM):  # epsilon outside the square root: the LayerNorm it is stays fused
+        return None
     rank = len(grouped_value.shape) if grouped_value.shape is not None else None
     if rank is None or tuple(inner.axes) != tuple(range(2, rank)):
         return None

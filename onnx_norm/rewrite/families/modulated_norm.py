@@ -181,6 +181,9 @@ def _candidate(anchor: ir.Node, shift: ir.Value, mul: ir.Node, n: ir.Value, gate
     if {scale.dtype, shift.dtype, anchor.outputs[0].dtype or y_type} != {y_type}:
         return None
     attrs = _attributes(inner, t)
+    missing = [] if isinstance(attrs, str) else attrs.unsupported_by(_OPS[kind])
+    if missing:
+        attrs = f"{_OPS[kind].name} has no attribute {', '.join(missing)}; only the norm is fused"
     if isinstance(attrs, str):
         raise NearMiss(attrs, n)
     spec = dataclasses.replace(
