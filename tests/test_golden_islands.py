@@ -90,3 +90,37 @@ def test_narrowing_rounds_make_distinct_names() -> None:
     outputs = [name for node in twice.graph.node for name in node.output]
     assert len(outputs) == len(set(outputs))
     onnx.checker.check_model(twice)
+
+
+def _instance_norm_model(opset: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    weights = [
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, C).astype(np.float32), "scale"),
+        numpy_helper.from_array(rng.standard_normal(C).astype(np.float32), "bias"),
+    ]
+    node = helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["y"], epsilon=1e-3)
+    graph = helper.make_graph(
+        [node],
+        "instance_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, C, 3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, C, 3, 5])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def test_instance_normalization_is_evaluated_in_float64_not_as_a_float32_island() -> None:
+    """ORT has no float64 InstanceNormalization: as a float32 island the golden result would be the original's own
+    rounding (the original exact, any rewrite 'less accurate'); written out in float64 ops it is exact."""
+    x = np.random.default_rng(3).standard_normal((2, C, 3, 5)).astype(np.float32) * 3 + 5
+    for opset in (17, 18):  # ReduceMean's axes an attribute, then an input
+        model = _instance_norm_model(opset)
+        result = golden.GoldenEvaluator(model, "ort", None).run({"x": x}, ["y"])
+        assert result is not None
+        scale, bias = (numpy_helper.to_array(t).astype(np.float64).reshape(1, C, 1, 1) for t in model.graph.initializer)
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=(2, 3), keepdims=True)
+        var = x64.var(axis=(2, 3), keepdims=True)
+        exact = (x64 - mean) / np.sqrt(var + np.float64(np.float32(1e-3))) * scale + bias
+        assert result["y"].dtype == np.float64
+        np.testing.assert_allclose(result["y"], exact, rtol=1e-12, atol=1e-12)

@@ -377,6 +377,26 @@ def test_native_group_normalization_21_is_taken_over_and_18_is_not() -> None:
     assert "per group" in record["reason"]
 
 
+@pytest.mark.parametrize("dtype", [FLOAT, FLOAT16])
+def test_native_instance_normalization_is_taken_over_as_one_group_per_channel(dtype: int) -> None:
+    np_type = np.float16 if dtype == FLOAT16 else np.float32
+    rng = np.random.default_rng(4)
+    inits = [const("s", rng.uniform(0.5, 1.5, C), np_type), const("b", rng.standard_normal(C), np_type)]
+    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-4)
+    model = make_model([node], [("x", dtype, list(SHAPE))], [("y", dtype, None)], inits)
+    optimized, report = optimize(model, take_over_native=True)
+    (group,) = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
+    assert helper.get_attribute_value(next(a for a in group.attribute if a.name == "num_groups")) == C
+    feeds = {"x": _x(dtype)}
+    report_ = onnx_norm.verify(model, optimized, inputs=[feeds])
+    assert report_.passed, report_
+    # The onnx target leaves it: GroupNormalization-21 with one group per channel is InstanceNormalization, slower.
+    kept, report = optimize(model, take_over_native=True, target="onnx")
+    assert [n.op_type for n in kept.graph.node] == ["InstanceNormalization"]
+    (record,) = report.native_taken_over
+    assert "InstanceNormalization" in record["reason"]
+
+
 def _export_dynamic(module: Any, path: Path, dynamo: bool) -> None:
     """`module` exported with N, H and W symbolic, by the dynamo or the TorchScript exporter."""
     import torch
@@ -430,3 +450,47 @@ def test_exports_converted_to_float16_fuse_no_less_accurate(tmp_path, dynamo: bo
         assert parity.passed and golden is not None, [o.message for o in parity.outputs]
         assert golden.optimized_mean_abs <= 1.01 * golden.original_mean_abs, golden
         assert golden.optimized_max_abs <= 1.01 * golden.original_max_abs, golden
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_wav2vec2_feature_encoder_group_norm_fuses(tmp_path, dynamo: bool) -> None:
+    """wav2vec2's first conv layer normalises each of its C channels alone (GroupNorm(C, C) over [N, C, L]);
+    dynamo writes Reshape, InstanceNormalization, Mul, Add and drops the Reshape back (the grouped value already
+    has X's shape)."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.Wav2Vec2Config(
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), feat_extract_norm="group"
+    )
+    torch.manual_seed(0)
+    encoder = transformers.models.wav2vec2.modeling_wav2vec2.Wav2Vec2FeatureEncoder(config).eval()
+    with torch.no_grad():
+        norm = encoder.conv_layers[0].layer_norm
+        norm.weight.normal_(1.0, 0.3)
+        norm.bias.normal_(0.0, 0.3)
+    optimized = _export_and_check(encoder, torch.randn(1, 400), tmp_path, dynamo, 1)
+    (node,) = [n for n in optimized.graph.node if n.op_type == "GroupNorm"]
+    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "num_groups")) == 16
+    # The gate judges it against an InstanceNormalization evaluated in float64 (a float32 island made the original
+    # look exact, and this no less accurate GroupNorm fail).
+    report = onnx_norm.verify(onnx.load(str(tmp_path / "model.onnx")), optimized, samples=3)
+    assert report.passed, report
+
+
+def test_one_group_per_channel_over_more_than_one_spatial_dim_needs_its_reshape_back() -> None:
+    """Over [N, C, H, W] the grouped value is [N, C, H*W]: without the Reshape back it is not X's shape, and the
+    Mul after it is not a per-channel affine of X."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["g"]),
+        helper.make_node("InstanceNormalization", ["g", "ones", "zeros"], ["y"], epsilon=1e-5),
+    ]
+    inits = [
+        const("shape", [2, C, -1], np.int64),
+        const("ones", np.ones(C), np.float32),
+        const("zeros", np.zeros(C), np.float32),
+    ]
+    model = make_model(nodes, [("x", FLOAT, list(SHAPE))], [("y", FLOAT, [2, C, SHAPE[2] * SHAPE[3]])], inits)
+    optimized, _ = optimize(model)
+    assert "GroupNorm" not in fused_ops(optimized)

@@ -15,6 +15,7 @@ from onnx import TensorProto, numpy_helper
 from onnx_norm.dtypes import FLOAT_TYPES, is_onnx_domain
 from onnx_norm.inputs import is_float
 from onnx_norm.parity.tolerances import GoldenMethod
+from onnx_norm.rewrite import expansions, families  # noqa: F401  (families register their expansions)
 from onnx_norm.sessions import RuntimeConfig, SessionError, create_session, run_model
 
 logger = logging.getLogger(__name__)
@@ -134,8 +135,9 @@ _MAX_FLOAT32_FALLBACKS = 8
 
 
 def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
-    """ORT session for the float64 copy. ORT lacks double kernels for a few ops (Erf, for one): those nodes run
-    in float32 between Casts, which keeps the golden result far more precise than any fp16 graph."""
+    """ORT session for the float64 copy. ORT lacks double kernels for a few ops: the norms among them are written
+    out in float64 ops (rewrite/expansions.py), the others (Conv, Erf) run in float32 between Casts, which keeps
+    the golden result far more precise than any fp16 graph."""
     model = upcast
     for _ in range(_MAX_FLOAT32_FALLBACKS):
         try:
@@ -149,6 +151,10 @@ def _golden_session(upcast: onnx.ModelProto, threads: int | None) -> Any:
             missing = _MISSING_KERNEL.search(str(err))
             if missing is None:
                 raise
+            if missing.group(1) in expansions.EXPANSIONS:
+                logger.info("no float64 kernel for %s in ONNX Runtime; written out in float64 ops", missing.group(1))
+                model = expansions.expand(model, missing.group(1), _onnx_opset(model) or 0)
+                continue
             slots = _narrowable(model, missing.group(1))
             if not slots:
                 raise

@@ -7,7 +7,7 @@ that splits the channels into groups:
     -> InstanceNormalization(., ones(G), zeros(G), eps)  TorchScript's and dynamo's spelling (torch 2.x, both)
        or a LayerNorm over the trailing dims             a decomposition (ReduceMean, Sub, Pow/Mul, ReduceMean,
                                                          Add eps, Sqrt/Rsqrt, Div/Mul), found by match.find_norm
-    -> Reshape(., shape of X)
+    -> Reshape(., shape of X)                             (none for G = C over [N, C, L]: dynamo drops it, wav2vec2)
     -> Mul(., scale) -> Add(., bias)                     per channel ([C, 1, ...] or [1, C, 1, ...]); optional
     -> Mul(., Sigmoid(.))                                SiLU, optional, fused as activation=silu
 
@@ -30,7 +30,8 @@ is fused as our NCHW op between two Transposes (rule group_norm_channels_last, t
 the region is taken only when nothing outside reads inside it, and the proof checks the arithmetic.
 
 The native ONNX GroupNormalization-21 is taken over with `--take-over-native` (read_native; a SiLU after it stays
-as it is), GroupNormalization-18 (scale per group, deprecated) is not.
+as it is), GroupNormalization-18 (scale per group, deprecated) is not; InstanceNormalization is GroupNorm with one
+group per channel and is taken over as that (read_instance_normalization; the onnx target leaves it as it is).
 
 Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
 per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
@@ -44,13 +45,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnx_ir as ir
+from onnx import helper
 
 from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, type_name
 from onnx_norm.ops.group_norm import ACTIVATIONS, GROUP_NORM, GROUP_NORMALIZATION, GroupNormAttributes, grouped
 from onnx_norm.ops.numerics import np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
-from onnx_norm.rewrite import constants, evaluate, match
+from onnx_norm.rewrite import constants, evaluate, expansions, match
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
@@ -388,14 +391,18 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     if norm is None:
         return _find_channels_last(anchor)
     nodes, n, eps = norm
-    back = _reader(n, "Reshape")
-    if back is None:
-        return None
     assert x.shape is not None
     rank, channels = len(x.shape), int(x.shape[1])
-    y = back.outputs[0]
-    if not _restores(back, x):
-        raise NearMiss("the Reshape after the grouped norm does not restore X's shape (or its shape is unknown)", y)
+    back = _reader(n, "Reshape")
+    if back is not None:
+        y = back.outputs[0]
+        if not _restores(back, x):
+            raise NearMiss("the Reshape after the grouped norm does not restore X's shape (or its shape is unknown)", y)
+        nodes = [*nodes, back]
+    elif rank == 3 and g == channels:
+        y = n  # one group per channel of [N, C, L]: the grouped value is X's shape, dynamo drops the Reshape back
+    else:
+        return None
     affine_nodes, y, fields, made = _affine(y, channels, rank)
     after, y, silu, output_type = _epilogue(y)
     activation = ACTIVATIONS["silu" if silu else "none"]
@@ -406,7 +413,7 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     variant = "InstanceNormalization" if nodes[0].op_type == "InstanceNormalization" else "decomposed"
     return match.Candidate(
         spec=spec,
-        nodes=[anchor, *nodes, back, *affine_nodes, *after],
+        nodes=[anchor, *nodes, *affine_nodes, *after],
         axes=tuple(range(1, rank)),
         perm=None,
         new_constants=made,
@@ -483,6 +490,10 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
 
 
 def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
+    channels = spec.x.shape[1] if spec.x.shape is not None and len(spec.x.shape) > 1 else None
+    if isinstance(spec.attrs, GroupNormAttributes) and spec.attrs.num_groups == channels:
+        # Measured: ONNX Runtime's GroupNormalization-21 is slower than its InstanceNormalization (docs/targets.md).
+        return "one group per channel is ONNX's InstanceNormalization; GroupNormalization-21 would only be slower"
     if opset and opset < _ONNX_OPSET:
         return (
             f"ONNX's GroupNormalization takes per-channel scale and bias from opset {_ONNX_OPSET}; "
@@ -504,13 +515,7 @@ def read_native(node: ir.Node, opset: int) -> NormSpec:
     and ours round once, never less accurate). ValueError says why a node is left as it is."""
     if opset and opset < _ONNX_OPSET:
         raise ValueError(f"GroupNormalization before opset {_ONNX_OPSET} scales per group (deprecated); not taken over")
-    x = node.inputs[0] if node.inputs else None
-    if x is None or len(node.inputs) != 3 or None in node.inputs:
-        raise ValueError("it does not have its three inputs")
-    if x.dtype is None or int(x.dtype) not in (_FLOAT, *NARROW_TYPES):
-        raise ValueError(f"input element type {type_name(x.dtype)} is not fp32, fp16 or bf16")
-    if x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
-        raise ValueError("its input's rank or channel count is unknown (run shape inference first)")
+    x = _native_input(node)
     stash = node.attributes.get("stash_type")
     if stash is not None and stash.value != _FLOAT:
         raise ValueError(f"stash_type {stash.value} computes the statistics in another type than float32")
@@ -519,6 +524,30 @@ def read_native(node: ir.Node, opset: int) -> NormSpec:
         raise ValueError("its num_groups is missing or does not divide the channels")
     epsilon = 1e-5 if eps is None else float(eps.value)
     attrs = GroupNormAttributes(axis=1 - len(x.shape), epsilon=epsilon, num_groups=int(groups.value))
+    return NormSpec(KIND, x, None, node.inputs[1], node.inputs[2], attrs, node.outputs[0])
+
+
+def _native_input(node: ir.Node) -> ir.Value:
+    """X of a native GroupNormalization or InstanceNormalization: its three inputs given, X float, its rank and
+    channel count known; ValueError otherwise."""
+    x = node.inputs[0] if node.inputs else None
+    if x is None or len(node.inputs) != 3 or None in node.inputs:
+        raise ValueError("it does not have its three inputs")
+    if x.dtype is None or int(x.dtype) not in (_FLOAT, *NARROW_TYPES):
+        raise ValueError(f"input element type {type_name(x.dtype)} is not fp32, fp16 or bf16")
+    if x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
+        raise ValueError("its input's rank or channel count is unknown (run shape inference first)")
+    return x
+
+
+def read_instance_normalization(node: ir.Node, opset: int) -> NormSpec:
+    """ONNX InstanceNormalization (each channel of each sample normalised over the dims after it, per-channel scale
+    and bias) is GroupNorm with one group per channel, and is taken over as that; ValueError says why not."""
+    x = _native_input(node)
+    assert x.shape is not None
+    eps = node.attributes.get("epsilon")
+    epsilon = 1e-5 if eps is None else float(eps.value)
+    attrs = GroupNormAttributes(axis=1 - len(x.shape), epsilon=epsilon, num_groups=int(x.shape[1]))
     return NormSpec(KIND, x, None, node.inputs[1], node.inputs[2], attrs, node.outputs[0])
 
 
@@ -540,7 +569,7 @@ FAMILY = NormFamily(
     find=find,
     anchor_ops=frozenset({"Reshape"}),
     sweep=-1,  # before the LayerNorm family fuses the grouped norm inside
-    native={_ONNX_OP: read_native},
+    native={_ONNX_OP: read_native, "InstanceNormalization": read_instance_normalization},
 )
 
 
@@ -561,5 +590,41 @@ def _instance_normalization(node: ir.Node, inputs: Sequence[np.ndarray | None]) 
     return y.astype(np.float32).astype(x.dtype) if x.dtype != np.float64 else y
 
 
-# The proof evaluates the matched subgraph: it has to know the ops this family's matches contain.
+def _instance_normalization_float64(node: onnx.NodeProto, prefix: str, opset: int) -> list[onnx.NodeProto]:
+    """InstanceNormalization(X, scale, B) in float64 ops for the parity gate's float64 model (ORT has no double
+    kernel; a float32 island would be the original's own rounding): X viewed as [N, C, L], normalised over L, scale
+    and B as [C, 1], the result reshaped to X's shape."""
+    x, scale, bias = node.input
+    eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+    p = prefix
+    nodes = [
+        expansions.constant(f"{p}flat", np.array([0, 0, -1], np.int64)),
+        expansions.constant(f"{p}column", np.array([-1, 1], np.int64)),
+        # The attribute's float32 value, widened: what every float32 kernel adds.
+        expansions.constant(f"{p}eps", np.array(np.float32(eps), np.float64)),
+        helper.make_node("Shape", [x], [f"{p}shape"]),
+        helper.make_node("Reshape", [x, f"{p}flat"], [f"{p}rows"]),
+    ]
+    nodes += expansions.reduce_mean(f"{p}rows", f"{p}mean", [2], f"{p}m_", opset)
+    nodes += [
+        helper.make_node("Sub", [f"{p}rows", f"{p}mean"], [f"{p}centred"]),
+        helper.make_node("Mul", [f"{p}centred", f"{p}centred"], [f"{p}square"]),
+    ]
+    nodes += expansions.reduce_mean(f"{p}square", f"{p}var", [2], f"{p}v_", opset)
+    nodes += [
+        helper.make_node("Add", [f"{p}var", f"{p}eps"], [f"{p}var_eps"]),
+        helper.make_node("Sqrt", [f"{p}var_eps"], [f"{p}std"]),
+        helper.make_node("Div", [f"{p}centred", f"{p}std"], [f"{p}normalised"]),
+        helper.make_node("Reshape", [scale, f"{p}column"], [f"{p}scale"]),
+        helper.make_node("Reshape", [bias, f"{p}column"], [f"{p}bias"]),
+        helper.make_node("Mul", [f"{p}normalised", f"{p}scale"], [f"{p}scaled"]),
+        helper.make_node("Add", [f"{p}scaled", f"{p}bias"], [f"{p}shifted"]),
+        helper.make_node("Reshape", [f"{p}shifted", f"{p}shape"], [node.output[0]]),
+    ]
+    return nodes
+
+
+# The proof evaluates the matched subgraph: it has to know the ops this family's matches contain; the parity gate's
+# float64 model has to compute InstanceNormalization in float64.
 evaluate.register_op("InstanceNormalization", _instance_normalization)
+expansions.register("InstanceNormalization", _instance_normalization_float64)
