@@ -61,9 +61,12 @@ def test_divisor_is_not_the_row_size():
     assert_not_fused(model, shapes)
 
 
-def test_epsilon_added_after_the_square_root():
-    model, shapes = rms(eps_after_sqrt=True)
-    assert_not_fused(model, shapes)
+def test_epsilon_added_after_the_square_root_on_a_runtime_epsilon_is_not_fused():
+    """Epsilon after the square root is the fused ops' epsilon_outside (tests/test_rewrite_epsilon_outside.py), but
+    only a constant one: the op's attribute cannot take a graph input."""
+    model, shapes = rms(eps_after_sqrt=True, eps_input=True)
+    shapes["eps"] = []
+    assert_not_fused(model, _shapes(shapes), reason="not a constant")
 
 
 def test_reduction_over_other_axes():
