@@ -231,8 +231,8 @@ def create_session(
     are SessionError naming `label`.
 
     A path is loaded by ONNX Runtime itself (its external data too). A ModelProto whose external tensors are
-    references (absolute locations: `weights.resolve`) gets them as OrtValues over memory maps, from `shared` when
-    given (one copy for every session sharing it), without reading them into Python memory."""
+    references (absolute locations: `model_io.resolve_external_data`) gets them as OrtValues over memory maps, from
+    `shared` when given (one copy for every session sharing it), without reading them into Python memory."""
     proto = model if isinstance(model, onnx.ModelProto) else None
     signature = proto if proto is not None else onnx.load(str(model), load_external_data=False)
     if custom_ops is None:

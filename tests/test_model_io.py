@@ -30,7 +30,7 @@ def _run(path: Path, feeds: dict[str, np.ndarray] | None = None) -> np.ndarray:
 
 
 def _external(path: Path) -> list[onnx.TensorProto]:
-    return paths.external_tensors(onnx.load(str(path), load_external_data=False))
+    return model_io.external_tensors(onnx.load(str(path), load_external_data=False))
 
 
 def _save_external(model: onnx.ModelProto, path: Path, **kwargs) -> None:

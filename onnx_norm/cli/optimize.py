@@ -111,9 +111,9 @@ def _stale_data_file(staging: Path, output: Path, source: Path) -> Path | None:
     data = model_io.data_file(output)
     if (staging / data.name).exists() or not data.is_file() or not output.is_file():
         return None
-    if not any(paths.same_file(data, file) for file in paths.model_files(output)[1:]):
+    if not any(paths.same_file(data, file) for file in model_io.model_files(output)[1:]):
         return None
-    if not paths.same_file(source, output) and any(paths.same_file(data, f) for f in paths.model_files(source)):
+    if not paths.same_file(source, output) and any(paths.same_file(data, f) for f in model_io.model_files(source)):
         return None
     return data
 

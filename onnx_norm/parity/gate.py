@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from onnx_norm import inputs as model_inputs
+from onnx_norm import model_io
 from onnx_norm.options import CompareOptions, InputOptions, VerifyKwargs, VerifyOptions
 from onnx_norm.parity import precision, segmented, segments
 from onnx_norm.parity.golden import GoldenEvaluator
@@ -50,9 +51,7 @@ Results = list[dict[str, np.ndarray]]
 def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
     """The optimized model, and why it is not a valid model if it is not: the gate exists to catch a broken
     rewrite, so that is a failed report. A file that is not an ONNX model at all is an InputError."""
-    from onnx_norm import model_io
-
-    proto = model_inputs.load_model(optimized, resolve_external=True, checked=False)
+    proto = model_io.load_proto(optimized, resolve_external=True, checked=False)
     try:
         model_io.check(proto, "the optimized model")
     except model_io.ModelLoadError as err:
@@ -363,7 +362,7 @@ def verify(
     options = VerifyOptions.build(options, "verify", **kwargs)
     tolerances = tolerance_spec(options.compare)
     original_label = model_label("original", original)
-    original_proto = model_inputs.load_model(original, resolve_external=True)
+    original_proto = model_io.load_proto(original, resolve_external=True)
     optimized_proto, optimized_failure = _load_optimized(optimized)
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     output_names = [value.name for value in original_proto.graph.output]
