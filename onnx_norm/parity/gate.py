@@ -118,14 +118,20 @@ class _Models:
     original_fetch: list[str]
     optimized_fetch: list[str]
     optimized_failure: str | None
-    original_source: onnx.ModelProto | str | Path | None = None
-    optimized_source: onnx.ModelProto | str | Path | None = None
+    original_source: onnx.ModelProto | model_io.ModelFile | None = None
+    optimized_source: onnx.ModelProto | model_io.ModelFile | None = None
     golden_form: str = ""
     weights_policy: str = ""  # how the sessions held the weights, when not as ONNX Runtime does by default
 
 
-def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onnx.ModelProto | str | Path:
-    return given if isinstance(given, (str, Path)) and exposed is proto else exposed
+def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onnx.ModelProto | model_io.ModelFile:
+    """A model run as it is runs from its file (ONNX Runtime loads it as users do), with the proto already read:
+    the session reads nothing of it again."""
+    if exposed is not proto:
+        return exposed
+    if isinstance(given, model_io.ModelFile):
+        return given
+    return model_io.ModelFile(Path(given), proto) if isinstance(given, (str, Path)) else exposed
 
 
 def _set_sources(
@@ -337,8 +343,8 @@ def _compare_outputs(
 
 
 def verify(
-    original: str | Path | onnx.ModelProto | Any,
-    optimized: str | Path | onnx.ModelProto | Any,
+    original: str | Path | onnx.ModelProto | model_io.ModelFile | Any,
+    optimized: str | Path | onnx.ModelProto | model_io.ModelFile | Any,
     options: VerifyOptions | None = None,
     *,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
