@@ -63,7 +63,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_norm import bench_check, correspond, weights
+from onnx_norm import bench_check, correspond, model_io, weights
 from onnx_norm import inputs as model_inputs
 from onnx_norm.ops.schema import OPS, native_norm_ops
 from onnx_norm.options import BenchKwargs, BenchOptions, InputOptions
@@ -378,7 +378,7 @@ class _Models:
 
 
 def _load_models(original: Any, optimized: Any, include_unoptimized: bool, provider: str) -> _Models:
-    original_proto = model_inputs.load_model(original, resolve_external=True)
+    original_proto = model_io.load_proto(original, resolve_external=True)
     in_memory = optimized is None
     labels = {ORIGINAL: model_label("original", original), UNOPTIMIZED: model_label("original", original)}
     labels[OPTIMIZED] = "the original model optimized in memory" if in_memory else model_label("optimized", optimized)
@@ -392,7 +392,7 @@ def _load_models(original: Any, optimized: Any, include_unoptimized: bool, provi
 
         # From the path when there is one: the rewrite memory-maps the weights instead of reading them.
         optimized, _ = optimize(original if isinstance(original, (str, Path)) else original_proto)
-    optimized_proto = model_inputs.load_model(optimized, resolve_external=True)
+    optimized_proto = model_io.load_proto(optimized, resolve_external=True)
     # The CLI's line too (exit 2): a speedup between models that take or give other tensors means nothing.
     correspond.check(original_proto, optimized_proto, (original, None if in_memory else optimized))
     variants: dict[str, tuple[onnx.ModelProto | str | Path, OptLevel]] = {

@@ -65,67 +65,6 @@ _FALLBACK_INT_HIGH = 16
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
-def load_model(model: object, *, resolve_external: bool = False, checked: bool = True) -> onnx.ModelProto:
-    """A ModelProto from a path, a ModelProto or an onnx_ir.Model; raises InputError for a file that is missing,
-    unreadable, not ONNX, or (when `checked`) refused by ONNX's checker (`model_io.check`).
-
-    External tensors are never read. With `resolve_external` their locations are made absolute (relative to the
-    model's file; to the working directory for a ModelProto) and their files checked (InputError when one is
-    missing or short), so that sessions can hand them to ONNX Runtime (onnx_norm.weights); a ModelProto given
-    with external tensors is then copied, not changed."""
-    from onnx_norm import model_io, weights
-
-    base: str | Path = "."
-    try:
-        if isinstance(model, onnx.ModelProto):
-            if checked:
-                model_io.check(model, "the ModelProto")
-            proto, where = model, "the ModelProto"
-        elif not isinstance(model, (str, Path)):
-            import onnx_ir as ir
-
-            if not isinstance(model, ir.Model):
-                raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
-            proto, where = _serialize_ir(model), "the model"
-        else:
-            path = Path(model)
-            proto, where, base = model_io.read_proto(path, checked=checked), str(path), path.parent
-    except model_io.ModelLoadError as err:
-        raise InputError(str(err)) from None
-    if resolve_external:
-        if proto is model and weights.has_external_data(proto):
-            proto = onnx.ModelProto()
-            proto.CopyFrom(model)  # the caller's proto keeps its locations (its large tensors are external)
-        try:
-            weights.resolve(proto, base, where=where)
-        except weights.WeightsError as err:
-            raise InputError(str(err)) from None
-    return proto
-
-
-def _serialize_ir(model: object) -> onnx.ModelProto:
-    """The ModelProto of an onnx_ir.Model, its external tensors (subgraphs included) as references with absolute
-    locations (each ExternalTensor knows the folder it was read from)."""
-    import onnx_ir as ir
-
-    from onnx_norm import paths
-
-    assert isinstance(model, ir.Model)
-    proto = ir.serde.serialize_model(model)
-    external = [
-        value.const_value
-        for graph in model.graphs()
-        for value in graph.initializers.values()
-        if isinstance(value.const_value, ir.ExternalTensor)
-    ]
-    files = {tensor.location: os.path.abspath(os.path.join(tensor.base_dir, tensor.location)) for tensor in external}
-    for tensor in paths.external_tensors(proto):
-        for entry in tensor.external_data:
-            if entry.key == "location" and entry.value in files:
-                entry.value = files[entry.value]
-    return proto
-
-
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     """The inputs a caller must feed: graph inputs that are not initializers (IR < 4 lists those as inputs)."""
     initializers = {init.name for init in model.graph.initializer}

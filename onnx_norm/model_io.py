@@ -1,9 +1,17 @@
-"""Loading and saving models: a path, an `onnx.ModelProto` or an `onnx_ir.Model` in, the same kind out.
+"""Loading and saving models, and what a model holds: the one home for both.
 
-Paths are loaded with onnx-ir, which memory-maps external data instead of pulling every weight into one protobuf.
-Saving is atomic (everything is written next to the destination, then renamed into place) and switches to external
-data, with a path relative to the model, when the model already used it or its tensors would not fit in the 2 GB
-protobuf limit.
+- Loading: `load` gives an `onnx_ir.Model` (the rewrite's kind), `load_proto` a ModelProto (the parity gate's and
+  the bench's kind: external tensors as references, never read), `read_file` a `ModelFile` (a file's ModelProto
+  read and checked once, with its path) that both accept without reading the file again. A path, an
+  `onnx.ModelProto`, an `onnx_ir.Model` or a `ModelFile` in; `like` gives the result as the kind given.
+- Paths are loaded with onnx-ir, which memory-maps external data instead of pulling every weight into one protobuf.
+- Saving is atomic (everything is written next to the destination, then renamed into place) and switches to
+  external data, with a path relative to the model, when the model already used it or its tensors would not fit in
+  the 2 GB protobuf limit.
+- Traversal: every node (`proto_nodes`, `graph_nodes`, `subgraphs`), every tensor (`named_tensors`,
+  `external_tensors`), the files behind a model (`model_files`).
+- External data: checked before anything reads it (`check_external_data`), its locations made absolute for sessions
+  (`resolve_external_data`; the sessions' memory maps are `onnx_norm.weights`').
 """
 
 from __future__ import annotations
@@ -22,14 +30,13 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from onnx_norm import inline_weights, paths
+from onnx_norm import inline_weights
 from onnx_norm.dtypes import is_onnx_domain, onnx_opset
-from onnx_norm.errors import ort_message
+from onnx_norm.errors import InputError, ort_message
 from onnx_norm.ops.schema import native_ops
 
 logger = logging.getLogger(__name__)
 
-ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model
 
 #: Above this many bytes of tensors a model is saved with external data (protobuf's hard limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -37,6 +44,23 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 PROTOBUF_LIMIT = 2**31 - 1
 #: With external data (auto), tensors of at most this many bytes (scalars, shapes) stay in the model file.
 INLINE_BYTES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFile:
+    """A model file read once (`read_file`): its ModelProto, checked and sorted, external tensors as references
+    relative to `path`'s folder, and the path (sessions made from it load the file as users do). `load` and
+    `load_proto` take it without reading the file again: a command that rewrites a model and then verifies it reads
+    the model once."""
+
+    path: pathlib.Path
+    proto: onnx.ModelProto
+
+    def __str__(self) -> str:  # how messages name it: as the path it was read from
+        return str(self.path)
+
+
+ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model | ModelFile
 
 
 class ModelLoadError(Exception):
@@ -61,17 +85,95 @@ def load(model: ModelLike) -> ir.Model:
         except Exception as err:
             raise ModelLoadError(f"cannot convert the ModelProto: {err}") from err
     if isinstance(model, (str, os.PathLike)):
-        path = pathlib.Path(model)
-        proto = read_proto(path)
-        try:
-            loaded = ir.serde.deserialize_model(proto)
-        except Exception as err:
-            raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from err
-        # As ir.load does: external tensors are memory-mapped from files relative to the model.
-        ir.external_data.set_base_dir(loaded.graph, path.parent)
-        _read_hard_links_as_ort(loaded)
-        return _import_ort_domains_ir(loaded)  # read_proto sorted its nodes already
+        model = read_file(model)
+    if isinstance(model, ModelFile):
+        return _ir_of_file(model)
     raise TypeError(f"expected a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
+
+
+def _ir_of_file(model: ModelFile) -> ir.Model:
+    """The `ir.Model` of a file's ModelProto. Its tensors are views of the proto's (onnx-ir copies none), so the
+    proto serves the parity gate after the rewrite: the rewrite builds new tensors, never changes these."""
+    try:
+        loaded = ir.serde.deserialize_model(model.proto)
+    except Exception as err:
+        raise ModelLoadError(f"{model.path}: not a readable ONNX model ({type(err).__name__}: {err})") from err
+    # As ir.load does: external tensors are memory-mapped from files relative to the model.
+    ir.external_data.set_base_dir(loaded.graph, model.path.parent)
+    _read_hard_links_as_ort(loaded)
+    return _import_ort_domains_ir(loaded)  # read_proto sorted its nodes already
+
+
+def read_file(path: str | os.PathLike, *, checked: bool = True) -> ModelFile:
+    """The model file at `path`, read once (`read_proto`: ModelLoadError naming the file when it cannot be used)."""
+    path = pathlib.Path(path)
+    return ModelFile(path, read_proto(path, checked=checked))
+
+
+def load_proto(model: object, *, resolve_external: bool = False, checked: bool = True) -> onnx.ModelProto:
+    """A ModelProto from a path, a `ModelFile`, a ModelProto or an onnx_ir.Model (the parity gate's and the
+    bench's loader); InputError for a file that is missing, unreadable, not ONNX, or (when `checked`) refused by
+    ONNX's checker (`check`; a ModelFile was checked when it was read).
+
+    External tensors are never read. With `resolve_external` their locations are made absolute (relative to the
+    model's file; to the working directory for a ModelProto) and their files checked (InputError when one is
+    missing or short), so that sessions can hand them to ONNX Runtime (onnx_norm.weights). A ModelProto given with
+    external tensors is then copied, not changed; a ModelFile's proto is resolved in place (it is the loader's own,
+    and the `ir.Model` made from it keeps its own locations)."""
+    base: str | os.PathLike = "."
+    try:
+        if isinstance(model, onnx.ModelProto):
+            if checked:
+                check(model, "the ModelProto")
+            proto, where = model, "the ModelProto"
+        elif isinstance(model, ModelFile):
+            proto, where, base = model.proto, str(model.path), model.path.parent
+        elif isinstance(model, ir.Model):
+            proto, where = serialize_ir(model), "the model"
+        elif isinstance(model, (str, os.PathLike)):
+            path = pathlib.Path(model)
+            proto, where, base = read_proto(path, checked=checked), str(path), path.parent
+        else:
+            raise TypeError(f"expected a path, onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
+        if resolve_external:
+            if proto is model and external_tensors(proto):
+                proto = _copy(proto)  # the caller's proto keeps its locations (its large tensors are external)
+            resolve_external_data(proto, base, where=where)
+    except ModelLoadError as err:
+        raise InputError(str(err)) from None
+    return proto
+
+
+def resolve_external_data(
+    model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str = "the model"
+) -> onnx.ModelProto:
+    """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) after checking that each
+    file holds the tensor's bytes (`check_external_data`; ModelLoadError naming the file and the tensor otherwise),
+    so that the proto no longer depends on where it was read from. Returns `model` (changed in place)."""
+    check_external_data(model, base_dir=base_dir, where=where)
+    for tensor in external_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = os.path.abspath(os.path.join(base_dir, entry.value))
+    return model
+
+
+def serialize_ir(model: ir.Model) -> onnx.ModelProto:
+    """The ModelProto of an onnx_ir.Model, its external tensors (subgraphs included) as references with absolute
+    locations (each ExternalTensor knows the folder it was read from)."""
+    proto = ir.serde.serialize_model(model)
+    external = [
+        value.const_value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    ]
+    files = {tensor.location: os.path.abspath(os.path.join(tensor.base_dir, tensor.location)) for tensor in external}
+    for tensor in external_tensors(proto):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value in files:
+                entry.value = files[entry.value]
+    return proto
 
 
 #: Files from this size on are read by `inline_weights.read_model`: below it the file's bytes cost little.
@@ -135,11 +237,11 @@ def check(model: onnx.ModelProto, name: str) -> None:
     if target.ByteSize() > PROTOBUF_LIMIT:  # (upb computes it by serialising: asked of the light copy)
         logger.debug("%s: too large for onnx.checker in memory; not checked", name)
         return
-    if paths.external_tensors(target):
+    if external_tensors(target):
         if target is model:
             target = onnx.ModelProto()
             target.CopyFrom(model)
-        for tensor in paths.external_tensors(target):
+        for tensor in external_tensors(target):
             _stand_in(tensor)
     target = _as_ort_reads(target, copied=target is not model)
     moved = _hide_ort_ops(target)
@@ -303,7 +405,7 @@ def _refuse_unless_ort_loads(model: onnx.ModelProto, name: str, err: BaseExcepti
     """Raises ModelLoadError for a model the checker refused (`err`) unless ONNX Runtime loads it; the line says
     whether ORT refuses it too. A model with external data is not asked (its weights are not in `model`)."""
     message = f"{name}: not a valid ONNX model: {_one_line(err)}"
-    if paths.external_tensors(model):
+    if external_tensors(model):
         raise ModelLoadError(message) from err
     refusal = _ort_refusal(model)
     if refusal is not None:
@@ -457,7 +559,7 @@ def check_external_data(
     (subgraphs, functions and node attributes included) can be read: its file exists, and its offset and length
     (or, without a length, the bytes its type and shape take) lie within it. Nothing is read: ONNX Runtime, onnx-ir
     and the rewrite's constant folding read the bytes later and would fail there, with a traceback or a message
-    naming neither. The one check every loader runs (`read_proto`, `load`, `weights.resolve`).
+    naming neither. The one check every loader runs (`read_proto`, `load`, `resolve_external_data`).
 
     With `model_file` the locations are relative to its folder and held to ONNX Runtime's rules for a model read
     from a file (which onnx and onnx-ir share): not absolute, not outside the folder, not through a symbolic link
@@ -468,7 +570,7 @@ def check_external_data(
         base_dir = model_file.parent
     where = where or (str(model_file) if model_file is not None else "the model")
     sizes: dict[str, int] = {}
-    for label, tensor in paths.named_tensors(model):
+    for label, tensor in named_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
             expected = _expected_bytes(tensor.data_type, tensor.dims)
@@ -830,3 +932,76 @@ def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         yield node
         for sub in subgraphs(node):
             yield from graph_nodes(sub)
+
+
+def _tensors(
+    graph: onnx.GraphProto, where: str = "", *, initializers: bool = True
+) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(label, tensor) for every tensor of `graph` and its subgraphs (without `graph`'s own initializers when
+    `initializers` is false); `where` ends the labels of a subgraph's."""
+    if initializers:
+        for tensor in graph.initializer:
+            yield f"{tensor.name!r}{where}", tensor
+    for sparse in graph.sparse_initializer:
+        yield f"the values of sparse initializer {sparse.values.name!r}{where}", sparse.values
+        yield f"the indices of sparse initializer {sparse.values.name!r}{where}", sparse.indices
+    for node in graph.node:
+        yield from _attribute_tensors(node)
+
+
+def _attribute_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    # A Constant's tensor often has no name of its own: the node names it.
+    owner = f"{node.op_type} node {node.name or (node.output[0] if node.output else '')!r}"
+    for attr in node.attribute:
+        label = f"attribute {attr.name!r} of {owner}"
+        if attr.HasField("t"):
+            yield (f"{attr.t.name!r} ({label})" if attr.t.name else f"the {label}"), attr.t
+        for tensor in attr.tensors:
+            yield (f"{tensor.name!r} ({label})" if tensor.name else f"a tensor of {label}"), tensor
+        if attr.HasField("g"):
+            yield from _tensors(attr.g, f" (in the {attr.name!r} subgraph of {owner})")
+        for sub in attr.graphs:
+            yield from _tensors(sub, f" (in a {attr.name!r} subgraph of {owner})")
+
+
+def named_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(label, tensor) for every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and
+    functions (without the main graph's initializers when `initializers` is false). The label names the tensor for
+    a message: its name, and the node and attribute that hold it."""
+    yield from _tensors(model.graph, initializers=initializers)
+    for function in model.functions:
+        for node in function.node:
+            for label, tensor in _attribute_tensors(node):
+                yield f"{label} (in function {function.name!r})", tensor
+
+
+def all_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of a model (see `named_tensors`)."""
+    return (tensor for _, tensor in named_tensors(model, initializers=initializers))
+
+
+def external_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> list[onnx.TensorProto]:
+    """Every tensor of `model` stored as external data (see `all_tensors`)."""
+    tensors = all_tensors(model, initializers=initializers)
+    return [tensor for tensor in tensors if tensor.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    """The `location` of every tensor stored as external data (graph, subgraphs, attributes, functions)."""
+    locations = set()
+    for tensor in external_tensors(model):
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+        if location:
+            locations.add(location)
+    return locations
+
+
+def model_files(path: str | os.PathLike) -> list[pathlib.Path]:
+    """The model file and every external data file it refers to (whether they exist or not). A file that is not a
+    readable model gives just itself: reading it fails later with its own message."""
+    path = pathlib.Path(path)
+    try:
+        proto = inline_weights.read_model(path, payloads=False)  # the structure only: no inline weights read
+    except Exception:  # not a model: the load step names the problem
+        return [path]
+    return [path, *(path.parent / location for location in sorted(external_locations(proto)))]

@@ -1,8 +1,9 @@
-"""Files a command reads and writes: the files behind a model, checks of output paths, atomic text writes.
+"""Files a command writes: checks of output paths, atomic text and JSON writes.
 
-A model is more than its `.onnx` file: its weights may live in external data files named inside it. The CLI checks
-every path it will write before doing any work, and refuses to write over any file an input model reads (the model
-or one of its data files) unless forced, so that no run can destroy the model it was given.
+A model is more than its `.onnx` file: its weights may live in external data files named inside it
+(`model_io.model_files`). The CLI checks every path it will write before doing any work, and refuses to write over
+any file an input model reads (the model or one of its data files) unless forced, so that no run can destroy the
+model it was given.
 """
 
 from __future__ import annotations
@@ -17,86 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
-from onnx_norm import inline_weights
+from onnx_norm.model_io import model_files
 
 
 class OutputError(ValueError):
     """An output path that cannot or must not be written: reported before any work is done."""
-
-
-def _tensors(
-    graph: onnx.GraphProto, where: str = "", *, initializers: bool = True
-) -> Iterator[tuple[str, onnx.TensorProto]]:
-    """(label, tensor) for every tensor of `graph` and its subgraphs (without `graph`'s own initializers when
-    `initializers` is false); `where` ends the labels of a subgraph's."""
-    if initializers:
-        for tensor in graph.initializer:
-            yield f"{tensor.name!r}{where}", tensor
-    for sparse in graph.sparse_initializer:
-        yield f"the values of sparse initializer {sparse.values.name!r}{where}", sparse.values
-        yield f"the indices of sparse initializer {sparse.values.name!r}{where}", sparse.indices
-    for node in graph.node:
-        yield from _attribute_tensors(node)
-
-
-def _attribute_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]]:
-    # A Constant's tensor often has no name of its own: the node names it.
-    owner = f"{node.op_type} node {node.name or (node.output[0] if node.output else '')!r}"
-    for attr in node.attribute:
-        label = f"attribute {attr.name!r} of {owner}"
-        if attr.HasField("t"):
-            yield (f"{attr.t.name!r} ({label})" if attr.t.name else f"the {label}"), attr.t
-        for tensor in attr.tensors:
-            yield (f"{tensor.name!r} ({label})" if tensor.name else f"a tensor of {label}"), tensor
-        if attr.HasField("g"):
-            yield from _tensors(attr.g, f" (in the {attr.name!r} subgraph of {owner})")
-        for sub in attr.graphs:
-            yield from _tensors(sub, f" (in a {attr.name!r} subgraph of {owner})")
-
-
-def named_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[tuple[str, onnx.TensorProto]]:
-    """(label, tensor) for every TensorProto of a model: initializers, sparse ones, attributes, in subgraphs and
-    functions (without the main graph's initializers when `initializers` is false). The label names the tensor for
-    a message: its name, and the node and attribute that hold it."""
-    yield from _tensors(model.graph, initializers=initializers)
-    for function in model.functions:
-        for node in function.node:
-            for label, tensor in _attribute_tensors(node):
-                yield f"{label} (in function {function.name!r})", tensor
-
-
-def all_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of a model (see `named_tensors`)."""
-    return (tensor for _, tensor in named_tensors(model, initializers=initializers))
-
-
-def external_tensors(model: onnx.ModelProto, *, initializers: bool = True) -> list[onnx.TensorProto]:
-    """Every tensor of `model` stored as external data (see `all_tensors`)."""
-    tensors = all_tensors(model, initializers=initializers)
-    return [tensor for tensor in tensors if tensor.data_location == onnx.TensorProto.EXTERNAL]
-
-
-def external_locations(model: onnx.ModelProto) -> set[str]:
-    """The `location` of every tensor stored as external data (graph, subgraphs, attributes, functions)."""
-    locations = set()
-    for tensor in external_tensors(model):
-        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
-        if location:
-            locations.add(location)
-    return locations
-
-
-def model_files(path: str | os.PathLike) -> list[Path]:
-    """The model file and every external data file it refers to (whether they exist or not). A file that is not a
-    readable model gives just itself: reading it fails later with its own message."""
-    path = Path(path)
-    try:
-        proto = inline_weights.read_model(path, payloads=False)  # the structure only: no inline weights read
-    except Exception:  # not a model: the load step names the problem
-        return [path]
-    return [path, *(path.parent / location for location in sorted(external_locations(proto)))]
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -23,7 +23,7 @@ import onnxruntime as ort
 from onnx_norm import defaults, weights
 from onnx_norm.defaults import OptLevel, Provider
 from onnx_norm.errors import ort_message
-from onnx_norm.model_io import proto_nodes
+from onnx_norm.model_io import ModelFile, proto_nodes
 from onnx_norm.ops.reference import np_dtype
 from onnx_norm.ops.schema import DOMAIN
 
@@ -97,7 +97,7 @@ class RuntimeConfig:
 
 def model_label(role: str, model: object) -> str:
     """How errors name a model: `the original model (path)`, or just the role for an in-memory model."""
-    return f"the {role} model ({model})" if isinstance(model, (str, Path)) else f"the {role} model"
+    return f"the {role} model ({model})" if isinstance(model, (str, Path, ModelFile)) else f"the {role} model"
 
 
 def uses_custom_ops(model: onnx.ModelProto) -> bool:
@@ -219,7 +219,7 @@ def _preload_cuda() -> None:
 
 
 def create_session(
-    model: onnx.ModelProto | str | Path,
+    model: onnx.ModelProto | str | Path | ModelFile,
     config: RuntimeConfig,
     *,
     custom_ops: bool | None = None,
@@ -230,11 +230,15 @@ def create_session(
     """An InferenceSession for `model`; `custom_ops=None` registers the library only if the model needs it. Errors
     are SessionError naming `label`.
 
-    A path is loaded by ONNX Runtime itself (its external data too). A ModelProto whose external tensors are
-    references (absolute locations: `weights.resolve`) gets them as OrtValues over memory maps, from `shared` when
-    given (one copy for every session sharing it), without reading them into Python memory."""
+    A path is loaded by ONNX Runtime itself (its external data too); so is a `ModelFile`'s, whose proto (already
+    read) is what this function reads of it. A ModelProto whose external tensors are references (absolute locations:
+    `model_io.resolve_external_data`) gets them as OrtValues over memory maps, from `shared` when given (one copy
+    for every session sharing it), without reading them into Python memory."""
     proto = model if isinstance(model, onnx.ModelProto) else None
-    signature = proto if proto is not None else onnx.load(str(model), load_external_data=False)
+    if isinstance(model, ModelFile):
+        signature, model = model.proto, model.path
+    else:
+        signature = proto if proto is not None else onnx.load(str(model), load_external_data=False)
     if custom_ops is None:
         custom_ops = uses_custom_ops(signature)
     options = session_options(config, custom_ops=custom_ops, profile_prefix=profile_prefix, model=signature)

@@ -1,12 +1,13 @@
 """External data of models handed to ONNX Runtime: never read into Python memory, never re-serialised.
 
-A ModelProto read for the parity gate or the bench keeps its external tensors as references (`resolve` makes their
-locations absolute, so that the proto no longer depends on where it was read from). A session of such a proto is
-made from a small header file in a temporary directory; each external tensor is handed to ONNX Runtime as an
-OrtValue over a read-only memory map of its data file (`SessionOptions.add_initializer`, which ORT uses without
-copying); the header names hard links to the data files beside it (ORT refuses absolute locations and links that
-leave the model's folder, and still reads an overridden tensor where it folds constants). One `SharedWeights`
-serves several sessions: the weights are in memory once, whatever the number of sessions.
+A ModelProto read for the parity gate or the bench keeps its external tensors as references
+(`model_io.resolve_external_data` makes their locations absolute, so that the proto no longer depends on where it
+was read from). A session of such a proto is made from a small header file in a temporary directory; each external
+tensor is handed to ONNX Runtime as an OrtValue over a read-only memory map of its data file
+(`SessionOptions.add_initializer`, which ORT uses without copying); the header names hard links to the data files
+beside it (ORT refuses absolute locations and links that leave the model's folder, and still reads an overridden
+tensor where it folds constants). One `SharedWeights` serves several sessions: the weights are in memory once,
+whatever the number of sessions.
 
 ONNX Runtime's CPU kernels pre-pack constant MatMul weights into a copy of their own; with the weights shared that
 copy would be made per session and the memory map stay resident besides, so sessions made here turn pre-packing off
@@ -28,7 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnx_norm import model_io, paths
+from onnx_norm import model_io
 from onnx_norm.errors import InputError
 from onnx_norm.ops.reference import np_dtype
 
@@ -54,7 +55,7 @@ class ExternalRef:
 
 def handed_over(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """The external initializers of the main graph: the ones a session gets as OrtValues (`add_initializers`).
-    ORT reads the other external tensors (in subgraphs, functions and attributes: `paths.external_tensors`) itself,
+    ORT reads the other external tensors (in subgraphs, functions and attributes: `model_io.external_tensors`) itself,
     from the data files the session's header names."""
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -73,19 +74,6 @@ def _set_location(tensor: onnx.TensorProto, location: str) -> None:
     for entry in tensor.external_data:
         if entry.key == "location":
             entry.value = location
-
-
-def resolve(model: onnx.ModelProto, base_dir: str | os.PathLike, *, where: str = "the model") -> onnx.ModelProto:
-    """Makes the locations of `model`'s external tensors absolute (relative to `base_dir`) after checking that each
-    file holds the tensor's bytes (`model_io.check_external_data`); WeightsError naming the file and the tensor
-    otherwise. Returns `model` (changed in place)."""
-    try:
-        model_io.check_external_data(model, base_dir=base_dir, where=where)
-    except model_io.ModelLoadError as err:
-        raise WeightsError(str(err)) from None
-    for tensor in paths.external_tensors(model):
-        _set_location(tensor, os.path.abspath(os.path.join(base_dir, reference(tensor).file)))
-    return model
 
 
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
@@ -260,7 +248,7 @@ def session_file(model: onnx.ModelProto) -> Iterator[Path]:
 def _write_header(model: onnx.ModelProto, header: Path, names: dict[str, str]) -> None:
     """Writes `model` to `header` with its handed-over tensors located by `names` and its other external tensors
     inline; `model` is restored after."""
-    inner = paths.external_tensors(model, initializers=False)
+    inner = model_io.external_tensors(model, initializers=False)
     if sum(reference(tensor).length for tensor in inner) > _INLINE_LIMIT:
         raise WeightsError(
             f"the model's external tensors in subgraphs or functions take more than {_INLINE_LIMIT / GIB:.0f} GiB"
@@ -298,4 +286,4 @@ def add_initializers(options: ort.SessionOptions, model: onnx.ModelProto, shared
 
 def has_external_data(model: onnx.ModelProto) -> bool:
     """Whether any tensor of `model` (subgraphs, functions and attributes included) is external."""
-    return bool(paths.external_tensors(model))
+    return bool(model_io.external_tensors(model))

@@ -26,7 +26,7 @@ import pytest
 from memory_tools import memory_check
 
 import onnx_norm
-from onnx_norm import inputs, weights
+from onnx_norm import model_io, weights
 from onnx_norm.cli import main
 
 GIB = 2**30
@@ -178,7 +178,7 @@ def test_float64_reference_casts_large_weights_where_used(tmp_path: Path) -> Non
 
     source = tmp_path / "m.onnx"
     memory_check.build(source, _args())
-    proto = inputs.load_model(source, resolve_external=True)
+    proto = model_io.load_proto(source, resolve_external=True)
     upcast = upcast_to_double(proto)
     casts = [node for node in upcast.graph.node if node.op_type == "Cast" and node.name.endswith("_to_double")]
     assert len(casts) == len(list(weights.handed_over(proto)))
@@ -230,7 +230,7 @@ def test_bench_fits_fewer_sessions_of_a_model_without_external_data(tmp_path: Pa
     fits and three do not, the bench makes one and says why (it refused before, as if none fitted)."""
     source = tmp_path / "inline.onnx"
     memory_check.build(source, _args(layout="inline"))
-    per_round = 3 * weights.weight_bytes(inputs.load_model(source))  # the original, optimized and unoptimized
+    per_round = 3 * weights.weight_bytes(model_io.load_proto(source))  # the original, optimized and unoptimized
     monkeypatch.setattr(weights, "available_memory", lambda: weights.HEADROOM + int(1.5 * per_round))
     report = tmp_path / "b.json"
     argv = ["bench", str(source), "--shape", "sequence:4", "--repeat", "2", "--warmup", "0", "--report", str(report)]
@@ -268,8 +268,8 @@ def test_shared_weights_are_one_copy(tmp_path: Path) -> None:
     copy.mkdir()
     shutil.copy(source, copy / "m.onnx")
     shutil.copy(tmp_path / "m.onnx.data", copy / "m.onnx.data")
-    a = inputs.load_model(source, resolve_external=True)
-    b = inputs.load_model(copy / "m.onnx", resolve_external=True)
+    a = model_io.load_proto(source, resolve_external=True)
+    b = model_io.load_proto(copy / "m.onnx", resolve_external=True)
     ta, tb = next(weights.handed_over(a)), next(weights.handed_over(b))
     assert weights.same_bytes(weights.reference(ta), weights.reference(tb))
     shared = weights.SharedWeights()
@@ -287,7 +287,7 @@ def test_bench_fits_fewer_sessions_of_a_half_precision_model(tmp_path: Path, mon
 
     source = tmp_path / "m.onnx"
     size = memory_check.build(source, _args(dtype="float16"))
-    proto = inputs.load_model(source, resolve_external=True)
+    proto = model_io.load_proto(source, resolve_external=True)
     per_session = weights.session_copies(proto, "cpu")
     assert per_session >= 2 * 2 * 64 * 64 * 2  # two fp16 weights, twice their size
     monkeypatch.setattr(bench, "PER_SESSION_WEIGHTS_LIMIT", 0)
@@ -332,7 +332,7 @@ def test_misaligned_external_tensor_is_handed_over_right(tmp_path: Path) -> None
     feeds = {"x": np.ones((2, 64), np.float32)}
     config = sessions.RuntimeConfig()
     expected = sessions.run_model(sessions.create_session(tmp_path / "m.onnx", config), feeds)
-    proto = inputs.load_model(tmp_path / "m.onnx", resolve_external=True)
+    proto = model_io.load_proto(tmp_path / "m.onnx", resolve_external=True)
     got = sessions.run_model(sessions.create_session(proto, config), feeds)
     np.testing.assert_array_equal(got["y"], expected["y"])
     np.testing.assert_array_equal(got["p"], np.arange(513, dtype=np.float16))
@@ -345,7 +345,7 @@ def test_session_header_beside_the_data_where_links_fail(tmp_path: Path, monkeyp
 
     source = tmp_path / "m.onnx"
     memory_check.build(source, _args())
-    proto = inputs.load_model(source, resolve_external=True)
+    proto = model_io.load_proto(source, resolve_external=True)
 
     def no_link(*_: object) -> None:
         raise OSError(18, "Invalid cross-device link")

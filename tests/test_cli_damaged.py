@@ -34,10 +34,8 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
 
 def _set_entry(path: Path, tensor_name: str, key: str, value: str) -> None:
     """Sets the external_data entry `key` of the tensor named `tensor_name` (initializer, attribute or subgraph)."""
-    from onnx_norm import paths
-
     proto = onnx.load(str(path), load_external_data=False)
-    tensors = [tensor for tensor in paths.external_tensors(proto) if tensor.name == tensor_name]
+    tensors = [tensor for tensor in model_io.external_tensors(proto) if tensor.name == tensor_name]
     assert len(tensors) == 1
     entries = {entry.key: entry for entry in tensors[0].external_data}
     if key in entries:
@@ -80,10 +78,8 @@ def _wrong_length(model: Path) -> str:
 
 def _no_length_and_short(model: Path) -> str:
     """Without a length the tensor takes what its type and shape say, as ONNX Runtime and onnx-ir read it."""
-    from onnx_norm import paths
-
     proto = onnx.load(str(model), load_external_data=False)
-    for tensor in paths.external_tensors(proto):
+    for tensor in model_io.external_tensors(proto):
         kept = [entry for entry in tensor.external_data if entry.key != "length"]
         del tensor.external_data[:]
         tensor.external_data.extend(kept)
@@ -246,9 +242,7 @@ def _relocated(tmp_path: Path, location: str) -> Path:
     model = tmp_path / "models" / "sub" / "m.onnx"
     model.parent.mkdir()
     proto = onnx.load(str(source), load_external_data=False)
-    from onnx_norm import paths
-
-    for tensor in paths.external_tensors(proto):
+    for tensor in model_io.external_tensors(proto):
         for entry in tensor.external_data:
             if entry.key == "location":
                 entry.value = location

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnx_norm
-from onnx_norm import inputs, paths, sessions, weights
+from onnx_norm import model_io, sessions, weights
 from onnx_norm.cli import main
 from onnx_norm.sessions import RuntimeConfig
 
@@ -59,15 +59,15 @@ def _if_model(path: Path) -> dict[str, np.ndarray]:
 def test_branch_initializers_are_external(tmp_path: Path) -> None:
     _if_model(tmp_path / "m.onnx")
     header = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
-    assert len(paths.external_tensors(header)) == 3  # w and both branches' biases
+    assert len(model_io.external_tensors(header)) == 3  # w and both branches' biases
 
 
 def test_a_session_of_the_proto_reads_the_branch_initializers(tmp_path: Path) -> None:
     """A modified model's session (main-graph weights handed over as OrtValues, the branch initializers read by ORT
     through the header's links) computes both branches from the data file."""
     expected = _if_model(tmp_path / "m.onnx")
-    proto = inputs.load_model(tmp_path / "m.onnx", resolve_external=True)
-    assert all(Path(weights.reference(t).file).is_absolute() for t in paths.external_tensors(proto))
+    proto = model_io.load_proto(tmp_path / "m.onnx", resolve_external=True)
+    assert all(Path(weights.reference(t).file).is_absolute() for t in model_io.external_tensors(proto))
     session = sessions.create_session(proto, RuntimeConfig("cpu", 1))
     for branch, cond in (("then", True), ("else", False)):
         result = sessions.run_model(session, {"x": expected["x"], "cond": np.array(cond)})
@@ -89,7 +89,7 @@ def test_only_tensors_outside_the_main_initializers_go_inline(tmp_path: Path, mo
     external tensors are all main-graph initializers is still made, and one with branch initializers is refused
     with a message naming why."""
     expected = _if_model(tmp_path / "m.onnx")
-    proto = inputs.load_model(tmp_path / "m.onnx", resolve_external=True)
+    proto = model_io.load_proto(tmp_path / "m.onnx", resolve_external=True)
     monkeypatch.setattr(weights, "_INLINE_LIMIT", 0)
     with pytest.raises(sessions.SessionError, match="subgraphs or functions"):
         sessions.create_session(proto, RuntimeConfig("cpu", 1))

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from memory_tools import memory_check
 
-from onnx_norm import inputs, sessions, weights
+from onnx_norm import inputs, model_io, sessions, weights
 from onnx_norm.cli import main
 from onnx_norm.sessions import RuntimeConfig
 
@@ -32,7 +32,7 @@ def fp16_model(tmp_path: Path) -> Path:
 
 
 def _feeds(path: Path) -> dict[str, np.ndarray]:
-    return inputs.prepare(inputs.load_model(path), shapes={"sequence": 8}, seed=0)[0]
+    return inputs.prepare(model_io.load_proto(path), shapes={"sequence": 8}, seed=0)[0]
 
 
 def test_ort_keeps_the_half_precision_weights_and_casts_them_at_run(fp16_model: Path, tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ def test_casting_half_weights_at_run_changes_no_value(tmp_path: Path) -> None:
     args = {"shape": "llama", "layers": 1, "hidden": 512, "intermediate": 1024, "dtype": "float16"}
     memory_check.build(path, argparse.Namespace(**args, layout="onnx", data_dir=None))
     feeds = _feeds(path)
-    proto = inputs.load_model(path, resolve_external=True)
+    proto = model_io.load_proto(path, resolve_external=True)
     at_run = RuntimeConfig("cpu", 1, half_weights_at_run=True)
     folded = sessions.run_model(sessions.create_session(proto, RuntimeConfig("cpu", 1)), feeds)  # not pre-packed
     for model in (path, proto):
@@ -113,7 +113,7 @@ def test_bench_casts_half_weights_at_run_in_every_variant(fp16_model: Path, tmp_
     alike, keeps three sessions per variant sharing one copy of the weights, and says so in its policy."""
     from onnx_norm import bench
 
-    proto = inputs.load_model(fp16_model, resolve_external=True)
+    proto = model_io.load_proto(fp16_model, resolve_external=True)
     size, per_session = weights.weight_bytes(proto), weights.session_copies(proto, "cpu")
     monkeypatch.setattr(weights, "HALF_COPIES_LIMIT", 0)
     # Room for the shared copy and the fp32 copies of one session of each variant, not of three.

@@ -26,10 +26,10 @@ def _module_name(path: Path, package: Path) -> str:
 #: The package's layers, lowest first, each a list of its top-level modules and subpackages: a module may import
 #: from its own layer and the ones below, never from one above. A new top-level module takes its place here.
 LAYERS: list[list[str]] = [
-    ["errors", "defaults", "dtypes", "accuracy", "library", "inline_weights", "paths"],
+    ["errors", "defaults", "dtypes", "accuracy", "library", "inline_weights"],
     ["ops"],
     ["model_io", "weights", "correspond"],
-    ["sessions", "input_spec", "input_values", "inputs", "options"],
+    ["paths", "sessions", "input_spec", "input_values", "inputs", "options"],
     ["rewrite", "zoo"],
     ["parity", "bench_check", "bench", "bench_plot"],
     ["integrations"],

@@ -15,7 +15,7 @@ import pytest
 from memory_tools import MEMORY_CHECK, memory_check
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_norm import inline_weights, model_io, paths
+from onnx_norm import inline_weights, model_io
 
 
 def _model() -> onnx.ModelProto:
@@ -82,7 +82,7 @@ def test_the_structure_alone_leaves_out_only_the_large_payloads(tmp_path: Path, 
             original.ClearField("raw_data")
         assert tensor == original
     assert skeleton.graph.node == expected.graph.node  # the If branch and its weight untouched
-    assert paths.model_files(path) == [path, tmp_path / "weights.bin"]
+    assert model_io.model_files(path) == [path, tmp_path / "weights.bin"]
 
 
 @pytest.mark.parametrize("cut", [1, 100, 2000])

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_norm import inputs
+from onnx_norm import inputs, model_io
 
 VOCAB = 37
 POSITIONS = 24
@@ -61,7 +61,7 @@ def test_ids_stay_inside_the_table_they_index_through_casts_and_reshapes():
 
 
 def test_masks_are_zero_one_with_a_full_first_row_and_floats_are_standard_normal():
-    (sample,) = inputs.generate(inputs.load_model(_embedding_model()), shapes={"batch": [6], "sequence": [512]})
+    (sample,) = inputs.generate(model_io.load_proto(_embedding_model()), shapes={"batch": [6], "sequence": [512]})
     mask = sample["attention_mask"]
     assert set(np.unique(mask)) <= {0, 1}
     assert mask[0].all()
@@ -200,4 +200,4 @@ def test_unreadable_or_ambiguous_files_are_input_errors(tmp_path: Path):
     with pytest.raises(inputs.InputError, match="name its input"):
         inputs.load(model, [tmp_path / "x.npy"])
     with pytest.raises(inputs.InputError, match=r"missing\.onnx: no such file"):
-        inputs.load_model(tmp_path / "missing.onnx")
+        model_io.load_proto(tmp_path / "missing.onnx")

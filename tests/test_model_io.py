@@ -3,6 +3,7 @@ guard over data files, inline saves, atomic writes, and the checker on the way i
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def _run(path: Path, feeds: dict[str, np.ndarray] | None = None) -> np.ndarray:
 
 
 def _external(path: Path) -> list[onnx.TensorProto]:
-    return paths.external_tensors(onnx.load(str(path), load_external_data=False))
+    return model_io.external_tensors(onnx.load(str(path), load_external_data=False))
 
 
 def _save_external(model: onnx.ModelProto, path: Path, **kwargs) -> None:
@@ -268,3 +269,35 @@ def test_onnx_runtime_domains_used_without_an_import_are_imported(tmp_path: Path
 def test_other_domains_used_without_an_import_are_still_refused():
     with pytest.raises(model_io.ModelLoadError, match=r"No opset import for domain 'my\.ops'"):
         model_io.load(_contrib_model("my.ops"))
+
+
+@pytest.mark.parametrize("external", [True, False])
+def test_a_model_file_read_once_serves_the_rewrite_and_the_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, external: bool
+):
+    """`read_file` reads the file; `load` and `load_proto` take the ModelFile without reading it again. The rewrite
+    of the ir.Model leaves the proto as it was read (its tensors are views of the proto's, inline or external); the
+    ir.Model keeps its data files relative to the model's folder while the proto's locations are made absolute for
+    sessions."""
+    source = tmp_path / "in" / "m.onnx"
+    source.parent.mkdir()
+    if external:
+        _save_external(layer_norm_model(), source, location="m.onnx.data")
+    else:
+        onnx.save(layer_norm_model(), source)
+    read = model_io.read_file(source)
+    before = read.proto.SerializeToString()
+    monkeypatch.setattr(model_io, "read_proto", lambda *args, **kwargs: pytest.fail("read again"))
+    model = model_io.load(read)
+    optimized, report = onnx_norm.optimize(model)
+    assert report.norms and read.proto.SerializeToString() == before
+    tensors = [value.const_value for value in model.graph.initializers.values()]
+    kept = {(t.location, Path(t.base_dir)) for t in tensors if isinstance(t, ir.ExternalTensor)}
+    assert kept == ({("m.onnx.data", source.parent)} if external else set())
+    proto = model_io.load_proto(read, resolve_external=True)
+    assert proto is read.proto
+    entries = [entry for t in model_io.external_tensors(proto) for entry in t.external_data]
+    locations = {entry.value for entry in entries if entry.key == "location"}
+    assert locations == ({os.path.abspath(source.parent / "m.onnx.data")} if external else set())
+    model_io.save(optimized, tmp_path / "out.onnx")
+    np.testing.assert_allclose(_run(tmp_path / "out.onnx"), _run(source), atol=1e-5)

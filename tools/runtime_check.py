@@ -103,11 +103,12 @@ class Variant:
 
 def check_readable(path: Path) -> None:
     """UsageError, one line, for a missing, truncated, non-ONNX or invalid file (external data is not read)."""
-    from onnx_norm import inputs
+    from onnx_norm import model_io
+    from onnx_norm.errors import InputError
 
     try:
-        inputs.load_model(path)
-    except inputs.InputError as err:
+        model_io.load_proto(path)
+    except InputError as err:
         raise UsageError(str(err)) from err
 
 

@@ -98,7 +98,7 @@ def _check_before_work(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from onnx_norm.cli import build_parser
     from onnx_norm.cli.bench import bench_and_print, bench_options
-    from onnx_norm.cli.verify import verify_and_print
+    from onnx_norm.cli.verify import parity_options, verify_and_print
     from onnx_norm.parity import RULE_KEY
 
     _check_before_work(args)
@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
             verify_argv = ["verify", str(original), str(optimized), "--per-node", "--shape", *shapes]
             verify_argv += RUNTIME.flags(args)
             console.print(f"[bold]$ {common.command_line(verify_argv)}", highlight=False, soft_wrap=True)
-            verify_args = build_parser().parse_args(verify_argv)
-            verify_code, _ = verify_and_print(str(original), str(optimized), verify_args, console=console)
+            verify_options = parity_options(build_parser().parse_args(verify_argv))
+            verify_code, _ = verify_and_print(str(original), str(optimized), verify_options, console=console)
             bench_argv = ["bench", str(original), str(optimized), "--warmup", str(args.warmup)]
             bench_argv += ["--repeat", str(args.repeat), "--sessions", str(args.sessions), "--shape", *shapes]
             bench_argv += RUNTIME.flags(args)

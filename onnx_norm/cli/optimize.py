@@ -16,6 +16,8 @@ from onnx_norm.cli import args as common
 from onnx_norm.cli.inspect import print_near_misses, print_norms, print_opset, write_report
 
 if TYPE_CHECKING:  # the rewrite is imported when this command's parser is built or it runs
+    from onnx_norm.model_io import ModelFile
+    from onnx_norm.options import VerifyOptions
     from onnx_norm.rewrite import OptimizeReport
 
 
@@ -71,17 +73,24 @@ def add_verify_args(parser: argparse.ArgumentParser) -> None:
     add_gate_args(parser)
 
 
-def _verify(args: argparse.Namespace, staged: Path, console: Console) -> bool:
-    """Parity of the staged model against the input; True when it passed or was not asked."""
-    if not args.verify:
+def _verify(
+    options: VerifyOptions | None, original: ModelFile, staged: Path, args: argparse.Namespace, console: Console
+) -> bool:
+    """Parity of the staged model against the input, as the rewrite read it (not read again); True when it passed
+    or was not asked (`options` None)."""
+    if options is None:
         return True
     from onnx_norm.cli.verify import gate
 
-    return gate(args.input, str(staged), args, console=console) == 0
+    report = args.verify_report
+    return gate(original, staged, options, report=report, shown_as=args.output, console=console) == 0
 
 
-def _check_before_work(args: argparse.Namespace, source: Path, output: Path, external: bool | None) -> None:
-    """Every output path and option, before the model is even loaded: a bad one costs nothing and writes nothing."""
+def _check_before_work(
+    args: argparse.Namespace, source: Path, output: Path, external: bool | None
+) -> VerifyOptions | None:
+    """Every output path and option, before the model is even loaded: a bad one costs nothing and writes nothing.
+    Returns the parity gate's options with `--verify` (parsed here, once), else None."""
     from onnx_norm import model_io
 
     if args.verify_report is not None and not args.verify:
@@ -96,10 +105,11 @@ def _check_before_work(args: argparse.Namespace, source: Path, output: Path, ext
         files=data,
         input_data=args.inputs,
     )
-    if args.verify:
-        from onnx_norm.cli.verify import parity_options
+    if not args.verify:
+        return None
+    from onnx_norm.cli.verify import parity_options
 
-        parity_options(args)
+    return parity_options(args)
 
 
 def _stale_data_file(staging: Path, output: Path, source: Path) -> Path | None:
@@ -111,9 +121,9 @@ def _stale_data_file(staging: Path, output: Path, source: Path) -> Path | None:
     data = model_io.data_file(output)
     if (staging / data.name).exists() or not data.is_file() or not output.is_file():
         return None
-    if not any(paths.same_file(data, file) for file in paths.model_files(output)[1:]):
+    if not any(paths.same_file(data, file) for file in model_io.model_files(output)[1:]):
         return None
-    if not paths.same_file(source, output) and any(paths.same_file(data, f) for f in paths.model_files(source)):
+    if not paths.same_file(source, output) and any(paths.same_file(data, f) for f in model_io.model_files(source)):
         return None
     return data
 
@@ -144,10 +154,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{source}: --opset takes one model, not a GenAI model folder")
         return run_folder(args)
     external = {"auto": None, "always": True, "never": False}[args.external_data]
-    _check_before_work(args, source, output, external)
+    options = _check_before_work(args, source, output, external)
     with common.input_errors():
+        original = model_io.read_file(source)  # read once: the rewrite and the parity gate share it
         model, report = optimize(
-            str(source),
+            original,
             target=args.target,
             disable=args.disable,
             take_over_native=args.take_over_native,
@@ -160,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         staged = Path(staging) / output.name
         with common.input_errors():
             model_io.save(model, staged, external_data=external, shown_as=output)
-        passed = _verify(args, staged, console)
+        passed = _verify(options, original, staged, args, console)
         if passed:
             _move_into_place(Path(staging), output, source)
     print_opset(console, report)

@@ -13,10 +13,8 @@ from rich.table import Table
 from onnx_norm.cli import args as common
 
 if TYPE_CHECKING:  # the parity module is imported when the command runs
-    from onnx_norm.parity import Comparison, ParityReport
-
-if TYPE_CHECKING:
     from onnx_norm.options import VerifyOptions
+    from onnx_norm.parity import Comparison, ParityReport
 
 #: The flag groups of `verify`, in help order; `optimize --verify` takes the same comparison, inputs and runtime.
 PATHS = common.PathArgs(
@@ -56,17 +54,27 @@ def add_gate_args(parser: argparse.ArgumentParser, *, report: bool = True) -> No
         )
 
 
-def gate(original: Any, optimized: Any, args: argparse.Namespace, *, console: Console | None = None) -> int:
-    """The parity gate of `optimize --verify`: prints the comparison, returns 0 (passed) or 1 (failed); raises
-    UsageError (exit 2) for inputs that do not fit. The caller removes OUT unless this returns 0."""
-    flags = argparse.Namespace(**{**vars(args), "report": getattr(args, "verify_report", None)})
-    code, _ = verify_and_print(original, optimized, flags, console=console)
+def gate(
+    original: Any,
+    optimized: Any,
+    options: VerifyOptions,
+    *,
+    report: Path | None = None,
+    shown_as: str | Path | None = None,
+    console: Console | None = None,
+) -> int:
+    """The parity gate of `optimize --verify`: prints the comparison, writes `report` (`--verify-report`), returns 0
+    (passed) or 1 (failed); raises UsageError (exit 2) for inputs that do not fit. `options` were parsed once, before
+    the rewrite (`parity_options`); `original` is the model the rewrite read (a `model_io.ModelFile`: not read again),
+    `optimized` the staged OUT, which the report names as `shown_as`. The caller removes OUT unless this returns 0."""
+    code, _ = verify_and_print(original, optimized, options, report=report, shown_as=shown_as, console=console)
     return code
 
 
 def parity_options(args: argparse.Namespace) -> VerifyOptions:
     """verify()'s options from the parsed flags of the comparison, input and runtime groups, validated by the same
-    function verify() validates its options with (`parity.check_options`): bad values exit 2 before any work."""
+    function verify() validates its options with (`parity.check_options`): bad values exit 2 before any work. Called
+    once per command: the objects are passed down from there."""
     from onnx_norm.options import VerifyOptions
     from onnx_norm.parity import check_options
 
@@ -78,48 +86,56 @@ def parity_options(args: argparse.Namespace) -> VerifyOptions:
 
 def run(args: argparse.Namespace) -> int:
     PATHS.parse(args)
-    code, _ = verify_and_print(args.original, args.optimized, args)
+    options = parity_options(args)
+    code, _ = verify_and_print(
+        args.original, args.optimized, options, report=args.report, quiet=bool(getattr(args, "quiet", 0))
+    )
     return code
 
 
 def verify_and_print(
-    original: Any, optimized: Any, args: argparse.Namespace, *, console: Console | None = None
+    original: Any,
+    optimized: Any,
+    options: VerifyOptions,
+    *,
+    report: Path | None = None,
+    shown_as: str | Path | None = None,
+    console: Console | None = None,
+    quiet: bool = False,
 ) -> tuple[int, ParityReport]:
-    """Runs the parity gate with the flags in `args`, prints the result, writes `--report`; returns (exit code,
-    report). Input and session errors raise UsageError. `optimize --verify` calls this with the in-memory model.
-    Without a `console` (`verify` itself), -q keeps only the PASSED/FAILED line: the verdict CI looks for."""
+    """Runs the parity gate with `options`, prints the result, writes the JSON `report` (naming the optimized model
+    as `shown_as` when given); returns (exit code, report). Input and session errors raise UsageError. Without a
+    `console` (`verify` itself), `quiet` (-q) keeps only the PASSED/FAILED line: the verdict CI looks for."""
     from onnx_norm.parity import verify
 
     verdict = console or common.console()
-    console = console or common.console(quiet=bool(getattr(args, "quiet", 0)))
-    options = parity_options(args)
+    console = console or common.console(quiet=quiet)
     start = time.perf_counter()
     from onnx_norm.cli.progress import status
 
     with common.input_errors(), status("verify: loading the models and running both"):
-        report = verify(original, optimized, options)
-    if not report.passed:
+        parity = verify(original, optimized, options)
+    if not parity.passed:
         check_reproducible(original, options)
-    print_report(report, console)
-    if not report.passed:
-        for hint in tolerance_hints(report, original):
+    print_report(parity, console)
+    if not parity.passed:
+        for hint in tolerance_hints(parity, original):
             console.print(hint, highlight=False, soft_wrap=True)
-    report_path = getattr(args, "report", None)
-    if report_path is not None:
+    if report is not None:
         from onnx_norm.cli import write_json_report
 
         # optimize --verify checks a staged copy of OUT: the report names OUT, where it is kept.
-        models = {"original": original, "optimized": getattr(args, "output", None) or optimized}
-        write_json_report(report_path, report.to_dict(), {k: _file_name(v) for k, v in models.items()})
-        console.print(f"report written to {report_path}")
-    status = "PASSED" if report.passed else "FAILED"
-    style = "bold green" if report.passed else "bold red"
+        models = {"original": original, "optimized": shown_as or optimized}
+        write_json_report(report, parity.to_dict(), {k: _file_name(v) for k, v in models.items()})
+        console.print(f"report written to {report}")
+    status = "PASSED" if parity.passed else "FAILED"
+    style = "bold green" if parity.passed else "bold red"
     verdict.print(
         f"[{style}]{status}[/] | Runtime: {time.perf_counter() - start:.2f}s | Command: {common.command_line()}",
         highlight=False,
         soft_wrap=True,  # one line however long the command: CI greps it
     )
-    return (0 if report.passed else 1), report
+    return (0 if parity.passed else 1), parity
 
 
 def check_reproducible(original: Any, options: VerifyOptions) -> None:
@@ -160,7 +176,9 @@ def tolerance_hints(report: ParityReport, original: Any) -> list[str]:
 
 
 def _file_name(model: Any) -> str:
-    return str(model) if isinstance(model, str | Path) else "(in memory)"
+    from onnx_norm.model_io import ModelFile
+
+    return str(model) if isinstance(model, str | Path | ModelFile) else "(in memory)"
 
 
 def _status(passed: bool) -> str:

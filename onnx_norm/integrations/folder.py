@@ -14,13 +14,20 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
+
+if TYPE_CHECKING:
+    from onnx_norm.model_io import ModelFile
 
 #: Rewrites one model (loaded from the file named second) and returns the model to save in its place.
 Rewrite = Callable[[ir.Model, str], ir.Model]
 #: Writes further files into the staged folder (a config, a library) once the models are saved.
 Finish = Callable[[Path], None]
+#: Checks one rewritten model once it is saved: (its file name, the original as read, the staged copy) -> whether
+#: it passed; the first that does not stops the writer, and no output is written.
+Check = Callable[[str, "ModelFile", Path], bool]
 
 
 def external_files(model: ir.Model) -> set[str]:
@@ -44,20 +51,28 @@ def write_rewritten_folder(
     finish: Finish | None = None,
     replace: bool = False,
     keep_links: bool = False,
-) -> None:
+    check: Check | None = None,
+) -> bool:
     """Writes `output`: the folder `source` with each model file in `models` loaded, passed through `rewrite` and
     saved, then `finish(staging)` (files it writes are not copied from `source`), then every other file of `source`
     copied (subdirectories too; `keep_links` copies the links inside them as links). `replace` allows an existing
-    `output`; callers check their own preconditions first."""
+    `output`; callers check their own preconditions first. `check` sees each model right after it is saved, with
+    the original as it was read for the rewrite (one model at a time, read once); returns False, writing nothing,
+    when a check fails, else True."""
     from onnx_norm import model_io
 
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         written: set[str] = set()
         for name in models:
-            model = model_io.load(source / name)
+            original = model_io.read_file(source / name)
+            model = model_io.load(original)
             written |= {name, *external_files(model)}
             model_io.save(rewrite(model, name), staging / name, shown_as=output / name)
+            del model  # the saved copy is what is checked
+            if check is not None and not check(name, original, staging / name):
+                shutil.rmtree(staging, ignore_errors=True)
+                return False
         if finish is not None:
             finish(staging)
         _copy_the_rest(source, staging, written, keep_links=keep_links)
@@ -69,6 +84,7 @@ def write_rewritten_folder(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return True
 
 
 def _copy_the_rest(source: Path, staging: Path, skip: set[str], *, keep_links: bool) -> None:

@@ -21,15 +21,20 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
 from onnx_norm.integrations.folder import write_rewritten_folder
 from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import OptimizeReport
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnx_norm.model_io import ModelFile
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class FolderReport:
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # section -> model file name
     library: str | None = None  # the library's file name in the folder, when placed there and registered
     library_linked: bool = False  # hard-linked to the installed library (else copied)
+    failed_check: str | None = None  # the section whose check failed (`optimize_folder(check=)`): nothing written
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -84,10 +90,11 @@ def _place_library(library: Path, target: Path) -> bool:
 DECODER_LENGTHS = {"sequence_length": 8, "past_sequence_length": 16, "total_sequence_length": 24}
 
 
-def verify_shapes(folder: str | os.PathLike, section: str) -> dict[str, int]:
+def verify_shapes(folder: str | os.PathLike, section: str, model: onnx.ModelProto | None = None) -> dict[str, int]:
     """Symbolic dims of a GenAI model that random inputs must get right, read from the folder: the decoder's
     lengths (DECODER_LENGTHS, consistent with each other) and the KV cache's head size (`kv_cache_dim` in the
-    builder's models; `head_size` in genai_config.json). Only dims the model's inputs use are returned."""
+    builder's models; `head_size` in genai_config.json). Only dims the model's inputs use are returned. `model` is
+    the section's model when already read (else its file's structure is read)."""
     import onnx
 
     folder = Path(folder)
@@ -95,7 +102,8 @@ def verify_shapes(folder: str | os.PathLike, section: str) -> dict[str, int]:
     settings = config["model"].get(section) or {}
     if not isinstance(settings.get("filename"), str):
         return {}
-    model = onnx.load(str(folder / settings["filename"]), load_external_data=False)
+    if model is None:
+        model = onnx.load(str(folder / settings["filename"]), load_external_data=False)
     found: dict[str, int] = {}
     past_key = str((settings.get("inputs") or {}).get("past_key_names", "past_key_values.%d.key")).replace("%d", "0")
     for value in model.graph.input:
@@ -115,11 +123,18 @@ def model_sections(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
 
 
 def optimize_folder(
-    source: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False, **options: Any
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    check: Callable[[str, ModelFile, Path], bool] | None = None,
+    **options: Any,
 ) -> FolderReport:
     """Writes the optimized copy of the GenAI folder `source` to `output` (a new directory; an existing one only
     with `overwrite`). Written next to `output` first and moved into place at the end. `options` are those of
-    `onnx_norm.optimize` (target, disable, take_over_native, verify_rewrites), with its defaults."""
+    `onnx_norm.optimize` (target, disable, take_over_native, verify_rewrites), with its defaults. `check(section,
+    original, staged)` sees each rewritten model once it is staged (the CLI's parity gate, with the original as the
+    rewrite read it); the first that fails is `report.failed_check`, and nothing is written."""
     from onnx_norm.library import LIBRARY_NAME, get_library_path
     from onnx_norm.rewrite import optimize
 
@@ -151,5 +166,13 @@ def optimize_folder(
             report.library_linked = _place_library(get_library_path(), staging / LIBRARY_NAME)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=4) + "\n")
 
-    write_rewritten_folder(source, output, files, rewrite, finish=finish, replace=overwrite, keep_links=True)
+    def checked(file: str, original: ModelFile, staged: Path) -> bool:
+        if check is None or check(files[file], original, staged):
+            return True
+        report.failed_check = files[file]
+        return False
+
+    write_rewritten_folder(
+        source, output, files, rewrite, finish=finish, replace=overwrite, keep_links=True, check=checked
+    )
     return report

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from onnx_norm import inputs as model_inputs
+from onnx_norm import model_io
 from onnx_norm.options import CompareOptions, InputOptions, VerifyKwargs, VerifyOptions
 from onnx_norm.parity import precision, segmented, segments
 from onnx_norm.parity.golden import GoldenEvaluator
@@ -50,9 +51,7 @@ Results = list[dict[str, np.ndarray]]
 def _load_optimized(optimized: Any) -> tuple[onnx.ModelProto, str | None]:
     """The optimized model, and why it is not a valid model if it is not: the gate exists to catch a broken
     rewrite, so that is a failed report. A file that is not an ONNX model at all is an InputError."""
-    from onnx_norm import model_io
-
-    proto = model_inputs.load_model(optimized, resolve_external=True, checked=False)
+    proto = model_io.load_proto(optimized, resolve_external=True, checked=False)
     try:
         model_io.check(proto, "the optimized model")
     except model_io.ModelLoadError as err:
@@ -119,14 +118,20 @@ class _Models:
     original_fetch: list[str]
     optimized_fetch: list[str]
     optimized_failure: str | None
-    original_source: onnx.ModelProto | str | Path | None = None
-    optimized_source: onnx.ModelProto | str | Path | None = None
+    original_source: onnx.ModelProto | model_io.ModelFile | None = None
+    optimized_source: onnx.ModelProto | model_io.ModelFile | None = None
     golden_form: str = ""
     weights_policy: str = ""  # how the sessions held the weights, when not as ONNX Runtime does by default
 
 
-def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onnx.ModelProto | str | Path:
-    return given if isinstance(given, (str, Path)) and exposed is proto else exposed
+def _source(given: Any, proto: onnx.ModelProto, exposed: onnx.ModelProto) -> onnx.ModelProto | model_io.ModelFile:
+    """A model run as it is runs from its file (ONNX Runtime loads it as users do), with the proto already read:
+    the session reads nothing of it again."""
+    if exposed is not proto:
+        return exposed
+    if isinstance(given, model_io.ModelFile):
+        return given
+    return model_io.ModelFile(Path(given), proto) if isinstance(given, (str, Path)) else exposed
 
 
 def _set_sources(
@@ -338,8 +343,8 @@ def _compare_outputs(
 
 
 def verify(
-    original: str | Path | onnx.ModelProto | Any,
-    optimized: str | Path | onnx.ModelProto | Any,
+    original: str | Path | onnx.ModelProto | model_io.ModelFile | Any,
+    optimized: str | Path | onnx.ModelProto | model_io.ModelFile | Any,
     options: VerifyOptions | None = None,
     *,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
@@ -363,7 +368,7 @@ def verify(
     options = VerifyOptions.build(options, "verify", **kwargs)
     tolerances = tolerance_spec(options.compare)
     original_label = model_label("original", original)
-    original_proto = model_inputs.load_model(original, resolve_external=True)
+    original_proto = model_io.load_proto(original, resolve_external=True)
     optimized_proto, optimized_failure = _load_optimized(optimized)
     model_inputs.check_same_inputs(original_proto, optimized_proto)
     output_names = [value.name for value in original_proto.graph.output]

@@ -53,14 +53,14 @@ def optimize(
 ) -> tuple[ModelT, OptimizeReport]:
     """Fuses the norms of `model`; returns the rewritten model, of the same kind, and a report.
 
-    `model` is a path (the result is an `ir.Model` loaded from it; save it with `onnx_norm.model_io.save`), an
-    `onnx.ModelProto` (a new ModelProto is returned, the argument is not modified) or an `onnx_ir.Model`
-    (rewritten in place and returned). `disable` names rules to skip (`RULE_NAMES`); `verify_rewrites=False`
-    skips the proof of each candidate (faster, not safer). `opset` first raises the model's default-domain opset
-    to it with onnx's version converter (`--target onnx` writes ONNX's norm ops only from the opsets that define
-    them, 17 to 23: docs/targets.md); never lowered: a model above it, or one the converter cannot
-    convert, is an `OpsetError` (`report.opset_raised` says from which opset it was raised). Verify the result
-    against the original model: that checks the conversion too.
+    `model` is a path (the result is an `ir.Model` loaded from it; save it with `onnx_norm.model_io.save`; a
+    `model_io.ModelFile` is taken as its path, without reading the file again), an `onnx.ModelProto` (a new
+    ModelProto is returned, the argument is not modified) or an `onnx_ir.Model` (rewritten in place and returned).
+    `disable` names rules to skip (`RULE_NAMES`); `verify_rewrites=False` skips the proof of each candidate (faster,
+    not safer). `opset` first raises the model's default-domain opset to it with onnx's version converter (`--target
+    onnx` writes ONNX's norm ops only from the opsets that define them, 17 to 23: docs/targets.md); never lowered: a
+    model above it, or one the converter cannot convert, is an `OpsetError` (`report.opset_raised` says from which
+    opset it was raised). Verify the result against the original model: that checks the conversion too.
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
