@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -462,3 +463,20 @@ def test_opset_is_refused_for_a_genai_folder(tmp_path) -> None:
     done = cli("optimize", folder, "-o", tmp_path / "out", "--opset", "23")
     assert done.returncode == 2 and "--opset takes one model, not a GenAI model folder" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["inside", "same"])
+def test_a_folder_written_into_itself_is_refused_before_any_work(tmp_path, where: str) -> None:
+    """The other files of a folder are copied into the output: an output inside the input would be copied into
+    itself, level after level (a 13 GB model folder filled the disk)."""
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    shutil.copy(EXAMPLES / "llama-rmsnorm-dynamo-fp32.onnx", folder / "model.onnx")
+    (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"}}}))
+    before = sorted(p.name for p in folder.rglob("*"))
+    output = folder / "optimized" if where == "inside" else folder
+    done = cli("optimize", folder, "-o", output, "--verify", "--force")
+    assert done.returncode == 2, done.stderr
+    assert ("inside the input folder" if where == "inside" else "is the input folder") in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in folder.rglob("*")) == before  # nothing written, no staging folder left

@@ -42,6 +42,18 @@ def external_files(model: ir.Model) -> set[str]:
     }
 
 
+def inside_reason(source: Path, output: Path) -> str | None:
+    """Why `output` cannot be written from the folder `source`: it is the folder, or inside it (the copy of the
+    folder's other entries would copy the output, and its staging folder, into itself, as deep as the disk lets
+    it: a 13 GB model folder filled 60 GB before it failed); None when it can."""
+    src, out = source.resolve(), output.resolve()
+    if out == src:
+        return f"output {output} is the input folder; write the optimized folder elsewhere"
+    if out.is_relative_to(src):
+        return f"output {output} is inside the input folder {source}; write the optimized folder outside it"
+    return None
+
+
 def write_rewritten_folder(
     source: Path,
     output: Path,
@@ -61,6 +73,9 @@ def write_rewritten_folder(
     when a check fails, else True."""
     from onnx_norm import model_io
 
+    reason = inside_reason(source, output)
+    if reason is not None:  # the callers say it first, in their own error type
+        raise ValueError(reason)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         written: set[str] = set()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
-from onnx_norm.integrations.folder import write_rewritten_folder
+from onnx_norm.integrations.folder import inside_reason, write_rewritten_folder
 from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import OptimizeReport
 
@@ -140,8 +140,9 @@ def optimize_folder(
 
     source, output = Path(source), Path(output)
     config = _read_config(source)
-    if output.exists() and output.resolve() == source.resolve():
-        raise GenAIFolderError(f"output {output} is the input folder; write the optimized folder elsewhere")
+    reason = inside_reason(source, output)
+    if reason is not None:
+        raise GenAIFolderError(reason)
     if output.exists() and not overwrite:
         raise GenAIFolderError(f"output {output} exists; pass --force to replace it")
     if not output.parent.is_dir():

@@ -18,7 +18,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnx_norm.integrations.folder import write_rewritten_folder
+from onnx_norm.integrations.folder import inside_reason, write_rewritten_folder
 from onnx_norm.rewrite import OptimizeReport
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ def optimize_folder(source: str | os.PathLike, output: str | os.PathLike, **opti
     models = sorted(source.glob("*.onnx"))
     if not models:
         raise ExportFolderError(f"{source}: no *.onnx model in the folder")
+    reason = inside_reason(source, output)
+    if reason is not None:
+        raise ExportFolderError(reason)
     if output.exists():
         raise ExportFolderError(f"output {output} exists; choose a new directory")
     if not output.parent.is_dir():
