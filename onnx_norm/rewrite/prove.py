@@ -98,9 +98,12 @@ def _pinned(shape: list[int], candidate: Candidate) -> list[int]:
         if value is None or value.shape is None or constants.is_runtime_parameter(value):
             continue
         for offset, size in enumerate(reversed(list(value.shape)), start=1):
-            if offset > k:
+            if offset > k and candidate.perm is not None:
                 break
-            axis = row_axes[-offset]
+            # Past the row: a per-row-group scale's dims, those of X just before the normalised axes.
+            axis = row_axes[-offset] if offset <= k else rank - offset
+            if axis < 0:
+                break
             if isinstance(size, int) and size > 1 and not isinstance(dims[axis], int):
                 pinned[axis] = size
     return pinned
@@ -143,6 +146,9 @@ def _proof_input_shape(candidate: Candidate) -> list[int]:
     else:
         shape = _pinned(concrete_shape(spec.x.shape), candidate)
     normalised = {axis % len(shape) for axis in candidate.axes}
+    # A per-row-group scale's dims keep their size: the scale has one row for each of their indices.
+    groups = len(spec.row_groups)
+    normalised |= set(range(len(shape) - len(candidate.axes) - groups, len(shape) - len(candidate.axes)))
     if all(node.op_type in _ROW_WISE for node in candidate.nodes):
         # Rows are independent: a few of them prove as much as the model's static batch and sequence would.
         shape = [d if axis in normalised else min(d, 3) for axis, d in enumerate(shape)]
