@@ -25,6 +25,7 @@ NormLaunchParams LaunchParamsFor(const NormProblem& p, Ort::KernelContext& ctx) 
   params.rows = p.rows;
   params.cols = p.cols;
   params.scale_size = p.scale_size;
+  params.scale_groups = p.scale_groups;
   params.epsilon = p.epsilon;
   params.rms = p.rms;
   params.x_type = p.x_type;

@@ -85,7 +85,13 @@ __device__ __forceinline__ void LoadInput(const NormArgs& a, int64_t offset, boo
   }
 }
 
-// N Scale (or Bias) values for columns [col, col + N).
+// The Scale/Bias column of column `col` of the row at flat offset `base` (row * cols): a per-row-group Scale
+// (docs/ops.md) holds scale_groups rows of cols values, and row r reads row r % scale_groups; one row otherwise.
+__device__ __forceinline__ int ParameterColumn(const NormArgs& a, int64_t base, int col) {
+  return a.scale_groups == 1 ? col : static_cast<int>((base / a.cols) % a.scale_groups) * a.cols + col;
+}
+
+// N Scale (or Bias) values for Scale columns [col, col + N) (ParameterColumn).
 template <typename TS, int N>
 __device__ __forceinline__ void LoadParameter(const NormArgs& a, const void* p, int col, float (&v)[N]) {
   const TS* base = static_cast<const TS*>(p);
@@ -140,7 +146,7 @@ __device__ __forceinline__ void NormalizeAndStore(const NormArgs& a, float mean,
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] = (v[i] - mean) * inv;
   RoundTo<N>(v, a.normalized_type);
-  ApplyParameters<N>(a, col, v);
+  ApplyParameters<N>(a, ParameterColumn(a, offset - col, col), v);
   StoreOutput<N>(a, offset, v);
 }
 
@@ -171,7 +177,7 @@ __device__ __forceinline__ void LoadParameterWords(const NormArgs& a, const void
     // Scale is not aligned like X (or repeats inside a vector): element by element, repacked.
     float v[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = LoadScalar(base + (col + i) % a.scale_size);
+    for (int i = 0; i < V; ++i) v[i] = LoadScalar(base + (a.scale_size == a.cols ? col + i : (col + i) % a.scale_size));
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = WordCodec<TX>::Pack(v + j * WordCodec<TX>::kValues);
   }
@@ -233,14 +239,15 @@ __device__ __forceinline__ void LoadShareScalars(const NormArgs& a, const RowGro
 // type is a runtime choice and they are loaded after the reduction). bw has one vector when there is no Bias.
 template <typename TX, bool kBias, int VPT, int kBiasVectors>
 __device__ __forceinline__ void LoadShareParameters(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
-                                                    uint32_t (&pw)[VPT][kRowWords],
+                                                    int64_t base, uint32_t (&pw)[VPT][kRowWords],
                                                     uint32_t (&bw)[kBiasVectors][kRowWords]) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  const int group_col = ParameterColumn(a, base, 0);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int k = rows.rank + i * rows.group;
     if (k < layout.body) {
-      const int col = layout.head + k * V;
+      const int col = group_col + layout.head + k * V;
       if (a.scale != nullptr) LoadParameterWords<TX>(a, a.scale, col, pw[i]);
       if (kBias && a.bias != nullptr) LoadParameterWords<TX>(a, a.bias, col, bw[kBias ? i : 0]);
     }
@@ -433,7 +440,7 @@ __global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks
     LoadShareScalars<TX, kSkip>(a, rows, layout, base, xs, ss);
     uint32_t pw[kNative ? VPT : 1][kRowWords];
     uint32_t bw[kNative && kBias ? VPT : 1][kRowWords];
-    if constexpr (kNative) LoadShareParameters<TX, kBias>(a, rows, layout, pw, bw);
+    if constexpr (kNative) LoadShareParameters<TX, kBias>(a, rows, layout, base, pw, bw);
 
     // 2. The row's sums (Skip's sum rounded to X's type and stored as Sum), then its statistics.
     float total = SumShareVectors<TX, kSkip, kRms>(a, rows, layout, base, xw, sw);
