@@ -177,7 +177,9 @@ def _row_constant(
     return rows
 
 
-def _row_groups(padded: np.ndarray, x_shape: list, axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str) -> int:
+def _row_groups(
+    padded: np.ndarray, x_shape: list, axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str
+) -> int:
     """How many of the input's dims just before the normalised axes `padded` varies along (its row-group dims): it
     must vary along a block of them ending right before the axes, each of its own size there, and be 1 on every
     dim before the block; the fused op then reads row r of X with row r mod prod(groups) of the scale. A symbolic

@@ -155,9 +155,8 @@ std::string ReadParameters(const Inputs& in, size_t scale_index, bool has_bias, 
     std::string error = CheckParameterShape("Bias", info.GetShape(), x_shape, axis, &bias_size, &bias_groups);
     if (!error.empty()) return error;
     if (scale_size != 0 && (bias_size != scale_size || bias_groups != scale_groups)) {
-      return "Bias has " + std::to_string(bias_groups * bias_size) + " elements in " + std::to_string(bias_groups) +
-             " row group(s) but Scale has " + std::to_string(scale_groups * scale_size) + " in " +
-             std::to_string(scale_groups) + "; both must cover the same normalised dims and row groups";
+      return "Bias has " + std::to_string(bias_groups * bias_size) + " elements but Scale has " +
+             std::to_string(scale_groups * scale_size) + "; both must cover the same normalised dims (and row groups)";
     }
     scale_type = bias_type;
     scale_size = bias_size;

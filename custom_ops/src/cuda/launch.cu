@@ -213,7 +213,11 @@ int ChooseNormConfig(const NormLaunchParams& p, int device, NormArgs* args, Kern
                      const char** error) {
   const int x_size = ElementSize(p.x_type);
   const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
-  const bool native = args->y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type);
+  // A per-row-group Scale is read after the statistics (NormalizeAndStore): prefetching it with the row's loads
+  // (the native register-row kernels) needs the row group's offset in registers, and those kernels then spilled
+  // on sm_90.
+  const bool native = args->y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type) &&
+                      args->scale_groups == 1;
   *config = ChooseSingleBlockConfig(*args, x_size);
   config->device = device;
   int sm_count = 0;
