@@ -294,3 +294,20 @@ def test_real_exports_fuse_every_norm(name: str, exporter: str, tmp_path: Path) 
     for want, got in zip(run(model, feeds), _kernel_run(optimized, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert_not_less_accurate(model, optimized, feeds)
+
+
+@needs_library
+def test_a_per_head_scale_beside_a_one_row_bias_gives_both_the_row_groups() -> None:
+    """Scale [H, D] and Bias [D]: the op reads both per row group, the bias repeated for each head."""
+    rng = np.random.default_rng(7)
+    initializers = [
+        const("eps", [1e-5], np.float32),
+        const("w", 1.0 + 0.5 * rng.standard_normal((H, D)), np.float32),
+        const("b", 0.3 * rng.standard_normal(D), np.float32),
+    ]
+    model = make_model(
+        layer_nodes(scale="w", bias="b"), [("x", FLOAT, ["b", "s", H, D])], [("y", FLOAT, None)], initializers
+    )
+    optimized, _ = assert_fused(model, {"x": [B, S, H, D]}, ["LayerNorm"])
+    feeds = random_feeds(model, {"x": [B, S, H, D]})
+    np.testing.assert_allclose(_kernel_run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -46,6 +46,8 @@ def runtime_rows(inputs: AffineInputs) -> Affine:
     runtime_type = (scale or bias).dtype  # type: ignore[union-attr]
     made = {"scale": _scale_row(inputs)[0] if scale is None else None}
     made["bias"] = _bias_row(inputs)[0] if bias is None else None
+    if any(a is not None and a.ndim > len(row) for a in made.values()):
+        raise NearMiss("a per-head constant scale or bias beside a run-time one (which must be one row)")
     new_constants = {
         k: np.ascontiguousarray(a.astype(np_dtype(int(runtime_type)))) for k, a in made.items() if a is not None
     }
@@ -62,6 +64,13 @@ def constant_rows(inputs: AffineInputs) -> Affine:
     layout = inputs.layout
     row_scale, scale_value, scale_dtype = _scale_row(inputs)
     row_bias, bias_value, bias_dtype = _bias_row(inputs)
+    if layout.x_shape is not None and row_scale is not None and row_bias is not None:
+        # The op reads Scale and Bias with the same row groups: a one-row one beside a per-head one is repeated.
+        shape = np.broadcast_shapes(row_scale.shape, row_bias.shape)
+        if row_scale.shape != shape:
+            row_scale, scale_value = np.broadcast_to(row_scale, shape), None
+        if row_bias.shape != shape:
+            row_bias, bias_value = np.broadcast_to(row_bias, shape), None
     new_constants = {}
     if row_scale is not None and scale_value is None:
         new_constants["scale"] = row_scale
