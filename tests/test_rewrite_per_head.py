@@ -282,10 +282,10 @@ def test_real_exports_fuse_every_norm(name: str, exporter: str, tmp_path: Path) 
     assert not [m for m in report.near_misses if "varies across rows" in m.reason], report.near_misses
     grouped = [n for n in fused if _scale_of(optimized, n).ndim == 2]
     assert len(grouped) == (4 if name == "cohere" else 2)  # q/k norms of both layers; both mamba norms
-    for target in ("ort", "onnx"):
-        _, native_report = optimize(model, target=target)
-        left = [m.reason for m in native_report.near_misses if "varies across rows" in m.reason]
-        assert not left, left
+    # A native target (onnx is the same lowering: the hand-written graphs above) leaves none for its scale either.
+    _, native_report = optimize(model, target="ort")
+    left = [m.reason for m in native_report.near_misses if "varies across rows" in m.reason]
+    assert not left, left
     if exporter != "dynamo":
         # ONNX Runtime refuses Falcon-H1's TorchScript export itself, and Cohere's once rewritten (its rotary
         # Reshape, also with nothing per-head fused): their parity is checked on the dynamo exports.
