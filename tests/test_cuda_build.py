@@ -252,7 +252,7 @@ def _call(harness: object, **overrides: object) -> tuple[int, str]:
     args = {
         "x": ctypes.addressof(buffers["x"]), "skip": None, "scale": ctypes.addressof(buffers["scale"]), "bias": None,
         "y": ctypes.addressof(buffers["y"]), "sum": None, "mean": None, "inv_std": None, "rows": 4, "cols": 16,
-        "scale_size": 16, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
+        "scale_size": 16, "scale_groups": 1, "epsilon": 1e-5, "rms": 0, "x_type": F32, "scale_type": F32, "y_type": F32,
         "normalized_type": 0, "multiply_type": 0, "device": -1, "clusters": 1, "row_op": None, "op_input0": None,
         "op_input1": None, "op_int0": 0, "op_int1": 0, "op_int2": 0, "op_int3": 0, "stream": None,
     }  # fmt: skip
@@ -277,6 +277,11 @@ def test_launcher_accepts_a_valid_problem_and_rejects_bad_parameters(emulator: o
     rc, message = _call(emulator, scale_size=5)
     assert rc != 0
     assert "scale_size must divide cols" in message
+    # One Scale row per row group (a per-head Scale): each covering the row, their count dividing the rows.
+    assert _call(emulator, scale_groups=2, cols=8, scale_size=8) == (0, "")
+    for bad in ({"scale_groups": 3, "cols": 8, "scale_size": 8}, {"scale_groups": 2, "scale_size": 8}):
+        rc, message = _call(emulator, **bad)
+        assert rc != 0 and "scale_groups rows of Scale/Bias" in message, bad
     rc, message = _call(emulator, cols=0)
     assert rc != 0
     assert "cols" in message

@@ -260,6 +260,11 @@ def test_outputs_larger_than_the_caches(op: str) -> None:
         ((2, 3, 4, 8), -3, (8,)),  # Scale broadcast over the leading normalised dims
         ((2, 3, 4, 8), 2, (1, 1, 4, 8)),  # leading 1s in Scale
         ((5, 6), 1, (1,)),  # one Scale value for the whole row
+        ((2, 3, 4, 8), -1, (4, 8)),  # one Scale row per head (Cohere's QK-norm)
+        ((2, 3, 4, 8), -1, (1, 4, 8)),  # per head, with a leading 1
+        ((2, 3, 4, 8), -1, (3, 4, 8)),  # two row-group dims
+        ((2, 3, 4, 8), -2, (3, 4, 8)),  # per row group over two normalised dims
+        ((2, 3, 2, 7), -1, (2, 7)),  # odd rows: the scalar paths
     ],
 )
 @pytest.mark.parametrize("x_type", [F32, F16], ids=lambda t: TYPE_NAMES[t])
@@ -596,6 +601,36 @@ def test_scale_broadcast_inside_the_row_is_rejected() -> None:
     x = random_array((2, 4, 8), F32, rng)
     scale = random_array((4, 1), F32, rng)
     _run_expecting_error("RMSNorm", [x, scale], r"Scale has shape \[4, 1\]", axis=1)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+@pytest.mark.parametrize("x_type", [F32, BF16], ids=lambda t: TYPE_NAMES[t])
+def test_per_head_scale_over_many_rows_split_over_threads(op: str, x_type: int) -> None:
+    """A [H, D] Scale over [B, S, H, D]: row r reads Scale row r mod H, across the blocks the rows are split into."""
+    rng = np.random.default_rng(21)
+    arrays = make_inputs(op, (7, 43, 4, 128), -1, x_type, x_type, rng, scale_shape=(4, 128))
+    check_op(op, arrays)
+
+
+@pytest.mark.parametrize(
+    ("scale_shape", "message"),
+    [
+        ((2, 8), r"Scale has shape \[2, 8\] but must match the normalised dims \[8\].*one row per row group"),
+        ((3, 1, 8), r"Scale has shape \[3, 1, 8\]"),  # broadcast over the heads, varying along the sequence
+        ((5, 3, 4, 8), r"Scale has shape \[5, 3, 4, 8\]"),  # more dims than X
+    ],
+)
+def test_per_row_group_scale_that_is_not_x_s_dims_is_rejected(scale_shape: tuple[int, ...], message: str) -> None:
+    rng = np.random.default_rng(22)
+    x = random_array((2, 3, 4, 8), F32, rng)
+    _run_expecting_error("RMSNorm", [x, random_array(scale_shape, F32, rng)], message)
+
+
+def test_bias_of_another_row_group_count_than_scale() -> None:
+    rng = np.random.default_rng(23)
+    x = random_array((2, 3, 4, 8), F32, rng)
+    scale, bias = random_array((4, 8), F32, rng), random_array((8,), F32, rng)
+    _run_expecting_error("LayerNorm", [x, scale, bias], "Bias has 8 elements but Scale has 32")
 
 
 def test_bias_of_another_size_than_scale() -> None:

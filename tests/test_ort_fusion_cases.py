@@ -666,8 +666,6 @@ def _fp16_pow_edge() -> onnx.ModelProto:
 # ONNX Runtime's negative cases from its generators and graph_transform_test_layernorm.cc (the first three above
 # are ours); the feeds for [1, 4, 1] inputs keep the per-row epsilon positive (squared normal values).
 MORE_NEGATIVE = {
-    "with_cast_8_three_axes_against_two": lambda: _build_layer_norm([-3, -2, -1], [-1, -2], 14),
-    "with_cast_8_opset18": lambda: _build_layer_norm([-3, -2, -1], [-1, -2], 18),
     "double_layer_norm_tiny_epsilon": lambda: _double_norm(False),
     "double_rms_norm_tiny_epsilon": lambda: _double_norm(True),
     "rms_exponent_three": lambda: _rms_single(np.float32(3.0)),
@@ -690,6 +688,32 @@ def test_more_onnx_runtime_negative_cases_are_left_exactly_as_they_were(kind: st
 
     for before, after in zip(run(model), run(optimized), strict=True):
         np.testing.assert_array_equal(after, before)
+
+
+#: ONNX Runtime's negative cases that are no LayerNorm (the mean over three axes, the variance over two) but are an
+#: RMSNorm of the centred value over the last two: its gamma of ones and beta of zeros, shaped [3, 3, 3], are the
+#: same in every row group, so they are one row of ones and zeros (nothing to scale or shift).
+CENTRED_RMS = {
+    "with_cast_8_three_axes_against_two": lambda: _build_layer_norm([-3, -2, -1], [-1, -2], 14),
+    "with_cast_8_opset18": lambda: _build_layer_norm([-3, -2, -1], [-1, -2], 18),
+}
+
+
+@pytest.mark.parametrize("kind", list(CENTRED_RMS))
+def test_a_variance_over_fewer_axes_than_the_mean_is_an_rms_norm_of_the_centred_value(kind: str):
+    import onnxruntime as ort
+
+    model = CENTRED_RMS[kind]()
+    optimized, _ = onnx_norm.optimize(model)
+    (fused,) = [n for n in optimized.graph.node if n.domain]
+    assert fused.op_type == "RMSNorm" and list(fused.input) == ["d"]  # no Scale: gamma is ones
+    assert [n.op_type for n in optimized.graph.node] == ["ReduceMean", "Sub", "RMSNorm"]
+    feeds = _feeds(model)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(
+        optimized.SerializeToString(), onnx_norm.session_options(), providers=["CPUExecutionProvider"]
+    ).run(None, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 _ORT_NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization"}

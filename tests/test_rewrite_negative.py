@@ -101,8 +101,11 @@ def test_intermediate_is_a_graph_output():
     assert_not_fused(model, shapes, reason="graph output")
 
 
-def test_per_row_scale():
-    model, shapes = rms(scale_shape=(3, 1))
+def test_per_sample_scale():
+    """A scale per sample [2, 1, 1] over [2, 3, D]: it varies along the batch but is broadcast over the sequence, so
+    it is not one row per row group (a per-row [3, 1] is: tests/test_rewrite_per_head.py)."""
+    model, shapes = rms(scale_shape=(2, 1, 1))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 3
     assert_not_fused(model, shapes, reason="varies across rows")
 

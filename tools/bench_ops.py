@@ -16,6 +16,10 @@ Variants per (shape, dtype, threads):
   SkipLayerNorm / SkipRMSNorm (residual add fused, Sum = X + S also written): ours; ORT's contrib
              `SkipLayerNormalization` / `SkipSimplifiedLayerNormalization`; Add followed by the
              decomposed graph as above.
+  per-head LayerNorm (Cohere's QK-norm) where cols is a multiple of HEAD_DIM: X viewed as [rows, H, HEAD_DIM],
+             normalised over HEAD_DIM: ours with a Scale and Bias per head [H, HEAD_DIM]; ours with one row
+             [HEAD_DIM] at the same size (per-head should not be slower); `LayerNormalization` with ones and zeros
+             then the per-head Mul and Add (what `--target onnx` writes; ORT_ENABLE_ALL).
   GroupNorm(32) + SiLU on [N, C, H, W] (GROUP_SHAPES): ours; the graph torch's exporters write (Reshape,
              InstanceNormalization, Reshape, Mul, Add, Sigmoid, Mul); ONNX `GroupNormalization` (opset 21) then
              Sigmoid and Mul; the decomposed graph (Reshape, ReduceMean, Sub, Pow, ..., Div, Reshape, affine, SiLU);
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -71,6 +76,12 @@ class Variant:
     model: onnx.ModelProto
     ours: bool = False
     opt_level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    table: str = ""  # the rows compared with each other ("ours / this"); default: the family's
+    library: bool = False  # runs with the custom-op library although not the row the others are compared with
+
+    @property
+    def key(self) -> str:
+        return self.table or self.family
 
 
 def _model(
@@ -244,6 +255,62 @@ def build_group_variants(channels: int, elem: int, np_dtype: type) -> list[Varia
     return variants
 
 
+#: Per-head LayerNorm (Cohere's QK-norm): X [rows, cols] viewed as [rows, H, D] (Reshapes, which ONNX Runtime runs
+#: without a copy), normalised over D = head_dim, with a Scale and Bias per head [H, D]; against our LayerNorm with
+#: one [D] row at the same size, and what `--target onnx` writes (the scale-free native op, then Mul and Add).
+HEAD_DIM = 128
+_PER_HEAD = "per-head LayerNorm"
+
+
+def _viewed(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` (X_heads -> Y_heads) between the Reshapes that view X as heads and Y back as rows."""
+    mk = helper.make_node
+    return [mk("Reshape", ["X", "heads_shape"], ["X_heads"]), *nodes, mk("Reshape", ["Y_heads", "flat_shape"], ["Y"])]
+
+
+def _per_head_rows() -> list[tuple[str, list[onnx.NodeProto], tuple[str, ...], bool, bool]]:
+    """(label, nodes, initializers, ours, with the library) of the per-head table."""
+    mk = helper.make_node
+    ln = functools.partial(mk, "LayerNorm", domain=DOMAIN, epsilon=EPS)
+    native = [
+        mk("LayerNormalization", ["X_heads", "ones_row", "zeros_row"], ["n"], epsilon=EPS),
+        mk("Mul", ["n", "scale_heads"], ["ns"]),
+        mk("Add", ["ns", "bias_heads"], ["Y_heads"]),
+    ]
+    shapes = ("heads_shape", "flat_shape")
+    return [
+        (f"onnx_norm.LayerNorm, Scale/Bias [H, {HEAD_DIM}]", _viewed([ln(["X_heads", "scale_heads", "bias_heads"],
+         ["Y_heads"])]), ("scale_heads", "bias_heads", *shapes), True, True),
+        (f"onnx_norm.LayerNorm, one row [{HEAD_DIM}]", _viewed([ln(["X_heads", "scale_row", "bias_row"], ["Y_heads"])]),
+         ("scale_row", "bias_row", *shapes), False, True),
+        ("LayerNormalization + Mul + Add (--target onnx)", _viewed(native),
+         ("ones_row", "zeros_row", "scale_heads", "bias_heads", *shapes), False, False),
+    ]  # fmt: skip
+
+
+def build_per_head_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
+    """The per-head table for rows of `cols` = H * HEAD_DIM values (none when cols is not a multiple of it)."""
+    if cols % HEAD_DIM:
+        return []
+    heads = cols // HEAD_DIM
+    rng = np.random.default_rng(2)
+    consts = {
+        "scale_heads": (1 + 0.1 * rng.standard_normal((heads, HEAD_DIM))).astype(np_dtype),
+        "bias_heads": (0.1 * rng.standard_normal((heads, HEAD_DIM))).astype(np_dtype),
+        "scale_row": (1 + 0.1 * rng.standard_normal(HEAD_DIM)).astype(np_dtype),
+        "bias_row": (0.1 * rng.standard_normal(HEAD_DIM)).astype(np_dtype),
+        "ones_row": np.ones(HEAD_DIM, np_dtype),
+        "zeros_row": np.zeros(HEAD_DIM, np_dtype),
+        "heads_shape": np.array([0, heads, HEAD_DIM], np.int64),
+        "flat_shape": np.array([0, cols], np.int64),
+    }
+    variants = []
+    for label, nodes, inits, ours, library in _per_head_rows():
+        model = _model(nodes, [_const(name, consts[name]) for name in inits], elem, 17)
+        variants.append(Variant(LAYER_NORM.name, label, model, ours=ours, table=_PER_HEAD, library=library))
+    return variants
+
+
 def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     rng = np.random.default_rng(0)
     consts = {
@@ -260,11 +327,11 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
         ours = label is None
         name = f"onnx_norm.{op.name}" if ours else label
         variants.append(Variant(op.name, name, model, ours=ours, opt_level=level))
-    return variants
+    return variants + build_per_head_variants(cols, elem, np_dtype)
 
 
 def make_session(variant: Variant, threads: int) -> ort.InferenceSession:
-    options = session_options() if variant.ours else ort.SessionOptions()
+    options = session_options() if variant.ours or variant.library else ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = variant.opt_level
@@ -370,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_rows(shape: tuple[int, ...], dtype: str, threads: int, results) -> None:
     """One case's table rows; GB/s counts X read and Y written (and S, Sum), and the parameters once."""
     elem_size = np.dtype(DTYPES[dtype][1]).itemsize
-    ours = {v.family: t for v, t, _ in results if v.ours and t}
+    ours = {v.key: t for v, t, _ in results if v.ours and t}
     elements, channels = int(np.prod(shape)), shape[1]
     for variant, seconds, note in results:
         label = f"| {list(shape)} | {dtype} | {threads} | {variant.name} |"
@@ -381,7 +448,7 @@ def _print_rows(shape: tuple[int, ...], dtype: str, threads: int, results) -> No
         params = len(op.optional_inputs)  # Scale (and Bias)
         tensors = 4 if op.skip else 2  # X (+ S) read, Y (+ Sum) written
         traffic = (tensors * elements + params * channels) * elem_size
-        ratio = "" if variant.ours else f"{ours[variant.family] / seconds:.2f}"
+        ratio = "" if variant.ours else f"{ours[variant.key] / seconds:.2f}" if variant.key in ours else ""
         print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")
 
 

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from onnx_norm.ops.signature import NormAttributes, NormOpAttributes
 
-__all__ = ["elem_type", "inverse_root", "normalize", "normalized", "np_dtype", "output", "round_to"]
+__all__ = ["check_row_groups", "elem_type", "inverse_root", "normalize", "normalized", "np_dtype", "output", "round_to"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -43,6 +43,27 @@ def _normalized_axes(x: np.ndarray, axis: int) -> tuple[int, ...]:
     return tuple(range(axis % rank, rank))
 
 
+def check_row_groups(x: np.ndarray, param: np.ndarray | None, axis: int, name: str) -> None:
+    """A Scale or Bias with more dims than the normalised ones (leading 1s dropped) is one row per row group
+    (docs/ops.md): its last dims must be the normalised dims and the ones before them X's dims just before the
+    normalised axes, so that row r of X reads row r mod prod(groups) of it. ValueError otherwise."""
+    if param is None:
+        return
+    k = len(_normalized_axes(x, axis))
+    shape = list(param.shape)
+    while len(shape) > k and shape[0] == 1:
+        shape.pop(0)
+    if len(shape) <= k:
+        return
+    groups = len(shape) - k
+    first = x.ndim - k
+    if groups > first or tuple(shape) != x.shape[first - groups :]:
+        raise ValueError(
+            f"{name} of shape {list(param.shape)} has row-group dims but is not X's dims "
+            f"{list(x.shape[max(first - groups, 0) :])} (X {list(x.shape)}, axis {axis})"
+        )
+
+
 def normalized(
     x: np.ndarray,
     scale: np.ndarray | None,
@@ -53,6 +74,8 @@ def normalized(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(y in float64 before the output cast, inverse std or RMS, mean or None); statistics keepdims, float64."""
     axes = _normalized_axes(x, attrs.axis)
+    check_row_groups(x, scale, attrs.axis, "Scale")
+    check_row_groups(x, bias, attrs.axis, "Bias")
     xf = x.astype(np.float64)
     if rms:
         mean = None

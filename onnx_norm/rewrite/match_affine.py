@@ -46,6 +46,8 @@ def runtime_rows(inputs: AffineInputs) -> Affine:
     runtime_type = (scale or bias).dtype  # type: ignore[union-attr]
     made = {"scale": _scale_row(inputs)[0] if scale is None else None}
     made["bias"] = _bias_row(inputs)[0] if bias is None else None
+    if any(a is not None and a.ndim > len(row) for a in made.values()):
+        raise NearMiss("a per-head constant scale or bias beside a run-time one (which must be one row)")
     new_constants = {
         k: np.ascontiguousarray(a.astype(np_dtype(int(runtime_type)))) for k, a in made.items() if a is not None
     }
@@ -62,6 +64,13 @@ def constant_rows(inputs: AffineInputs) -> Affine:
     layout = inputs.layout
     row_scale, scale_value, scale_dtype = _scale_row(inputs)
     row_bias, bias_value, bias_dtype = _bias_row(inputs)
+    if layout.x_shape is not None and row_scale is not None and row_bias is not None:
+        # The op reads Scale and Bias with the same row groups: a one-row one beside a per-head one is repeated.
+        shape = np.broadcast_shapes(row_scale.shape, row_bias.shape)
+        if row_scale.shape != shape:
+            row_scale, scale_value = np.broadcast_to(row_scale, shape), None
+        if row_bias.shape != shape:
+            row_bias, bias_value = np.broadcast_to(row_bias, shape), None
     new_constants = {}
     if row_scale is not None and scale_value is None:
         new_constants["scale"] = row_scale
@@ -129,14 +138,19 @@ def _bias_row(inputs: AffineInputs) -> tuple[np.ndarray | None, ir.Value | None,
 def _row_constant(
     array: np.ndarray, x_shape: list | None, axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str
 ) -> np.ndarray:
-    """`array` as it broadcasts against one row (the normalised dims), or NearMiss when it varies across rows.
+    """`array` as it broadcasts against one row (the normalised dims), or as rows of the row-group dims just before
+    them (a per-head scale [H, D] over [B, S, H, D] normalised over D stays [H, D]: `_row_groups`); NearMiss when it
+    varies across rows in another way.
 
     With `x_shape` None (rank unknown, `axes` counted from the end) the row is the constant's trailing dims, which
     must then be the whole row: a constant that broadcasts inside a row of unknown size cannot be laid out."""
     if x_shape is None:
         k = len(axes)
         if array.ndim > k and any(d != 1 for d in array.shape[: array.ndim - k]):
-            raise NearMiss(f"{what} varies across rows (shape {list(array.shape)}), not only along the normalised axes")
+            raise NearMiss(
+                f"{what} varies across rows (shape {list(array.shape)}) and the input's rank is unknown, so its "
+                "row-group dims cannot be placed"
+            )
         row = array.reshape(array.shape[max(array.ndim - k, 0) :])
         if row.ndim < k or 1 in row.shape:
             raise NearMiss(f"{what} of shape {list(array.shape)} broadcasts inside a row whose size is unknown")
@@ -145,25 +159,58 @@ def _row_constant(
     if array.ndim > rank:
         raise NearMiss(f"{what} has more dims than the input")
     padded = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    given = list(x_shape)
     x_shape = list(x_shape)
-    for dim in range(rank):
-        if dim not in axes and padded.shape[dim] != 1:
-            raise NearMiss(f"{what} varies across rows (shape {list(array.shape)}), not only along the normalised axes")
-        if dim in axes and not isinstance(x_shape[dim], int):
+    groups = _row_groups(padded, x_shape, axes, perm, what)
+    static = all(isinstance(d, int) for d in given[rank - len(axes) - groups : rank - len(axes)])
+    for dim in axes:
+        if not isinstance(x_shape[dim], int):
             # A symbolic normalised dim: the constant's own size is the only one the model runs with.
             if padded.shape[dim] == 1:
                 raise NearMiss(
                     f"{what} of shape {list(array.shape)} broadcasts inside a row of symbolic size {x_shape[dim]}"
                 )
             x_shape[dim] = padded.shape[dim]
-        if dim in axes and padded.shape[dim] not in (1, x_shape[dim]):
+        if padded.shape[dim] not in (1, x_shape[dim]):
             raise NearMiss(f"{what} shape {list(array.shape)} does not broadcast against the input")
     if perm is not None:
         padded = np.transpose(padded, perm)
         x_shape = [x_shape[p] for p in perm]
-    k = len(axes)
-    row_shape = tuple(x_shape[rank - k :])
-    return np.broadcast_to(padded.reshape(padded.shape[rank - k :]), row_shape)
+    k = len(axes) + groups
+    row_shape = tuple(padded.shape[rank - k : rank - len(axes)]) + tuple(x_shape[rank - len(axes) :])
+    rows = np.broadcast_to(padded.reshape(padded.shape[rank - k :]), row_shape)
+    if groups and static and np.all(rows == rows[(0,) * groups]):
+        # The same in every row group: one row (a native op can take it). Not where a row-group dim is symbolic:
+        # the scale's size there is the only one the graph runs with, and the proof reads it from the scale.
+        return rows[(0,) * groups]
+    return rows
+
+
+def _row_groups(
+    padded: np.ndarray, x_shape: list, axes: tuple[int, ...], perm: tuple[int, ...] | None, what: str
+) -> int:
+    """How many of the input's dims just before the normalised axes `padded` varies along (its row-group dims): it
+    must vary along a block of them ending right before the axes, each of its own size there, and be 1 on every
+    dim before the block; the fused op then reads row r of X with row r mod prod(groups) of the scale. A symbolic
+    dim of the input takes the constant's size (the only one the model runs with)."""
+    varying = [d for d in range(len(x_shape)) if d not in axes and padded.shape[d] != 1]
+    if not varying:
+        return 0
+    shape = list(padded.shape)
+    first = min(axes)
+    if perm is not None or any(a != first + i for i, a in enumerate(sorted(axes))) or first + len(axes) != len(shape):
+        raise NearMiss(f"{what} varies across rows (shape {shape}) of a norm whose normalised axes are not last")
+    start = varying[0]
+    for dim in range(start, first):
+        if padded.shape[dim] == 1 and x_shape[dim] != 1:
+            raise NearMiss(
+                f"{what} varies across rows (shape {shape}) along dim {start} of the input but is broadcast over "
+                f"dim {dim} (size {x_shape[dim]}): only dims just before the normalised axes can be row groups"
+            )
+        if isinstance(x_shape[dim], int) and padded.shape[dim] != x_shape[dim]:
+            raise NearMiss(f"{what} shape {shape} does not broadcast against the input")
+        x_shape[dim] = padded.shape[dim]
+    return first - start
 
 
 def _tensor_fits(value: ir.Value, row: np.ndarray) -> bool:

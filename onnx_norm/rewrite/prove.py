@@ -98,9 +98,12 @@ def _pinned(shape: list[int], candidate: Candidate) -> list[int]:
         if value is None or value.shape is None or constants.is_runtime_parameter(value):
             continue
         for offset, size in enumerate(reversed(list(value.shape)), start=1):
-            if offset > k:
+            if offset > k and candidate.perm is not None:
                 break
-            axis = row_axes[-offset]
+            # Past the row: a per-row-group scale's dims, those of X just before the normalised axes.
+            axis = row_axes[-offset] if offset <= k else rank - offset
+            if axis < 0:
+                break
             if isinstance(size, int) and size > 1 and not isinstance(dims[axis], int):
                 pinned[axis] = size
     return pinned
@@ -143,12 +146,28 @@ def _proof_input_shape(candidate: Candidate) -> list[int]:
     else:
         shape = _pinned(concrete_shape(spec.x.shape), candidate)
     normalised = {axis % len(shape) for axis in candidate.axes}
+    # A dim that a constant of the subgraph varies along keeps its size (a per-head scale has one row per head).
+    normalised |= _constant_dims(candidate, len(shape))
     if all(node.op_type in _ROW_WISE for node in candidate.nodes):
         # Rows are independent: a few of them prove as much as the model's static batch and sequence would.
         shape = [d if axis in normalised else min(d, 3) for axis, d in enumerate(shape)]
     if int(np.prod(shape, dtype=np.int64)) > _MAX_ELEMENTS:
         raise NearMiss(f"input of {shape} elements is too large to prove the candidate", spec.x)
     return shape
+
+
+def _constant_dims(candidate: Candidate, rank: int) -> set[int]:
+    """The dims of the input (right-aligned, as they broadcast) along which a constant the subgraph reads has more
+    than one element: a per-head scale [H, D], also one the fused op reads as a single row because its heads are
+    equal."""
+    dims: set[int] = set()
+    for node in candidate.nodes:
+        for value in node.inputs:
+            if value is None or value.shape is None or not constants.is_constant(value) or len(value.shape) > rank:
+                continue
+            offset = rank - len(value.shape)
+            dims |= {offset + i for i, d in enumerate(value.shape) if not isinstance(d, int) or d != 1}
+    return dims
 
 
 def _broadcast_shape(value: ir.Value, x_shape: list[int], x_dims: ir.Shape | None) -> list[int]:

@@ -21,6 +21,18 @@ def elem_type(value: ir.Value | None) -> int:
     return 0 if value is None or value.dtype is None else int(value.dtype)
 
 
+def row_group_dims(value: ir.Value | None, normalised_rank: int) -> tuple[int, ...]:
+    """The dims of a scale or bias before its last `normalised_rank` ones, leading 1s dropped: () for one row
+    (it broadcasts over every row), (H,) for a per-head scale [H, D] normalised over D. The fused ops index such
+    a scale per row group (docs/ops.md); the native ops cannot take one."""
+    if value is None or value.shape is None:
+        return ()
+    dims = list(value.shape)[: max(len(value.shape) - normalised_rank, 0)]
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(d if isinstance(d, int) else -1 for d in dims)
+
+
 @dataclasses.dataclass
 class Statistic:
     """A recognised statistic under the square root: whose it is, the tensor and the axes it is taken over."""
@@ -54,6 +66,12 @@ class NormSpec:
     #: Where the graph itself rounds (the attributes that would reproduce it exactly), when `attrs` round less
     #: (casts.op_rounding); None when they are the same.
     graph_attrs: NormAttributes | None = None
+
+    @property
+    def row_groups(self) -> tuple[int, ...]:
+        """The row-group dims of Scale and Bias (`row_group_dims`; the longer of the two), () for plain rows."""
+        k = -self.attrs.axis if self.attrs.axis < 0 else 0
+        return max((row_group_dims(v, k) for v in (self.scale, self.bias)), key=len, default=())
 
     @property
     def x_type(self) -> int:

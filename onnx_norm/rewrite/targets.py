@@ -32,7 +32,7 @@ from onnx_norm.ops.functions import MIN_BODY_OPSET
 from onnx_norm.ops.schema import DOMAIN, MS_DOMAIN, OPSET_VERSION, NativeOp, OpSignature, native_ops, op_for
 from onnx_norm.rewrite import family
 from onnx_norm.rewrite.family import Emitter, Lowering
-from onnx_norm.rewrite.spec import NormSpec, elem_type
+from onnx_norm.rewrite.spec import NormSpec, elem_type, row_group_dims
 
 #: Key of the metadata property naming the rule that produced a node.
 RULE_METADATA_KEY = "onnx_norm.rule"
@@ -158,6 +158,11 @@ def _exact(
         return False
     steps = _steps(spec)[:folded]
     if not all(_exact_cast(elem_type(value), core_type) for _, value in steps):
+        return False
+    # A per-head or per-group scale ([H, D] normalised over D) is computed by a Mul/Add after the scale-free core:
+    # the native ops take one row (ONNX Runtime's CUDA LayerNorm was silently wrong on rank-reduced scales,
+    # onnxruntime#28971).
+    if any(row_group_dims(value, -spec.attrs.axis) for _, value in steps):
         return False
     # The Skip ops take a 1-D gamma and beta.
     return not (core.takes_skip and folded and any(_rank_of(value) != 1 for _, value in steps))

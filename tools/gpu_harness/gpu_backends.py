@@ -29,7 +29,8 @@ from onnx_norm.ops.reference import np_dtype
 def case_attributes(case: Case) -> dict[str, Any]:
     """The launch arguments a case fixes whatever memory holds its tensors (Harness.launch's keywords)."""
     return {
-        "scale_size": math.prod(case.param_shape()) if case.scale_type is not None else 0,
+        "scale_size": math.prod(case.param_shape()) // case.scale_groups if case.scale_type is not None else 0,
+        "scale_groups": case.scale_groups if case.scale_type is not None else 1,
         "scale_type": case.scale_type or 0,
         "epsilon": case.epsilon,
         "rms": case.rms,

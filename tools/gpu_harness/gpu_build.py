@@ -153,6 +153,7 @@ class LaunchArgs:
     mean: int | None = None
     inv_std: int | None = None
     scale_size: int = 0
+    scale_groups: int = 1
     scale_type: int = 0
     epsilon: float = 1e-5
     rms: bool = False
@@ -173,9 +174,9 @@ class LaunchArgs:
         row_op = self.row_op.encode() if self.row_op is not None else None
         return (
             self.x, self.skip, self.scale, self.bias, self.y, self.sum_out, self.mean, self.inv_std, self.rows,
-            self.cols, self.scale_size, self.epsilon, int(self.rms), self.x_type, self.scale_type, self.y_type,
-            self.normalized_type, self.multiply_type, self.device, int(self.clusters), row_op, *op_inputs,
-            *op_ints, self.stream,
+            self.cols, self.scale_size, self.scale_groups, self.epsilon, int(self.rms), self.x_type,
+            self.scale_type, self.y_type, self.normalized_type, self.multiply_type, self.device, int(self.clusters),
+            row_op, *op_inputs, *op_ints, self.stream,
         )  # fmt: skip
 
 
@@ -186,7 +187,8 @@ class Harness:
         self._lib = ctypes.CDLL(str(library))
         fn = self._lib.onnx_norm_harness_launch
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, ctypes.c_float, i32, i32, i32, i32, i32, i32, i32, i32]
+        fn.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float]
+        fn.argtypes += [i32] * 8
         fn.argtypes += [ctypes.c_char_p, *[p] * OP_INPUTS, *[i64] * OP_INTS, p, ctypes.POINTER(ctypes.c_char_p)]
         fn.restype = i32
         self._fn = fn

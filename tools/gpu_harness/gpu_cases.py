@@ -127,6 +127,15 @@ class Case:
     def param_shape(self) -> tuple[int, ...]:
         return self.scale_shape if self.scale_shape is not None else self.shape[self.axis % len(self.shape) :]
 
+    @property
+    def scale_groups(self) -> int:
+        """Rows of a per-row-group Scale (its dims before the normalised ones, docs/ops.md); 1 for one row."""
+        shape = list(self.param_shape())
+        k = len(self.shape) - self.axis % len(self.shape)
+        while len(shape) > k and shape[0] == 1:
+            shape.pop(0)
+        return math.prod(shape[: max(len(shape) - k, 0)])
+
     def attrs(self) -> dict[str, Any]:
         return {
             "axis": self.axis,
@@ -212,6 +221,10 @@ def _layout_cases(quick: bool) -> list[Case]:
             cases.append(_default_case(op, x_type, (4, 3, 7), axis=1, scale_shape=(7,)))
             cases.append(_default_case(op, x_type, (4, 2, 3, 64), axis=-3, scale_shape=(3, 64)))
             cases.append(_default_case(op, x_type, (6, 12, 64), axis=-2))
+            # Per-head / per-group Scale and Bias [H, D] over [B, S, H, D] (Cohere's QK-norm, Falcon-H1's grouped
+            # RMSNorm): vector and scalar rows.
+            cases.append(_default_case(op, x_type, (2, 3, 4, 64), scale_shape=(4, 64)))
+            cases.append(_default_case(op, x_type, (2, 3, 2, 5, 7), axis=-2, scale_shape=(2, 5, 7)))
             for data in ("offset", "constant", "nonfinite"):
                 cases.append(_default_case(op, x_type, (6, 768), data=data))
             if x_type != F32:

@@ -10,7 +10,7 @@
 
 extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
     const void* x, const void* skip, const void* scale, const void* bias, void* y, void* sum, float* mean,
-    float* inv_std, int64_t rows, int64_t cols, int64_t scale_size, float epsilon, int rms, int x_type, int scale_type,
+    float* inv_std, int64_t rows, int64_t cols, int64_t scale_size, int64_t scale_groups, float epsilon, int rms, int x_type, int scale_type,
     int y_type, int normalized_type, int multiply_type, int device, int clusters, const char* row_op,
     const void* op_input0, const void* op_input1, int64_t op_int0, int64_t op_int1, int64_t op_int2, int64_t op_int3,
     void* stream, const char** error) {
@@ -28,6 +28,7 @@ extern "C" __attribute__((visibility("default"))) int onnx_norm_harness_launch(
   params.rows = rows;
   params.cols = cols;
   params.scale_size = scale_size;
+  params.scale_groups = scale_groups;
   params.epsilon = epsilon;
   params.rms = rms != 0;
   params.x_type = x_type;

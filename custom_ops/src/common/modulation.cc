@@ -85,6 +85,10 @@ std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, co
     return "Scale/Bias of a modulated norm must have the shape of the normalised dims (" +
            std::to_string(p.cols) + " elements), not a suffix of them (" + std::to_string(p.scale_size) + ")";
   }
+  if (p.scale_groups != 1) {
+    return "Scale/Bias of a modulated norm must be one row (the normalised dims), not one per row group (" +
+           std::to_string(p.scale_groups) + " rows)";
+  }
   int64_t batches[2] = {0, 0};
   for (size_t k = 0; k < 2; ++k) {
     std::string error = CheckModulation(names[k], values[k], x_shape, axis, &batches[k]);

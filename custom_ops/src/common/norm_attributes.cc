@@ -33,14 +33,16 @@ bool GetFloatAttribute(const OrtKernelInfo* info, const char* name, float* value
 }
 
 // Checks that Scale or Bias covers the normalised dims: after dropping its leading 1s it must equal a
-// suffix of shape(X)[axis:], so that it broadcasts over the leading normalised dims only.
+// suffix of shape(X)[axis:], so that it broadcasts over the leading normalised dims only; or be one row per row
+// group: the normalised dims preceded by X's dims just before them (a per-head [H, D] over [B, S, H, D], axis 3),
+// `*groups` then being their product (row r of X reads row r % groups).
 std::string CheckParameterShape(const char* name, const std::vector<int64_t>& shape,
-                                const std::vector<int64_t>& x_shape, size_t axis, int64_t* size) {
+                                const std::vector<int64_t>& x_shape, size_t axis, int64_t* size, int64_t* groups) {
   size_t first = 0;
   while (first < shape.size() && shape[first] == 1) ++first;
   const size_t kept = shape.size() - first;
   const size_t normalized_rank = x_shape.size() - axis;
-  bool ok = kept <= normalized_rank;
+  bool ok = kept <= x_shape.size();
   for (size_t i = 0; ok && i < kept; ++i) {
     ok = shape[first + i] == x_shape[x_shape.size() - kept + i];
   }
@@ -48,11 +50,13 @@ std::string CheckParameterShape(const char* name, const std::vector<int64_t>& sh
     std::vector<int64_t> normalized(x_shape.begin() + static_cast<std::ptrdiff_t>(axis), x_shape.end());
     return std::string(name) + " has shape " + ShapeString(shape) + " but must match the normalised dims " +
            ShapeString(normalized) + " of X (shape " + ShapeString(x_shape) + ", axis " + std::to_string(axis) +
-           "), or a suffix of them";
+           "), or a suffix of them, or be those dims preceded by X's dims just before them (one row per row group)";
   }
   int64_t n = 1;
-  for (size_t i = first; i < shape.size(); ++i) n *= shape[i];
+  int64_t g = 1;
+  for (size_t i = first; i < shape.size(); ++i) (i + normalized_rank < shape.size() ? g : n) *= shape[i];
   *size = n;
+  *groups = g;
   return {};
 }
 
@@ -127,12 +131,13 @@ std::string ReadParameters(const Inputs& in, size_t scale_index, bool has_bias, 
                            size_t axis, NormProblem* p) {
   int scale_type = 0;
   int64_t scale_size = 0;
+  int64_t scale_groups = 1;
   Ort::ConstValue scale = in[scale_index];
   if (!Missing(scale)) {
     const auto info = scale.GetTensorTypeAndShapeInfo();
     scale_type = static_cast<int>(info.GetElementType());
     if (!IsFloatType(scale_type)) return UnsupportedType("Scale", scale_type);
-    std::string error = CheckParameterShape("Scale", info.GetShape(), x_shape, axis, &scale_size);
+    std::string error = CheckParameterShape("Scale", info.GetShape(), x_shape, axis, &scale_size, &scale_groups);
     if (!error.empty()) return error;
     p->scale = scale.GetTensorRawData();
   }
@@ -146,18 +151,21 @@ std::string ReadParameters(const Inputs& in, size_t scale_index, bool has_bias, 
              ", Scale is " + ElemTypeName(scale_type);
     }
     int64_t bias_size = 0;
-    std::string error = CheckParameterShape("Bias", info.GetShape(), x_shape, axis, &bias_size);
+    int64_t bias_groups = 1;
+    std::string error = CheckParameterShape("Bias", info.GetShape(), x_shape, axis, &bias_size, &bias_groups);
     if (!error.empty()) return error;
-    if (scale_size != 0 && bias_size != scale_size) {
-      return "Bias has " + std::to_string(bias_size) + " elements but Scale has " + std::to_string(scale_size) +
-             "; both must cover the same normalised dims";
+    if (scale_size != 0 && (bias_size != scale_size || bias_groups != scale_groups)) {
+      return "Bias has " + std::to_string(bias_groups * bias_size) + " elements but Scale has " +
+             std::to_string(scale_groups * scale_size) + "; both must cover the same normalised dims (and row groups)";
     }
     scale_type = bias_type;
     scale_size = bias_size;
+    scale_groups = bias_groups;
     p->bias = bias.GetTensorRawData();
   }
   p->scale_type = scale_type;
   p->scale_size = scale_size;
+  p->scale_groups = scale_groups;
   return {};
 }
 

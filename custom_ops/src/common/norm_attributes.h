@@ -78,6 +78,9 @@ struct NormProblem {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t scale_size = 0;  // elements of Scale (and Bias); element j of a row uses scale[j % scale_size]
+  // Rows of Scale (and Bias) per row group (docs/ops.md): a per-head Scale [H, D] of X [B, S, H, D] normalised
+  // over D has 4 here and scale_size == cols; row r of X uses Scale row r % scale_groups. 1 for one row.
+  int64_t scale_groups = 1;
   float epsilon = 1e-5f;
   bool epsilon_outside = false;  // 1 / (sqrt(var) + epsilon) instead of 1 / sqrt(var + epsilon)
   bool rms = false;

@@ -224,6 +224,12 @@ struct Job {
 
 size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
+// Row `row`'s Scale (or Bias) row: a per-row-group Scale (docs/ops.md) holds scale_groups rows of cols values and
+// row r reads row r % scale_groups; one row otherwise.
+const float* RowParameter(const float* params, const NormProblem& p, int64_t row) {
+  return params == nullptr || p.scale_groups <= 1 ? params : params + (row % p.scale_groups) * p.cols;
+}
+
 // What the rows of a block share, worked out once per block.
 struct RowPlan {
   const Job& job;
@@ -253,9 +259,11 @@ const float* ReadRow(const RowPlan& plan, size_t offset, float* xbuf) {
   return xbuf;
 }
 
-// Y's row at element `offset` from the float row x: normalised, scaled and shifted (with the rounding attributes),
-// stored directly where Y is float32 or fp16/bf16 can be rounded in registers, else through `ybuf`.
-void NormalizeRow(const RowPlan& plan, size_t offset, const float* x, float center, float r, float* ybuf) {
+// Y's row at element `offset` from the float row x: normalised, scaled and shifted (with the rounding attributes;
+// `scale` and `bias` the row's own, RowParameter), stored directly where Y is float32 or fp16/bf16 can be rounded
+// in registers, else through `ybuf`.
+void NormalizeRow(const RowPlan& plan, size_t offset, const float* x, float center, float r, const float* scale,
+                  const float* bias, float* ybuf) {
   const Job& job = plan.job;
   const NormProblem& p = *job.p;
   const int64_t n = p.cols;
@@ -263,20 +271,20 @@ void NormalizeRow(const RowPlan& plan, size_t offset, const float* x, float cent
   if (p.y_type != kFloat && plan.fused16_out) {
     // fp16/bf16 Y from a float row (Skip's sum, a converted X, the Cast-wrapped norms' rounding points): round
     // in registers and store Y directly instead of normalising into a buffer and converting it afterwards.
-    NormalizeRounded16(p.y_type == kFloat16, x, static_cast<uint16_t*>(y_row), n, center, r, job.scale, job.bias,
+    NormalizeRounded16(p.y_type == kFloat16, x, static_cast<uint16_t*>(y_row), n, center, r, scale, bias,
                        plan.period, job.normalized_type, job.multiply_type);
     return;
   }
   const bool stream_y = job.streaming && p.y_type == kFloat;
   float* y = p.y_type == kFloat && !stream_y ? static_cast<float*>(y_row) : ybuf;
   if (plan.rounded) {
-    NormalizeRounded(x, y, n, center, r, job.scale, job.bias, plan.period, job.normalized_type, job.multiply_type);
-  } else if (job.scale && job.bias) {
-    NormalizeScaleBias(x, y, n, center, r, job.scale, job.bias, plan.period);
-  } else if (job.scale) {
-    NormalizeScale(x, y, n, center, r, job.scale, plan.period);
-  } else if (job.bias) {
-    NormalizeBias(x, y, n, center, r, job.bias, plan.period);
+    NormalizeRounded(x, y, n, center, r, scale, bias, plan.period, job.normalized_type, job.multiply_type);
+  } else if (scale && bias) {
+    NormalizeScaleBias(x, y, n, center, r, scale, bias, plan.period);
+  } else if (scale) {
+    NormalizeScale(x, y, n, center, r, scale, plan.period);
+  } else if (bias) {
+    NormalizeBias(x, y, n, center, r, bias, plan.period);
   } else {
     NormalizeOnly(x, y, n, center, r);
   }
@@ -313,11 +321,13 @@ void RunBlock(void* data, size_t block) {
 
   for (int64_t row = begin; row < end; ++row) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(n);
+    const float* scale = RowParameter(job.scale, p, row);
+    const float* bias = RowParameter(job.bias, p, row);
     if (fused16) {
       float mean = 0.0f;
       float inv = 0.0f;
       NormRow16(p.x_type == kFloat16, static_cast<const uint16_t*>(p.x) + offset, static_cast<uint16_t*>(p.y) + offset,
-                n, p.rms, p.epsilon, p.epsilon_outside, job.scale, job.bias, plan.period, &mean, &inv);
+                n, p.rms, p.epsilon, p.epsilon_outside, scale, bias, plan.period, &mean, &inv);
       if (p.mean) p.mean[row] = mean;
       if (p.inv_std) p.inv_std[row] = inv;
       continue;
@@ -334,7 +344,7 @@ void RunBlock(void* data, size_t block) {
     const float r = InverseRoot(var, p);
     if (p.mean) p.mean[row] = center;
     if (p.inv_std) p.inv_std[row] = r;
-    NormalizeRow(plan, offset, x, center, r, ybuf.data());
+    NormalizeRow(plan, offset, x, center, r, scale, bias, ybuf.data());
   }
   if (job.streaming) FinishStreaming();
 }
@@ -386,8 +396,8 @@ bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
   std::vector<float> bias_storage;
   Job job;
   job.p = &p;
-  job.scale = AsFloat(p.scale, p.scale_type, p.scale_size, scale_storage);
-  job.bias = AsFloat(p.bias, p.scale_type, p.scale_size, bias_storage);
+  job.scale = AsFloat(p.scale, p.scale_type, p.scale_size * p.scale_groups, scale_storage);
+  job.bias = AsFloat(p.bias, p.scale_type, p.scale_size * p.scale_groups, bias_storage);
   job.normalized_type = p.normalized_type == kFloat ? 0 : p.normalized_type;
   job.multiply_type = p.multiply_type == kFloat ? 0 : p.multiply_type;
   job.streaming = p.rows * p.cols * int64_t{4} >= kStreamingBytes;

@@ -116,26 +116,26 @@ __device__ __forceinline__ float ClusterSliceSquares(const uint4* cache, int cou
 // stored.
 template <typename TX>
 __device__ __forceinline__ void NormalizeClusterSlice(const NormArgs& a, const uint4* cache, int count, int first,
-                                                      const RowLayout& layout, int64_t row_base, float mean,
+                                                      const RowLayout& layout, int64_t row_base, int prow, float mean,
                                                       float inv) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
   for (int k = static_cast<int>(threadIdx.x); k < count; k += static_cast<int>(blockDim.x)) {
     float v[V];
     LoadVectorShared<TX, V>(reinterpret_cast<const TX*>(cache + k), v);
     const int col = layout.head + (first + k) * V;
-    NormalizeAndStore<V>(a, mean, inv, v, col, row_base + col);
+    NormalizeAndStore<V>(a, mean, inv, v, prow + col, row_base + col);
   }
 }
 
 // Step 3 for the scalar end this thread holds.
 template <typename TX>
 __device__ __forceinline__ void NormalizeScalarEnd(const NormArgs& a, const RowLayout& layout, int64_t row_base,
-                                                   const TX* scalars, float mean, float inv) {
+                                                   int prow, const TX* scalars, float mean, float inv) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
   const int t = static_cast<int>(threadIdx.x);
   float one[1] = {ToFloat(scalars[t])};
   const int col = ScalarColumn<V>(layout, t);
-  NormalizeAndStore<1>(a, mean, inv, one, col, row_base + col);
+  NormalizeAndStore<1>(a, mean, inv, one, prow + col, row_base + col);
 }
 #endif
 
@@ -190,8 +190,10 @@ __global__ void __launch_bounds__(kClusterMaxBlock, 1) ClusterRowKernel(NormArgs
     if (rank == 0 && t == 0) WriteStatistics(a, row, mean, inv);
 
     // 3. Normalise the slice from shared memory.
-    NormalizeClusterSlice<TX>(a, cache, count, first, layout, row_base, mean, inv);
-    if (scalar) NormalizeScalarEnd<TX>(a, layout, row_base, scalars, mean, inv);
+    // The row's Scale row (per row group, docs/ops.md), worked out after its statistics.
+    const int prow = ParameterRow(a, row);
+    NormalizeClusterSlice<TX>(a, cache, count, first, layout, row_base, prow, mean, inv);
+    if (scalar) NormalizeScalarEnd<TX>(a, layout, row_base, prow, scalars, mean, inv);
   }
   // A block's shared memory must outlive every peer's reads of its partial sums.
   ClusterSync();

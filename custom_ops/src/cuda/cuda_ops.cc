@@ -25,6 +25,7 @@ NormLaunchParams LaunchParamsFor(const NormProblem& p, Ort::KernelContext& ctx) 
   params.rows = p.rows;
   params.cols = p.cols;
   params.scale_size = p.scale_size;
+  params.scale_groups = p.scale_groups;
   params.epsilon = p.epsilon;
   params.op_ints[0] = p.epsilon_outside ? 1 : 0;  // a row op's wrapper sets its own ints over it
   params.rms = p.rms;

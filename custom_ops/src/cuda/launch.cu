@@ -41,6 +41,12 @@ int CheckNorm(const NormLaunchParams& p, const char** error) {
     return Fail(cudaErrorInvalidValue, "LaunchNorm: scale_size must divide cols (Scale/Bias cover a suffix of the row)",
                 error);
   }
+  if (p.scale_groups < 1 || (p.scale_groups > 1 && (!has_parameters || p.scale_size != p.cols ||
+                                                    p.rows % p.scale_groups != 0 ||
+                                                    p.scale_groups > INT_MAX / p.cols))) {
+    return Fail(cudaErrorInvalidValue,
+                "LaunchNorm: scale_groups rows of Scale/Bias must each cover the whole row and divide rows", error);
+  }
   if (!AlignedTo(p.x, x_size) || !AlignedTo(p.skip, x_size) || !AlignedTo(p.sum, x_size) || !AlignedTo(p.y, y_size) ||
       !AlignedTo(p.scale, parameter_size) || !AlignedTo(p.bias, parameter_size) || !AlignedTo(p.mean, 4) ||
       !AlignedTo(p.inv_std, 4)) {
@@ -86,6 +92,7 @@ int PrepareNorm(const NormLaunchParams& p, NormArgs* args, const char** error) {
   args->inv_std = p.inv_std;
   args->epsilon_outside = p.op_ints[0] != 0;  // the norms' own int (launch.h)
   args->scale_size = has_parameters ? static_cast<int>(p.scale_size) : args->cols;
+  args->scale_groups = has_parameters ? static_cast<int>(p.scale_groups) : 1;
   args->scale_type = has_parameters ? p.scale_type : kFloat32;
   const int vector = 16 / x_size;
   args->x_phase = static_cast<int>(reinterpret_cast<uintptr_t>(p.x) % 16) / x_size;
@@ -207,7 +214,11 @@ int ChooseNormConfig(const NormLaunchParams& p, int device, NormArgs* args, Kern
                      const char** error) {
   const int x_size = ElementSize(p.x_type);
   const bool has_parameters = p.scale != nullptr || p.bias != nullptr;
-  const bool native = args->y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type);
+  // A per-row-group Scale is read after the statistics (NormalizeAndStore): prefetching it with the row's loads
+  // (the native register-row kernels) needs the row group's offset in registers, and those kernels then spilled
+  // on sm_90.
+  const bool native = args->y_type == p.x_type && (!has_parameters || p.scale_type == p.x_type) &&
+                      args->scale_groups == 1;
   *config = ChooseSingleBlockConfig(*args, x_size);
   config->device = device;
   int sm_count = 0;

@@ -26,6 +26,9 @@ struct NormLaunchParams {
   // Scale/Bias may cover only a suffix of the row (broadcast over the leading normalised dims):
   // element j of a row uses scale[j % scale_size]. scale_size == cols in the common case.
   int64_t scale_size = 0;
+  // One Scale/Bias row per row group (docs/ops.md: a per-head [H, D]): row r uses row r % scale_groups of them,
+  // scale_size == cols then. 1: one row for every row.
+  int64_t scale_groups = 1;
   float epsilon = 1e-5f;
   bool rms = false;
   int x_type = 0;

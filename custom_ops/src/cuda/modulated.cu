@@ -34,7 +34,7 @@ int CheckModulated(const NormLaunchParams& p, const char** error) {
     return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: no Skip, Sum or statistics, and no Bias for RMSNorm",
                 error);
   }
-  if ((p.scale != nullptr || p.bias != nullptr) && p.scale_size != p.cols) {
+  if ((p.scale != nullptr || p.bias != nullptr) && (p.scale_size != p.cols || p.scale_groups != 1)) {
     return Fail(cudaErrorInvalidValue, "LaunchNorm: modulated: Scale/Bias must cover the whole row", error);
   }
   if (rows_per_sample <= 0 || p.rows % rows_per_sample != 0 ||

@@ -25,6 +25,8 @@ struct NormArgs {
   int64_t rows;
   int cols;
   int scale_size;
+  // Rows of Scale/Bias, one per row group (scale_size == cols then): row r reads row r % scale_groups.
+  int scale_groups;
   float epsilon;
   bool epsilon_outside;  // 1 / (sqrt(var) + epsilon) instead of 1 / sqrt(var + epsilon)
   // Threads per row: a power of two >= 8; when > 32 it is the block size (one row per block).

@@ -85,7 +85,14 @@ __device__ __forceinline__ void LoadInput(const NormArgs& a, int64_t offset, boo
   }
 }
 
-// N Scale (or Bias) values for columns [col, col + N).
+// Where row `row`'s Scale/Bias row starts: a per-row-group Scale (docs/ops.md) holds scale_groups rows of cols
+// values, and row r reads row r % scale_groups; 0 for one row. Computed once per row, after its statistics (the
+// kernels keep every load of the row in flight before them).
+__device__ __forceinline__ int ParameterRow(const NormArgs& a, int64_t row) {
+  return a.scale_groups == 1 ? 0 : static_cast<int>(row % a.scale_groups) * a.cols;
+}
+
+// N Scale (or Bias) values for Scale columns [col, col + N) (col counted from ParameterRow).
 template <typename TS, int N>
 __device__ __forceinline__ void LoadParameter(const NormArgs& a, const void* p, int col, float (&v)[N]) {
   const TS* base = static_cast<const TS*>(p);
@@ -133,7 +140,8 @@ __device__ __forceinline__ void StoreOutput(const NormArgs& a, int64_t offset, c
 }
 
 // The whole epilogue for N elements: y = round_mul(round_mul(round_norm((v - mean) * inv) * Scale)
-// + Bias), stored as Y, for one vector (or one scalar) of a row.
+// + Bias), stored as Y, for one vector (or one scalar) of a row; `col` is the Scale column (ParameterRow +
+// the column in the row), `offset` Y's element.
 template <int N>
 __device__ __forceinline__ void NormalizeAndStore(const NormArgs& a, float mean, float inv, float (&v)[N], int col,
                                                   int64_t offset) {
@@ -160,7 +168,8 @@ __device__ __forceinline__ void WriteStatistics(const NormArgs& a, int64_t row, 
 // compile-time, so that a thread issues every load of its row (X, then Skip, then the scalar ends,
 // then Scale and Bias) before it uses any: up to 2 * VPT + 2 * VPT 16-byte loads in flight.
 
-// The 4 words of one 16-byte Scale or Bias vector (in X's type) for columns [col, col + V).
+// The 4 words of one 16-byte Scale or Bias vector (in X's type) for columns [col, col + V); one row of them (the
+// launcher takes no native kernel for a per-row-group Scale).
 template <typename TX>
 __device__ __forceinline__ void LoadParameterWords(const NormArgs& a, const void* p, int col, uint32_t (&w)[4]) {
   constexpr int V = 16 / static_cast<int>(sizeof(TX));
@@ -373,7 +382,7 @@ __device__ __forceinline__ void NormalizeAndStoreWords(const NormArgs& a, float 
 // scalars.
 template <typename TX, bool kNative, bool kBias, int VPT, int kScaleVectors, int kBiasVectors>
 __device__ __forceinline__ void NormalizeShare(const NormArgs& a, const RowGroups& rows, const RowLayout& layout,
-                                               int64_t base, float mean, float inv,
+                                               int64_t base, int prow, float mean, float inv,
                                                const uint32_t (&xw)[VPT][kRowWords], const float (&xs)[kRowSlots],
                                                const uint32_t (&pw)[kScaleVectors][kRowWords],
                                                const uint32_t (&bw)[kBiasVectors][kRowWords]) {
@@ -389,7 +398,7 @@ __device__ __forceinline__ void NormalizeShare(const NormArgs& a, const RowGroup
       } else {
         float v[V];
         UnpackWords<TX>(xw[i], v);
-        NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
+        NormalizeAndStore<V>(a, mean, inv, v, prow + col, base + col);
       }
     }
   }
@@ -399,7 +408,7 @@ __device__ __forceinline__ void NormalizeShare(const NormArgs& a, const RowGroup
     if (e < layout.scalars()) {
       const int col = ScalarColumn<V>(layout, e);
       float one[1] = {xs[j]};
-      NormalizeAndStore<1>(a, mean, inv, one, col, base + col);
+      NormalizeAndStore<1>(a, mean, inv, one, prow + col, base + col);
     }
   }
 }
@@ -450,7 +459,7 @@ __global__ void __launch_bounds__(RegisterRowMaxBlock(VPT), RegisterRowMinBlocks
     if (rows.rank == 0 && row < a.rows) WriteStatistics(a, row, mean, inv);
 
     // 3. Normalise and store.
-    NormalizeShare<TX, kNative, kBias>(a, rows, layout, base, mean, inv, xw, xs, pw, bw);
+    NormalizeShare<TX, kNative, kBias>(a, rows, layout, base, ParameterRow(a, row), mean, inv, xw, xs, pw, bw);
   }
 }
 
@@ -534,18 +543,18 @@ struct SharedRow {
     return squares;
   }
 
-  // The output pass: this thread's vectors and scalars normalised and stored.
-  __device__ __forceinline__ void Normalize(const NormArgs& a, float mean, float inv) const {
+  // The output pass: this thread's vectors and scalars normalised and stored; `prow` the row's ParameterRow.
+  __device__ __forceinline__ void Normalize(const NormArgs& a, float mean, float inv, int prow) const {
     for (int k = threadIdx.x; k < layout.body; k += blockDim.x) {
       float v[V];
       Vector<V>(a, k, v);
       const int col = layout.head + k * V;
-      NormalizeAndStore<V>(a, mean, inv, v, col, base + col);
+      NormalizeAndStore<V>(a, mean, inv, v, prow + col, base + col);
     }
     for (int e = threadIdx.x; e < layout.scalars(); e += blockDim.x) {
       float one[1] = {Scalar(a, e)};
       const int col = ScalarColumn<V>(layout, e);
-      NormalizeAndStore<1>(a, mean, inv, one, col, base + col);
+      NormalizeAndStore<1>(a, mean, inv, one, prow + col, base + col);
     }
   }
 };
@@ -571,7 +580,7 @@ __global__ void __launch_bounds__(1024, 1) SharedRowKernel(NormArgs a) {
       inv = InverseRoot(GroupSum(cached.Squares(a, mean), blockDim.x, scratch, parity) / a.cols, a);
     }
     if (threadIdx.x == 0) WriteStatistics(a, row, mean, inv);
-    cached.Normalize(a, mean, inv);
+    cached.Normalize(a, mean, inv, ParameterRow(a, row));
     // The next row's caching pass must not overwrite what a slower thread has still to read.
     if (kCached) __syncthreads();
   }

@@ -252,6 +252,8 @@ def _emitter(signature: OpSignature):
 
 
 def _unsupported(spec: NormSpec, opset: int) -> str | None:
+    if spec.row_groups:
+        return f"the norm's scale or bias varies per row group {list(spec.row_groups)}; the modulated ops take one row"
     if spec.attrs.output_type and (spec.x.shape is None):
         return "Y takes another type than X and X's rank is unknown (the library's shape inference needs it)"
     return None
