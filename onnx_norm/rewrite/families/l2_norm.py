@@ -314,8 +314,8 @@ def reference(
 
 
 def _emit_onnx_norm(op, spec: NormSpec, opset: int) -> list[ir.Value]:
-    """L2Norm; a Y type other than X's as GroupNorm writes it: float32 Y from a narrow X by widening X in front
-    (exact), a narrow Y from float32 X by a Cast after the op."""
+    """L2Norm; a Y type other than X's (the library types Y like X): float32 Y from a narrow X by widening X in
+    front (exact: the kernels compute from the widened X anyway), a narrow Y from float32 X by a Cast after the op."""
     attrs, x, y_cast = spec.attrs, spec.x, 0
     if attrs.output_type == _FLOAT and spec.x.dtype != ir.DataType.FLOAT:
         x = op.Cast(spec.x, to=_FLOAT)
