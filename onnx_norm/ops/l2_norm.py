@@ -22,9 +22,7 @@ def _axes(rank: int, axis: int) -> tuple[int, ...]:
     return tuple(range(axis % rank, rank))
 
 
-def l2_normalized(
-    x: np.ndarray, scale: np.ndarray | None, attrs: NormAttributes
-) -> tuple[np.ndarray, np.ndarray]:
+def l2_normalized(x: np.ndarray, scale: np.ndarray | None, attrs: NormAttributes) -> tuple[np.ndarray, np.ndarray]:
     """(y in float64 before the output cast, 1 / max(||x||, eps) keepdims): the norm in float64, epsilon as the
     float32 the kernels read, the normalised value rounded to normalized_type, the product with Scale to
     multiply_type. A zero row with epsilon 0 gives 0 * inf = NaN, as `x / x.norm()` does."""

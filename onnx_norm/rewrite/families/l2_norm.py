@@ -123,7 +123,7 @@ def _float_attr(node: ir.Node, name: str) -> float | None:
 
 
 def _stat(value: ir.Value) -> _Stat | None:
-    """`value` as a (clamped) norm or sum of squares: the clamp of a sum is eps^2 (sqrt(max(S, e^2)) = max(||x||, e))."""
+    """`value` as a (clamped) norm or sum of squares; a clamp of the sum is eps^2: sqrt(max(S, e^2)) = max(||x||, e)."""
     node = value.producer()
     clamp = _lower_bound(node) if node is not None else None
     if clamp is None:
