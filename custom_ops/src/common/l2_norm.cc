@@ -4,6 +4,12 @@
 #include "cpu/l2_norm_cpu.h"
 
 namespace onnx_norm {
+#ifdef ONNX_NORM_WITH_CUDA
+namespace cuda {
+// Defined in cuda/l2_norm_cuda.cc.
+OrtStatusPtr ComputeL2Norm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+}  // namespace cuda
+#endif
 
 namespace {
 
