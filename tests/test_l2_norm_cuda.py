@@ -68,7 +68,9 @@ def test_a_wrong_output_is_caught(harness: check.Harness) -> None:
     inputs = case.inputs(np.random.default_rng(0))
     got = check.HostRunner(harness).run(case, inputs)
     assert case.compare(got, case.reference(inputs)) is None
-    assert case.compare(got, dataclasses.replace(case, scale_size=None).reference({**inputs, "scale": None})) is not None
+    assert (
+        case.compare(got, dataclasses.replace(case, scale_size=None).reference({**inputs, "scale": None})) is not None
+    )
 
 
 @needs_emulator
