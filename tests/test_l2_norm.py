@@ -318,6 +318,10 @@ def _torch_modules() -> dict:
         def forward(self, x):
             return x / x.norm(dim=-1, keepdim=True)
 
+    class NormUnsqueeze(torch.nn.Module):  # the norm's dim dropped, restored by indexing (Unsqueeze)
+        def forward(self, x):
+            return x / x.norm(dim=-1).clamp(min=1e-6)[..., None]
+
     class ScaleNorm(torch.nn.Module):  # Nguyen & Salazar: g / clamp(||x||, eps), g a learned scalar
         def __init__(self) -> None:
             super().__init__()
@@ -342,6 +346,7 @@ def _torch_modules() -> dict:
     return {
         "normalize": (Normalize, 1e-12),
         "norm_div": (NormDiv, 0.0),
+        "norm_unsqueeze": (NormUnsqueeze, 1e-6),
         "scale_norm": (ScaleNorm, 1e-5),
         "x_transformers_rms_norm": (XTransformersRMSNorm, 1e-12),
         "sentence_transformers": (SentenceTransformersNormalize, 1e-12),
@@ -351,7 +356,8 @@ def _torch_modules() -> dict:
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize(
-    "name", ["normalize", "norm_div", "scale_norm", "x_transformers_rms_norm", "sentence_transformers"]
+    "name",
+    ["normalize", "norm_div", "norm_unsqueeze", "scale_norm", "x_transformers_rms_norm", "sentence_transformers"],
 )
 def test_torch_exports_fuse(tmp_path: Path, name: str, dynamo: bool, dtype: str) -> None:
     torch = pytest.importorskip("torch")
@@ -415,3 +421,25 @@ def test_clip_embeddings_fuse(tmp_path: Path, dynamo: bool) -> None:
     feeds = dict(zip([i.name for i in model.graph.input], (ids.numpy(), pixels.numpy()), strict=True))
     for got, want in zip(_with_library(optimized, feeds), run(model, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _dropped_dims_model(unsqueeze_axis: int, shape: list[int]) -> onnx.ModelProto:
+    """x / Unsqueeze(max(ReduceL2(x, keepdims=0), eps), axis): the norm's dim restored by an Unsqueeze."""
+    nodes = [
+        helper.make_node("ReduceL2", ["x"], ["n"], axes=[-1], keepdims=0),
+        helper.make_node("Max", ["n", "eps"], ["c"]),
+        helper.make_node("Unsqueeze", ["c", "where"], ["u"]),
+        helper.make_node("Div", ["x", "u"], ["y"]),
+    ]
+    inits = [*_INITS, const("where", np.array([unsqueeze_axis], np.int64))]
+    return make_model(nodes, [("x", FLOAT, shape)], [("y", FLOAT, shape)], inits)
+
+
+def test_a_norm_with_its_dim_dropped_and_restored_fuses() -> None:
+    """`x / x.norm(dim=-1).clamp(min=eps).unsqueeze(-1)` (TorchScript and dynamo write ReduceL2 with keepdims=0, then
+    Unsqueeze); an Unsqueeze at another axis broadcasts the norms across the wrong dim: the proof refuses it."""
+    _check(_dropped_dims_model(-1, SHAPE), None, EPS)
+    model = _dropped_dims_model(1, [2, 4, 4])
+    optimized, report = optimize(model)
+    assert fused_ops(optimized) == []
+    assert any("proof failed" in m.reason for m in report.near_misses), [m.reason for m in report.near_misses]

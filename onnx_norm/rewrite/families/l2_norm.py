@@ -10,6 +10,7 @@ is the row's Euclidean norm:
     Sqrt(ReduceSumSquare(x))
     Max(N, eps) or Clip(N, min=eps)                F.normalize's clamp_min(eps) (either op, either operand order)
     Expand(D, Shape(x))                            F.normalize's expand_as form
+    Unsqueeze/Reshape of a keepdims=0 reduction    `x.norm(dim=-1)[..., None]` (before or after the clamp)
 
 or `x^1 * S^-1/2` with S the sum of squares (optionally Max(S, eps^2): the clamp under the square root). The
 constants (ScaleNorm's g, x-transformers' sqrt(d) and gamma, in any order and on either side of the division) are
@@ -70,12 +71,13 @@ def _keepdims(node: ir.Node) -> bool:
     return attr is None or bool(attr.value)
 
 
-def _sum_of_squares(value: ir.Value) -> tuple[ir.Value, tuple[int, ...], str] | None:
-    """(x, axes, spelling) of ReduceSum(x^2) or ReduceSumSquare(x), keepdims."""
+def _sum_of_squares(value: ir.Value, dropped: bool = False) -> tuple[ir.Value, tuple[int, ...], str] | None:
+    """(x, axes, spelling) of ReduceSum(x^2) or ReduceSumSquare(x), keepdims (or not, when `dropped`: a layout op
+    restores the dims, and the proof checks where)."""
     node = value.producer()
     if not _onnx(node, "ReduceSum", "ReduceSumSquare") or not node.inputs or node.inputs[0] is None:
         return None
-    if not _keepdims(node):
+    if not (dropped or _keepdims(node)):
         return None
     base = node.inputs[0] if node.op_type == "ReduceSumSquare" else structure.squared(node.inputs[0])
     if base is None:
@@ -85,17 +87,17 @@ def _sum_of_squares(value: ir.Value) -> tuple[ir.Value, tuple[int, ...], str] | 
     return (base, axes, spelling) if axes else None
 
 
-def _raw(value: ir.Value) -> _Stat | None:
-    """The norm or sum of squares `value` is, unclamped."""
+def _raw(value: ir.Value, dropped: bool = False) -> _Stat | None:
+    """The norm or sum of squares `value` is, unclamped (its dims dropped too, when `dropped`)."""
     node = value.producer()
-    if _onnx(node, "ReduceL2") and node.inputs and node.inputs[0] is not None and _keepdims(node):
+    if _onnx(node, "ReduceL2") and node.inputs and node.inputs[0] is not None and (dropped or _keepdims(node)):
         x = node.inputs[0]
         axes = reduction_axes(node, len(x.shape) if x.shape is not None else None)
         return _Stat("norm", x, axes, 0.0, "ReduceL2") if axes else None
     if _onnx(node, "Sqrt") and node.inputs[0] is not None:
-        found = _sum_of_squares(node.inputs[0])
+        found = _sum_of_squares(node.inputs[0], dropped)
         return None if found is None else _Stat("norm", found[0], found[1], 0.0, f"Sqrt({found[2]})")
-    found = _sum_of_squares(value)
+    found = _sum_of_squares(value, dropped)
     return None if found is None else _Stat("sum", found[0], found[1], 0.0, found[2])
 
 
@@ -122,14 +124,19 @@ def _float_attr(node: ir.Node, name: str) -> float | None:
     return None if attr is None else float(attr.value)
 
 
-def _stat(value: ir.Value) -> _Stat | None:
-    """`value` as a (clamped) norm or sum of squares; a clamp of the sum is eps^2: sqrt(max(S, e^2)) = max(||x||, e)."""
+def _stat(value: ir.Value, dropped: bool = False) -> _Stat | None:
+    """`value` as a (clamped) norm or sum of squares; a clamp of the sum is eps^2: sqrt(max(S, e^2)) = max(||x||, e).
+    A reduction with its dims dropped may be restored by an Unsqueeze or Reshape, before or after the clamp
+    (`x / x.norm(dim=-1)[..., None]`); the proof checks that the dims come back where they were."""
     node = value.producer()
+    if _onnx(node, "Unsqueeze", "Reshape") and node.inputs and node.inputs[0] is not None:
+        inner = _stat(node.inputs[0], dropped=True)
+        return None if inner is None else dataclasses.replace(inner, variant=f"{inner.variant}, {node.op_type}")
     clamp = _lower_bound(node) if node is not None else None
     if clamp is None:
-        return _raw(value)
-    inner = _raw(clamp[0])
-    if inner is None:
+        return _raw(value, dropped)
+    inner = _stat(clamp[0], dropped)
+    if inner is None or inner.eps != 0:
         return None
     eps = clamp[1] if inner.kind == "norm" else math.sqrt(clamp[1])
     return dataclasses.replace(inner, eps=eps, variant=f"{inner.variant} clamped by {node.op_type}")  # type: ignore[union-attr]
