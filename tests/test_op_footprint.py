@@ -36,6 +36,14 @@ OPS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
         (r"[Mm]odulat", r"mod_scale", r"mod_shift", r"ModScale", r"ModShift", r"mod_batch", r"rows_per_sample",
          r"adaLN"),
     ),
+    "L2Norm": (
+        frozenset({
+            SRC + "common/l2_norm.h", SRC + "common/l2_norm.cc", SRC + "cpu/l2_norm_cpu.h", SRC + "cpu/l2_norm_cpu.cc",
+            SRC + "cuda/l2_norm_kernels.cuh", SRC + "cuda/l2_norm_launch.h", SRC + "cuda/l2_norm.cu",
+            SRC + "cuda/l2_norm_cuda.cc", TOOLS + "l2_norm_check.py",
+        }),
+        (r"L2Norm", r"l2_norm", r"L2_NORM", r"\bL2Job\b", r"l2_epsilon", r"sqrt_cols"),
+    ),
 }  # fmt: skip
 
 # What is scanned: the library's sources, the kernel checks' modules and the GPU check that runs them.

@@ -122,7 +122,7 @@ FOOTPRINTS = {
         {
             "ops/schema.py": ["from onnx_norm.ops.group_norm import GROUP_NORM", "GROUP_NORM,"],
             "rewrite/families/__init__.py": [
-                "from onnx_norm.rewrite.families import group_norm, layer_norm, modulated_norm, rms_norm",
+                "from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm",
                 "group_norm.FAMILY,",
             ],
         },
@@ -133,8 +133,19 @@ FOOTPRINTS = {
         {
             "ops/schema.py": ["from onnx_norm.ops.modulated import MODULATED_OPS", "*MODULATED_OPS.values(),"],
             "rewrite/families/__init__.py": [
-                "from onnx_norm.rewrite.families import group_norm, layer_norm, modulated_norm, rms_norm",
+                "from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm",
                 "*modulated_norm.FAMILIES,",
+            ],
+        },
+    ),
+    "L2Norm": (
+        re.compile(r"L2Norm|l2_norm|L2_NORM|LpNormalization|LP_NORMALIZATION"),
+        {"ops/l2_norm.py", "rewrite/families/l2_norm.py"},
+        {
+            "ops/schema.py": ["from onnx_norm.ops.l2_norm import L2_NORM", "L2_NORM,"],
+            "rewrite/families/__init__.py": [
+                "from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm",
+                "l2_norm.FAMILY,",
             ],
         },
     ),

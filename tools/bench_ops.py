@@ -24,6 +24,10 @@ Variants per (shape, dtype, threads):
              InstanceNormalization, Reshape, Mul, Add, Sigmoid, Mul); ONNX `GroupNormalization` (opset 21) then
              Sigmoid and Mul; the decomposed graph (Reshape, ReduceMean, Sub, Pow, ..., Div, Reshape, affine, SiLU);
              all with ORT_ENABLE_ALL (ORT's best for each).
+  L2Norm:    ours `onnx_norm.L2Norm` (x-transformers' `normalize(x) * sqrt(d) * g`, the constants as one Scale); the
+             graph both torch exporters write for F.normalize times the scale (ReduceL2, Clip, Expand, Div, Mul); the
+             norm spelled out (Mul, ReduceSum, Sqrt, Max, Div, Mul); ONNX `LpNormalization` then Mul (no epsilon);
+             all with ORT_ENABLE_ALL, which fuses none of them.
 
 Ratios are "ours / theirs" in time: below 1.0 means ours is faster. GB/s counts X (and S) read, Y (and
 Sum) written and Scale/Bias read once.
@@ -51,6 +55,7 @@ from onnx import TensorProto, helper
 
 from onnx_norm.dtypes import type_name
 from onnx_norm.library import session_options
+from onnx_norm.ops.l2_norm import L2_NORM
 from onnx_norm.ops.reference import np_dtype as numpy_dtype
 from onnx_norm.ops.schema import (
     DOMAIN,
@@ -149,6 +154,31 @@ def _decomposed_rms(x: str) -> list[onnx.NodeProto]:
     ]
 
 
+def _l2_exported() -> list[onnx.NodeProto]:
+    """F.normalize(X, dim=-1) * scale as torch's exporters write it (the expand_as form)."""
+    mk = helper.make_node
+    return [
+        mk("ReduceL2", ["X", "axes"], ["norm"], keepdims=1),
+        mk("Clip", ["norm", "eps", ""], ["clamped"]),
+        mk("Shape", ["X"], ["xshape"]),
+        mk("Expand", ["clamped", "xshape"], ["denominator"]),
+        mk("Div", ["X", "denominator"], ["n"]),
+        mk("Mul", ["n", "scale"], ["Y"]),
+    ]
+
+
+def _l2_spelled_out() -> list[onnx.NodeProto]:
+    mk = helper.make_node
+    return [
+        mk("Mul", ["X", "X"], ["x2"]),
+        mk("ReduceSum", ["x2", "axes"], ["sum"], keepdims=1),
+        mk("Sqrt", ["sum"], ["norm"]),
+        mk("Max", ["norm", "eps"], ["clamped"]),
+        mk("Div", ["X", "clamped"], ["n"]),
+        mk("Mul", ["n", "scale"], ["Y"]),
+    ]
+
+
 def _ours(op: OpSignature) -> list[onnx.NodeProto]:
     """Our op on the bench's tensors, its inputs and outputs in the order of its signature (Y, and Sum)."""
     outputs = [name if name in ("Y", "Sum") else "" for name in op.outputs]
@@ -189,6 +219,14 @@ _ROWS = (
      _native("SkipSimplifiedLayerNormalization", ["X", "S", "scale"], _MS), ("scale",), 17, _ENABLE_ALL),
     (SKIP_RMS_NORM, "Add + decomposed rsqrt-style, ORT_ENABLE_ALL", [_RESIDUAL, *_decomposed_rms("Sum")],
      ("scale", "axes", "eps", "two"), 18, _ENABLE_ALL),
+    (L2_NORM, None, _ours(L2_NORM), ("scale",), 17, _ENABLE_ALL),
+    (L2_NORM, "F.normalize * g as exported (ReduceL2, Clip, Expand, Div, Mul)", _l2_exported(),
+     ("scale", "axes", "eps"), 18, _ENABLE_ALL),
+    (L2_NORM, "spelled out (Mul, ReduceSum, Sqrt, Max, Div, Mul)", _l2_spelled_out(), ("scale", "axes", "eps"), 18,
+     _ENABLE_ALL),
+    (L2_NORM, "LpNormalization + Mul (no epsilon)",
+     [helper.make_node("LpNormalization", ["X"], ["n"], axis=-1, p=2), helper.make_node("Mul", ["n", "scale"], ["Y"])],
+     ("scale",), 17, _ENABLE_ALL),
 )  # fmt: skip
 
 

@@ -45,10 +45,11 @@ TRANSLATED = ("aten::rms_norm", "aten::layer_norm")
 
 def _skip_variant(name: str) -> OpSignature | None:
     """The Skip op of a norm op: the one whose inputs are the norm's with Skip after X (read from OPS, so that a
-    family with a Skip variant needs no edit here)."""
+    family with a Skip variant needs no edit here); of the same kind, so that an op of another family whose inputs
+    read the same (X, Scale) gets no Skip op of the RMSNorm's."""
     base = OPS[name]
     inputs = (base.inputs[0], "Skip", *base.inputs[1:])
-    return next((op for op in OPS.values() if op.skip and op.inputs == inputs), None)
+    return next((op for op in OPS.values() if op.skip and op.kind == base.kind and op.inputs == inputs), None)
 
 
 #: Norm op -> its Skip op, for folding a residual Add into the norm.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from onnx_norm.dtypes import FLOAT_TYPES, ONNX_DOMAINS
 from onnx_norm.ops.group_norm import GROUP_NORM
+from onnx_norm.ops.l2_norm import L2_NORM
 from onnx_norm.ops.modulated import MODULATED_OPS
 from onnx_norm.ops.norms import LAYER_NORM, NORM_OPS, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
 from onnx_norm.ops.signature import (
@@ -45,6 +46,7 @@ OPS: dict[str, OpSignature] = {
         *NORM_OPS,
         *MODULATED_OPS.values(),
         GROUP_NORM,
+        L2_NORM,
     )
 }
 
