@@ -5,6 +5,7 @@ LayerNorm/RMSNorm/Skip ops in ops/norms.py, each other op in a module of its own
 from __future__ import annotations
 
 from onnx_norm.dtypes import FLOAT_TYPES, ONNX_DOMAINS
+from onnx_norm.ops.gated_norm import GATED_RMS_NORM
 from onnx_norm.ops.group_norm import GROUP_NORM
 from onnx_norm.ops.modulated import MODULATED_OPS
 from onnx_norm.ops.norms import LAYER_NORM, NORM_OPS, RMS_NORM, SKIP_LAYER_NORM, SKIP_RMS_NORM
@@ -36,6 +37,7 @@ OPS: dict[str, OpSignature] = {
         *NORM_OPS,
         *MODULATED_OPS.values(),
         GROUP_NORM,
+        GATED_RMS_NORM,
     )
 }
 
