@@ -4,7 +4,7 @@ norm: Qwen3-Next's Qwen3NextRMSNormGated, Falcon-H1's default), over the whole l
 as [..., G, D / G] by a Reshape, normalised over its last dim, viewed back).
 
 Exported, each is an RMSNorm that the built-in family fuses, plus a `Sigmoid` and two `Mul`s over the whole
-activation (and a `Reshape` there and back when grouped); the onnx-norm target fuses all of it into one
+activation (and a `Reshape` there and back with groups); the onnx-norm target fuses all of it into one
 `GatedRMSNorm` (docs/ops.md). The recogniser is anchored at the chain's last node and walks back:
 
     [Cast] <- [Mul(., silu(z))] <- the norm's end          the gate after the norm
@@ -12,7 +12,7 @@ activation (and a `Reshape` there and back when grouped); the onnx-norm target f
     silu(z) = Mul(z', Sigmoid(z')), z' = z or Cast(z) to float32 (`gate.to(float32)`)
 
 where the norm is one the built-in recogniser finds (match.find_norm, with its casts and its constant scale), or,
-grouped, `[Cast] [Mul(w)] [Cast] Reshape(back) [Mul(w viewed [G, D/G])] <norm over [..., G, D/G]>` whose input is
+in groups, `[Cast] [Mul(w)] [Cast] Reshape(back) [Mul(w viewed [G, D/G])] <norm over [..., G, D/G]>` whose input is
 `Reshape(x', [..., G, D/G])`. The rounding points are read from the graph's types and checked by the proof against
 the op's float64 reference. A match that a later node extends (the final Cast after the gate) is left to that node.
 The onnx and ort targets have no such op: the match is a near-miss with their reason and the RMSNorm inside is fused
@@ -40,7 +40,7 @@ from onnx_norm.rewrite.structure import NearMiss, is_widening_cast
 _FLOAT = int(ir.DataType.FLOAT)
 #: How far back from the anchor the chain's own steps may reach (casts, the scale, the reshape back).
 _MAX_STEPS = 6
-#: What the chain can end with: the gate's or the scale's Mul, a Cast, the grouped view's Reshape back.
+#: What the chain can end with: the gate's or the scale's Mul, a Cast, the view in groups's Reshape back.
 _ANCHORS = frozenset({"Mul", "Cast", "Reshape"})
 
 
@@ -88,7 +88,7 @@ def _gated(value: ir.Value) -> tuple[ir.Value, ir.Value, list[ir.Node]] | None:
 
 @dataclasses.dataclass
 class _Tail:
-    """The grouped chain's steps after the norm over [..., G, D/G]: the Reshape back, the scale (its Mul and the
+    """The chain in groups's steps after the norm over [..., G, D/G]: the Reshape back, the scale (its Mul and the
     constant), the narrow type a Cast between the norm and the scale rounds to, and every node."""
 
     reshape: ir.Node
@@ -143,7 +143,7 @@ def _grouped_tail(end: ir.Value) -> tuple[ir.Value, _Tail] | None:
 
 def _group_affine(inputs: match.AffineInputs) -> match.Affine:
     """The affine of the norm over [..., G, D/G]: a constant weight viewed [G, D/G] (Falcon-H1's
-    `weight.view(groups, d / groups) * x`), which varies across the rows of the grouped view but is one row of X's
+    `weight.view(groups, d / groups) * x`), which varies across the rows of the view in groups but is one row of X's
     last dim, read as the [D] scale the op takes; anything else as the default strategy reads it."""
     layout = inputs.layout
     shape = layout.x_shape
@@ -259,7 +259,7 @@ def _strip_output_cast(y: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
 
 
 def _match(anchor: ir.Node) -> match.Candidate | None:
-    """The gated norm ending at `anchor`, either order, grouped or not."""
+    """The gated norm ending at `anchor`, either order, in groups or not."""
     if len(anchor.outputs) != 1 or not is_onnx_domain(anchor.domain) or anchor.op_type not in _ANCHORS:
         return None
     y = anchor.outputs[0]
@@ -398,7 +398,7 @@ _REASON = "{} has no gated RMSNorm; the RMSNorm inside is fused alone (the gate 
 
 FAMILY = NormFamily(
     kind=GATED_RMS_NORM.kind,
-    summary="gated RMSNorm: rmsnorm(x * silu(z)) * w or rmsnorm(x) * w * silu(z), grouped or not (Mamba2)",
+    summary="gated RMSNorm: rmsnorm(x * silu(z)) * w or rmsnorm(x) * w * silu(z), in groups or not (Mamba2)",
     rules=(FusionRule("gated_rms_norm", GATED_RMS_NORM.kind),),
     reference=_reference,
     lowerings={
