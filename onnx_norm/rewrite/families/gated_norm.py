@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain
 from onnx_norm.ops.gated_norm import GATED_RMS_NORM, GatedNormAttributes, gated_rms
-from onnx_norm.ops.numerics import np_dtype, normalize, output
+from onnx_norm.ops.numerics import normalize, np_dtype, output
 from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
 from onnx_norm.rewrite import constants, match
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
