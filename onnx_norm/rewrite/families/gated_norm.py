@@ -117,7 +117,7 @@ def _grouped_tail(end: ir.Value) -> tuple[ir.Value, _Tail] | None:
     narrow = 0
     for _ in range(_MAX_STEPS):
         node = value.producer()
-        if node is None or not is_onnx_domain(node.domain) or node.inputs[0] is None:
+        if node is None or not is_onnx_domain(node.domain) or not node.inputs or node.inputs[0] is None:
             break
         operands = _scale_operand(node) if scale is None else None
         if is_float_cast(node):
@@ -182,7 +182,7 @@ def _split(x4: ir.Value, tail: _Tail) -> tuple[ir.Value, int] | None:
         return None
     x = split.inputs[0]
     back = tail.reshape.outputs[0]
-    if x4.shape is None or x.shape is None or back.shape is None or len(x4.shape) != len(x.shape) + 1:
+    if x4.shape is None or x.shape is None or back.shape is None or len(x4.shape) != len(x.shape) + 1 or not x.shape:
         return None
     size, d = x4.shape[-1], x.shape[-1]
     if not isinstance(size, int) or not isinstance(d, int) or size < 1 or d % size or list(back.shape) != list(x.shape):
