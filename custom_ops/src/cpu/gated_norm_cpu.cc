@@ -46,7 +46,7 @@ inline __attribute__((always_inline)) float ExpForGate(float x) {
 
 // v *= z * sigmoid(z), in float32. Compiled for AVX2 too, picked at load time: the sigmoid is arithmetic-bound
 // (no FMA: the same roundings on every machine).
-__attribute__((target_clones("avx2", "default"))) void MulGate(float* v, const float* z, int64_t n) {
+__attribute__((target_clones("avx2", "default"))) void MulGate(float* __restrict v, const float* __restrict z, int64_t n) {
   for (int64_t j = 0; j < n; ++j) v[j] *= z[j] * (1.0f / (1.0f + ExpForGate(-z[j])));
 }
 
