@@ -27,6 +27,14 @@ OPS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
         }),
         (r"GroupNorm", r"group_norm", r"num_groups", r"group_channels", r"activation", r"\bSiLU\b", r"kNumGroups"),
     ),
+    "GatedRMSNorm": (
+        frozenset({
+            SRC + "common/gated_norm.h", SRC + "common/gated_norm.cc", SRC + "cpu/gated_norm_cpu.h",
+            SRC + "cpu/gated_norm_cpu.cc",
+        }),
+        (r"GatedRMSNorm", r"GatedNorm", r"gated_norm", r"norm_before_gate", r"kNormBeforeGate", r"gate_after",
+         r"GateRow", r"MulGate"),
+    ),
     "ModulatedLayerNorm, ModulatedRMSNorm": (
         frozenset({
             SRC + "common/modulation.h", SRC + "common/modulation.cc", SRC + "cpu/modulated_cpu.h",

@@ -112,19 +112,29 @@ def test_the_native_op_readers_read_the_records() -> None:
 
 #: Identifiers of one op: they appear under onnx_norm/ only in the op's own files, and in the registration lines
 #: of the two registries (the op's import and its entry).
+_FAMILIES_IMPORT = (
+    "from onnx_norm.rewrite.families import gated_norm, group_norm, l2_norm, layer_norm, modulated_norm, rms_norm"
+)
 FOOTPRINTS = {
     "GroupNorm": (
-        # Sigmoid is the proof's own (rewrite/evaluate.py), for every family that fuses an activation or a gate.
-        re.compile(
-            r"GroupNorm|group_norm|GROUP_NORM|num_groups|InstanceNormalization|ACTIVATIONS|\bgrouped\b|silu|SiLU"
-        ),
+        # Sigmoid is the proof's own (rewrite/evaluate.py), and SiLU no op's own word: GroupNorm fuses it as its
+        # activation, GatedRMSNorm as its gate.
+        re.compile(r"GroupNorm|group_norm|GROUP_NORM|num_groups|InstanceNormalization|ACTIVATIONS|\bgrouped\b"),
         {"ops/group_norm.py", "rewrite/families/group_norm.py"},
         {
             "ops/schema.py": ["from onnx_norm.ops.group_norm import GROUP_NORM", "GROUP_NORM,"],
             "rewrite/families/__init__.py": [
-                "from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm",
+                _FAMILIES_IMPORT,
                 "group_norm.FAMILY,",
             ],
+        },
+    ),
+    "GatedRMSNorm": (
+        re.compile(r"GatedRMSNorm|gated_norm|GATED_RMS|gated_rms|norm_before_gate|GatedNorm"),
+        {"ops/gated_norm.py", "rewrite/families/gated_norm.py"},
+        {
+            "ops/schema.py": ["from onnx_norm.ops.gated_norm import GATED_RMS_NORM", "GATED_RMS_NORM,"],
+            "rewrite/families/__init__.py": [_FAMILIES_IMPORT, "gated_norm.FAMILY,"],
         },
     ),
     "modulated": (
@@ -133,7 +143,7 @@ FOOTPRINTS = {
         {
             "ops/schema.py": ["from onnx_norm.ops.modulated import MODULATED_OPS", "*MODULATED_OPS.values(),"],
             "rewrite/families/__init__.py": [
-                "from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm",
+                _FAMILIES_IMPORT,
                 "*modulated_norm.FAMILIES,",
             ],
         },

@@ -20,6 +20,9 @@ Variants per (shape, dtype, threads):
              normalised over HEAD_DIM: ours with a Scale and Bias per head [H, HEAD_DIM]; ours with one row
              [HEAD_DIM] at the same size (per-head should not be slower); `LayerNormalization` with ones and zeros
              then the per-head Mul and Add (what `--target onnx` writes; ORT_ENABLE_ALL).
+  GatedRMSNorm (Mamba2's order, the whole row one group, Z the gate): ours; the SiLU gate (Sigmoid, Mul,
+             Mul) then SimplifiedLayerNormalization; the graph torch exports (the gate, then the rsqrt-style RMSNorm),
+             with ORT_ENABLE_ALL.
   GroupNorm(32) + SiLU on [N, C, H, W] (GROUP_SHAPES): ours; the graph torch's exporters write (Reshape,
              InstanceNormalization, Reshape, Mul, Add, Sigmoid, Mul); ONNX `GroupNormalization` (opset 21) then
              Sigmoid and Mul; the decomposed graph (Reshape, ReduceMean, Sub, Pow, ..., Div, Reshape, affine, SiLU);
@@ -55,6 +58,7 @@ from onnx import TensorProto, helper
 
 from onnx_norm.dtypes import type_name
 from onnx_norm.library import session_options
+from onnx_norm.ops.gated_norm import GATED_RMS_NORM
 from onnx_norm.ops.l2_norm import L2_NORM
 from onnx_norm.ops.reference import np_dtype as numpy_dtype
 from onnx_norm.ops.schema import (
@@ -96,9 +100,11 @@ def _model(
     opset: int,
     skip: bool = False,
     dims: list[str | int] | None = None,
+    gate: bool = False,
 ) -> onnx.ModelProto:
-    """X (and S, the residual, for Skip variants) in; Y (and Sum = X + S) out; of `dims` (default [rows, cols])."""
-    names = ["X", "S"] if skip else ["X"]
+    """X (and S, the residual, for Skip variants, or Z, the gate, for the gated norm) in; Y (and Sum = X + S) out;
+    of `dims` (default [rows, cols])."""
+    names = ["X", "S"] if skip else ["X", "Z"] if gate else ["X"]
     outputs = ["Y", "Sum"] if skip else ["Y"]
     dims = dims or ["rows", "cols"]
     graph = helper.make_graph(
@@ -120,7 +126,7 @@ def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(value, name)
 
 
-_BENCH_NAMES = {"X": "X", "Skip": "S", "Scale": "scale", "Bias": "bias"}
+_BENCH_NAMES = {"X": "X", "Skip": "S", "Z": "Z", "Scale": "scale", "Bias": "bias"}
 _MS = "com.microsoft"
 _DISABLE_ALL = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 _ENABLE_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -179,6 +185,12 @@ def _l2_spelled_out() -> list[onnx.NodeProto]:
     ]
 
 
+def _gated_rms(x: str, z: str) -> list[onnx.NodeProto]:
+    """Mamba2's gated RMSNorm as torch exports it in float32: the SiLU gate on X, then the rsqrt-style RMSNorm."""
+    mk = helper.make_node
+    return [mk("Sigmoid", [z], ["zs"]), mk("Mul", [z, "zs"], ["silu"]), mk("Mul", [x, "silu"], ["v"])]
+
+
 def _ours(op: OpSignature) -> list[onnx.NodeProto]:
     """Our op on the bench's tensors, its inputs and outputs in the order of its signature (Y, and Sum)."""
     outputs = [name if name in ("Y", "Sum") else "" for name in op.outputs]
@@ -227,6 +239,11 @@ _ROWS = (
     (L2_NORM, "LpNormalization + Mul (no epsilon)",
      [helper.make_node("LpNormalization", ["X"], ["n"], axis=-1, p=2), helper.make_node("Mul", ["n", "scale"], ["Y"])],
      ("scale",), 17, _ENABLE_ALL),
+    (GATED_RMS_NORM, None, _ours(GATED_RMS_NORM), ("scale",), 17, _ENABLE_ALL),
+    (GATED_RMS_NORM, "Sigmoid/Mul gate + SimplifiedLayerNormalization",
+     [*_gated_rms("X", "Z"), *_native("SimplifiedLayerNormalization", ["v", "scale"])], ("scale",), 17, _ENABLE_ALL),
+    (GATED_RMS_NORM, "the exported graph (gate + rsqrt-style), ORT_ENABLE_ALL",
+     [*_gated_rms("X", "Z"), *_decomposed_rms("v")], ("scale", "axes", "eps", "two"), 18, _ENABLE_ALL),
 )  # fmt: skip
 
 
@@ -361,7 +378,7 @@ def build_variants(cols: int, elem: int, np_dtype: type) -> list[Variant]:
     }
     variants = []
     for op, label, nodes, inits, opset, level in _ROWS:
-        model = _model(nodes, [consts[name] for name in inits], elem, opset, skip=op.skip)
+        model = _model(nodes, [consts[name] for name in inits], elem, opset, skip=op.skip, gate="Z" in op.inputs)
         ours = label is None
         name = f"onnx_norm.{op.name}" if ours else label
         variants.append(Variant(op.name, name, model, ours=ours, opt_level=level))
@@ -382,8 +399,9 @@ def make_runner(session: ort.InferenceSession, x: np.ndarray, residual: np.ndarr
     binding = session.io_binding()
     input_names = {i.name for i in session.get_inputs()}
     binding.bind_cpu_input("X", x)
-    if "S" in input_names:
-        binding.bind_cpu_input("S", residual)
+    for name in ("S", "Z"):  # the residual or the gate
+        if name in input_names:
+            binding.bind_cpu_input(name, residual)
     outputs = {o.name: np.empty_like(x) for o in session.get_outputs()}
     for name, buffer in outputs.items():
         binding.bind_output(name, "cpu", 0, buffer.dtype, list(buffer.shape), buffer.ctypes.data)
@@ -484,7 +502,7 @@ def _print_rows(shape: tuple[int, ...], dtype: str, threads: int, results) -> No
             continue
         op = OPS[variant.family]
         params = len(op.optional_inputs)  # Scale (and Bias)
-        tensors = 4 if op.skip else 2  # X (+ S) read, Y (+ Sum) written
+        tensors = 4 if op.skip else 3 if "Z" in op.inputs else 2  # X (+ S or Z) read, Y (+ Sum) written
         traffic = (tensors * elements + params * channels) * elem_size
         ratio = "" if variant.ours else f"{ours[variant.key] / seconds:.2f}" if variant.key in ours else ""
         print(f"{label} {seconds * 1e3:.2f} | {traffic / seconds / 1e9:.1f} | {ratio} |")

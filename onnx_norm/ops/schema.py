@@ -5,6 +5,7 @@ LayerNorm/RMSNorm/Skip ops in ops/norms.py, each other op in a module of its own
 from __future__ import annotations
 
 from onnx_norm.dtypes import FLOAT_TYPES, ONNX_DOMAINS
+from onnx_norm.ops.gated_norm import GATED_RMS_NORM
 from onnx_norm.ops.group_norm import GROUP_NORM
 from onnx_norm.ops.l2_norm import L2_NORM
 from onnx_norm.ops.modulated import MODULATED_OPS
@@ -47,6 +48,7 @@ OPS: dict[str, OpSignature] = {
         *MODULATED_OPS.values(),
         GROUP_NORM,
         L2_NORM,
+        GATED_RMS_NORM,
     )
 }
 

@@ -89,6 +89,11 @@ struct NormProblem {
   int y_type = 0;
   int normalized_type = 0;
   int multiply_type = 0;
+  // The input stage (CPU): when set, the row normalised is what `input` computes from the row at element `offset`
+  // of this problem's X (cols float32 values into `dst`, returning `dst` or a row of its own), instead of X's row
+  // (or its sum with Skip). `input_state` is the op's own (its other inputs at this problem's rows).
+  const float* (*input)(const void* input_state, const NormProblem& p, size_t offset, float* dst) = nullptr;
+  const void* input_state = nullptr;
 };
 
 // The inverse of the row's standard deviation (or RMS) from its variance (mean square), as `p` says.

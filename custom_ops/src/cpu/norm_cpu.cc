@@ -240,10 +240,11 @@ struct RowPlan {
   bool fused16_out;  // fp16/bf16 Y can be rounded and stored from registers
 };
 
-// The row at element `offset` as floats: X itself (float32 without Skip), else converted, or summed with Skip
-// (writing Sum), into `xbuf`.
+// The row at element `offset` as floats: the op's input stage's row when it has one (NormProblem::input), else X
+// itself (float32 without Skip), else converted, or summed with Skip (writing Sum), into `xbuf`.
 const float* ReadRow(const RowPlan& plan, size_t offset, float* xbuf) {
   const NormProblem& p = *plan.job.p;
+  if (p.input != nullptr) return p.input(p.input_state, p, offset, xbuf);
   const int64_t n = p.cols;
   const void* x_row = static_cast<const char*>(p.x) + offset * plan.x_elem;
   if (p.skip) {
@@ -317,7 +318,7 @@ void RunBlock(void* data, size_t block) {
                      Fused16Available()};
   // fp16 -> fp16 and bf16 -> bf16 without Skip or rounding attributes: fused kernels that convert in
   // registers, where the CPU has the instructions.
-  const bool fused16 = !p.skip && !rounded && p.x_type != kFloat && p.y_type == p.x_type && Fused16Available();
+  const bool fused16 = !p.skip && p.input == nullptr && !rounded && p.x_type != kFloat && p.y_type == p.x_type && Fused16Available();
 
   for (int64_t row = begin; row < end; ++row) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(n);
@@ -373,6 +374,8 @@ float* ThreadRows(int64_t count) {
   }
   return rows.data();
 }
+
+void LoadFloats(const void* src, int type, float* dst, int64_t n) { LoadRow(src, type, dst, n); }
 
 bool RunIntoFloats(NormProblem chunk, float* rows) {
   chunk.y = rows;

@@ -6,7 +6,7 @@ family is adding its module to the import and its entry to `BUILT_IN` (docs/addi
 """
 
 from onnx_norm.rewrite import family
-from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm
+from onnx_norm.rewrite.families import gated_norm, group_norm, l2_norm, layer_norm, modulated_norm, rms_norm
 
 #: Every built-in family, in registration order.
 BUILT_IN: tuple[family.NormFamily, ...] = (
@@ -15,6 +15,7 @@ BUILT_IN: tuple[family.NormFamily, ...] = (
     *modulated_norm.FAMILIES,
     group_norm.FAMILY,
     l2_norm.FAMILY,
+    gated_norm.FAMILY,
 )
 
 for _built_in in BUILT_IN:
