@@ -153,10 +153,7 @@ FOOTPRINTS = {
         {"ops/l2_norm.py", "rewrite/families/l2_norm.py"},
         {
             "ops/schema.py": ["from onnx_norm.ops.l2_norm import L2_NORM", "L2_NORM,"],
-            "rewrite/families/__init__.py": [
-                "from onnx_norm.rewrite.families import group_norm, l2_norm, layer_norm, modulated_norm, rms_norm",
-                "l2_norm.FAMILY,",
-            ],
+            "rewrite/families/__init__.py": [_FAMILIES_IMPORT, "l2_norm.FAMILY,"],
         },
     ),
 }
