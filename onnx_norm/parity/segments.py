@@ -182,7 +182,9 @@ def plan(original: onnx.ModelProto, optimized: onnx.ModelProto, count: int) -> P
     crossing = _crossings(nodes)
     cumulative = _cumulative_weights(nodes, {i.name: weights.tensor_bytes(i) for i in original.graph.initializer})
     usable = {i for i in range(len(nodes) - 1) if crossing[i] and crossing[i] <= optimized_values}
-    for _ in range(_RETRIES):
+    # Each failed try leaves one point out, so as many tries as points: a fixed count (64) ran out on an 89-layer
+    # LLaMA, whose fused Skip ops make most points inside a layer unusable, before the layer boundaries were tried.
+    for _ in range(len(usable) + 1):
         points = _choose_cuts(crossing, cumulative, count, usable)
         cuts = [sorted(crossing[i]) for i in points]
         home = _slices(nodes, points)
@@ -193,10 +195,6 @@ def plan(original: onnx.ModelProto, optimized: onnx.ModelProto, count: int) -> P
                 raise
             usable.discard(points[err.cut])
     raise PlanError(f"no {count - 1} points found where both models can be cut")
-
-
-#: Cut points tried and left out before a plan gives up.
-_RETRIES = 64
 
 
 def segment_model(
