@@ -33,6 +33,12 @@ class NarrowNumerics:
     problems: list[str]  # one line per step that overflowed, underflowed or added a zero epsilon
     original_max_error: float | None  # the subgraph in its own types, against float64
     fused_max_error: float | None  # the fused op's output (as run), against the same float64 result
+    overflows: int = 0  # elements of the subgraph's steps that overflowed to inf/NaN where float64 is finite
+
+    @property
+    def repaired(self) -> bool:
+        """The original overflowed in its own types and the fused op's output is finite (its error is)."""
+        return self.overflows > 0 and self.fused_max_error is not None and np.isfinite(self.fused_max_error)
 
 
 def _replaced_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node] | None:
@@ -52,12 +58,17 @@ def _replaced_nodes(y: ir.Value, stops: set[ir.Value]) -> list[ir.Node] | None:
     return sorted(seen, key=lambda node: order.get(node, 0))
 
 
+def _overflows(own: np.ndarray, exact: np.ndarray) -> int:
+    """Elements non-finite in the narrow evaluation where the float64 one is finite."""
+    return int((~np.isfinite(np.asarray(own).astype(np.float64)) & np.isfinite(np.asarray(exact, np.float64))).sum())
+
+
 def _problems(node: ir.Node, own: np.ndarray, exact: np.ndarray, dtype: ir.DataType) -> list[str]:
     own64 = np.asarray(own).astype(np.float64)
     exact = np.asarray(exact, dtype=np.float64)
     where = f"{node.op_type} {node.name or node.outputs[0].name!r} ({type_name(dtype)})"
     found = []
-    overflow = int((~np.isfinite(own64) & np.isfinite(exact)).sum())
+    overflow = _overflows(own64, exact)
     if overflow:
         largest = float(np.max(np.abs(exact[np.isfinite(exact)]), initial=0.0))
         found.append(f"{where}: {overflow} element(s) overflow to inf/NaN (float64 max |value| {largest:.3g})")
@@ -116,11 +127,13 @@ def narrow_numerics(
             logger.info("cannot evaluate the original of %s in its own types: %s", key, err)
             continue
         problems = [p for node in nodes if (p := _zero_epsilon(node))]
+        overflows = 0
         for value, a, b in zip(outputs, own, exact, strict=True):
             node = value.producer()
             dtype = _float_type(np.asarray(a).dtype)  # the values' types: the loaded model may carry none
             if node is not None and dtype is not None:
                 problems.extend(_problems(node, a, b, dtype))
+                overflows += _overflows(a, b)
         y_exact = exact[outputs.index(y)] if y in outputs else None
         original_error = fused_error = None
         if y_exact is not None:
@@ -129,5 +142,5 @@ def narrow_numerics(
                 fused = fused_outputs.get(key)
                 if fused is not None and np.shape(fused) == np.shape(y_exact):
                     fused_error = float(np.max(np.abs(np.asarray(fused).astype(np.float64) - y_exact)))
-        result[key] = NarrowNumerics(problems, original_error, fused_error)
+        result[key] = NarrowNumerics(problems, original_error, fused_error, overflows)
     return result
