@@ -120,3 +120,41 @@ def test_web_runtimes_run_the_repair_close_to_the_parent(models: dict, backend: 
     (meta,) = result["outputs"][0].values()
     output = np.frombuffer((tmp_path / "out" / meta["file"]).read_bytes(), np.float32).reshape(meta["shape"])
     _close_to_parent(output, models["parent"])
+
+
+def test_inspect_names_the_norms_that_overflow_at_a_realistic_magnitude(models: dict, capsys) -> None:
+    """inspect evaluates each fp16 norm alone, in fp16, on X drawn at --activation-rms (default 1000): all five
+    square values past fp16's range there, none at 20; the JSON report has the same; the fp32 parent has no check."""
+    from onnx_norm.cli import main
+
+    folder = models["folder"]
+    report = folder / "inspect.json"
+    assert main(["inspect", str(folder / "fp16.onnx"), "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "5 of 5 fp16/bf16 norm(s) overflow in their own type at activation RMS 1000" in out
+    check = json.loads(report.read_text())["overflow_check"]
+    assert check["activation_rms"] == 1000 and len(check["overflows"]) == 5
+    assert all(row["what"].startswith("Pow ") for row in check["overflows"])
+    assert main(["inspect", str(folder / "fp16.onnx"), "--activation-rms", "20"]) == 0
+    assert "0 of 5 fp16/bf16 norm(s) overflow" in capsys.readouterr().out
+    assert main(["inspect", str(folder / "parent.onnx"), "--target", "onnx", "--opset", "23"]) == 0
+    assert "overflow in their own type" not in capsys.readouterr().out
+    assert main(["inspect", str(folder / "fp16.onnx"), "--activation-rms", "-1"]) == 2
+    assert "--activation-rms must be a finite number >= 0, not -1" in capsys.readouterr().err
+
+
+def test_our_own_ops_repair_all_five(models: dict, tmp_path: Path) -> None:
+    """The default target (onnx-norm's RMSNorm/SkipRMSNorm, fp32 accumulation) replaces all five norms, the final
+    one with its residual Add: verify counts five repaired."""
+    from onnx_norm import model_io
+    from onnx_norm.cli import main
+    from onnx_norm.rewrite import optimize
+
+    folder = models["folder"]
+    optimized, report = optimize(str(folder / "fp16.onnx"))
+    assert report.fused == 5
+    model_io.save(optimized, tmp_path / "ops.onnx")
+    json_report = tmp_path / "verify.json"
+    args = ["verify", str(folder / "fp16.onnx"), str(tmp_path / "ops.onnx"), "--per-node", "--report", str(json_report)]
+    assert main(args) == 0
+    assert json.loads(json_report.read_text())["repaired_overflows"] == 5

@@ -144,3 +144,87 @@ def narrow_numerics(
                     fused_error = float(np.max(np.abs(np.asarray(fused).astype(np.float64) - y_exact)))
         result[key] = NarrowNumerics(problems, original_error, fused_error, overflows)
     return result
+
+
+#: The residual-stream RMS `inspect` evaluates fp16/bf16 norms at by default: trained LLMs carry activations of a few
+#: hundred to a few thousand in their residual stream (docs/accuracy.md, "fp16 norm repair").
+REALISTIC_RMS = 1000.0
+_ROWS = 4  # rows drawn per norm (the non-normalized dims are 1 but the first)
+
+
+def _subgraph_io(nodes: list[ir.Node]) -> tuple[list[ir.Value], ir.Value | None]:
+    """The non-constant inputs the nodes read from outside (X, Skip) and their last output read outside (Y)."""
+    inside = set(nodes)
+    inputs: dict[ir.Value, None] = {}
+    for node in nodes:
+        for value in node.inputs:
+            producer = None if value is None else value.producer()
+            constant = value is None or value.const_value is not None or getattr(producer, "op_type", "") == "Constant"
+            if not constant and producer not in inside:
+                inputs.setdefault(value)
+    outside = [
+        v
+        for node in nodes
+        for v in node.outputs
+        if v.is_graph_output() or any(user not in inside for user, _ in v.uses())
+    ]
+    return list(inputs), (outside[-1] if outside else None)
+
+
+def _draw(value: ir.Value, axes: list[int], rms: float, rng: np.random.Generator) -> np.ndarray | None:
+    """X at residual RMS `rms` in X's type: static normalized dims, _ROWS rows; None when a normalized dim is
+    symbolic or the type unknown."""
+    shape = value.shape
+    if shape is None or value.dtype is None:
+        return None
+    dims = []
+    for axis, dim in enumerate(shape):
+        if axis in axes:
+            if not isinstance(dim, int):
+                return None
+            dims.append(dim)
+        else:
+            dims.append(_ROWS if not dims else 1)
+    values = np.clip(rng.standard_normal(dims) * rms, -60000, 60000)
+    return values.astype(value.dtype.numpy())
+
+
+def overflows_at(model: onnx.ModelProto, records: list, rms: float = REALISTIC_RMS, seed: int = 0) -> dict[int, str]:
+    """{index of a record: what overflowed}: the original fp16/bf16 norms of `records` (the rewrite report's, found
+    in the main graph by node name) evaluated op by op in their own types on X (and Skip) drawn at residual RMS
+    `rms`, as an fp16-native kernel computes them. A norm that cannot be evaluated is left out (logged)."""
+    from onnx_norm.rewrite.evaluate import EvaluationError, evaluate
+
+    graph = ir.serde.deserialize_model(model).graph
+    by_name = {node.name: node for node in graph if node.name}
+    order = {node: index for index, node in enumerate(graph)}
+    main = f"graph {graph.name!r}" if graph.name else "graph"  # how the rewrite report names the main graph
+    rng = np.random.default_rng(seed)
+    found: dict[int, str] = {}
+    for index, record in enumerate(records):
+        nodes = [by_name.get(name) for name in record.replaced_nodes]
+        if record.dtype not in ("fp16", "bf16") or record.graph != main or None in nodes:
+            continue
+        nodes = sorted(nodes, key=order.__getitem__)  # type: ignore[arg-type]
+        inputs, y = _subgraph_io(nodes)  # type: ignore[arg-type]
+        scale = rms / np.sqrt(max(len(inputs), 1))  # X + Skip at the RMS asked for
+        arrays = {v: _draw(v, record.axes, scale, rng) for v in inputs}
+        if y is None or any(a is None for a in arrays.values()):
+            logger.info("norm %s: no static shape to evaluate it at", record.replaced_nodes[0])
+            continue
+        outputs = [v for node in nodes for v in node.outputs]
+        try:
+            own = evaluate(outputs, arrays)
+            exact = evaluate(outputs, arrays, widen=True)
+        except (EvaluationError, ValueError, TypeError, IndexError) as err:
+            logger.info("cannot evaluate norm %s in its own types: %s", record.replaced_nodes[0], err)
+            continue
+        steps = [
+            f"{v.producer().op_type} {v.name!r}"
+            for v, a, b in zip(outputs, own, exact, strict=True)
+            if _overflows(a, b)
+        ]
+        if steps:
+            more = f" (and {len(steps) - 1} later step(s))" if len(steps) > 1 else ""
+            found[index] = f"{steps[0]} overflows to inf{more}"
+    return found
