@@ -41,6 +41,10 @@ class _ValueMap:
             for index, name in enumerate(node.input):
                 self.consumers.setdefault(name, []).append((node, index))
         self.original_outputs = [value.name for value in original.graph.output]
+        # An op the rewrite re-created (the residual Add a Skip rule keeps before a standard norm op, renamed): the
+        # original's node of the same type on the same inputs (in any order: Add and Mul commute).
+        self.twins = {(n.op_type, tuple(sorted(n.input))): list(n.output) for n in original.graph.node}
+        self.producers = {name: node for node in optimized.graph.node for name in node.output}
         self.output_index = {value.name: i for i, value in enumerate(optimized.graph.output)}
 
     def __call__(self, name: str) -> str | None:
@@ -54,6 +58,15 @@ class _ValueMap:
             twin = self.nodes.get(consumer.name)
             if twin is not None and twin.op_type == consumer.op_type and position < len(twin.input):
                 return twin.input[position]
+        producer = self.producers.get(name)
+        if (
+            producer is not None
+            and producer.op_type in ("Add", "Mul")
+            and all(i in self.values for i in producer.input)
+        ):
+            outputs = self.twins.get((producer.op_type, tuple(sorted(producer.input))), [])
+            index = list(producer.output).index(name)
+            return outputs[index] if index < len(outputs) else None
         return None
 
 
@@ -85,10 +98,11 @@ def _narrowing_casts(tagged: list[onnx.NodeProto]) -> dict[str, str]:
     for node in tagged:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    # A Cast whose output a tagged node reads widens the next op's X: not this op's result narrowed back.
     return {
         name: nodes[0].output[0]
         for name, nodes in readers.items()
-        if name in produced_by_op and len(nodes) == 1 and _is_cast(nodes[0])
+        if name in produced_by_op and len(nodes) == 1 and _is_cast(nodes[0]) and nodes[0].output[0] not in readers
     }
 
 
