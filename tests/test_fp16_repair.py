@@ -1,4 +1,4 @@
-"""fp16 norm repair end to end: an fp16 LLaMA whose RMSNorm statistics run in fp16 (tests/fp16_models.py) gives
+"""fp16 norm repair end to end: an fp16 LLaMA whose RMSNorm statistics run in fp16 (onnx_norm/zoo/fp16.py) gives
 zeros in a true-fp16 evaluation at a realistic residual magnitude; `optimize --target onnx --opset 23` replaces
 its norms with RMSNormalization computed in float32, which is finite and within fp16's tolerance of the fp32 parent
 in the same evaluation, on ONNX Runtime, OpenVINO and onnxruntime-web/node (where installed; skipped saying why).
@@ -18,7 +18,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.fp16_models import fp32_parent, ort_fp16, true_fp16
+from onnx_norm.zoo.fp16 import main as fp16_main
+from onnx_norm.zoo.fp16 import true_fp16
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENVINO_SITE = ROOT / "build" / "openvino-site"
@@ -34,8 +35,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from onnx_norm.rewrite import optimize
 
     folder = tmp_path_factory.mktemp("fp16")
-    inputs = fp32_parent(folder / "parent.onnx")
-    ort_fp16(folder / "parent.onnx", folder / "fp16.onnx")
+    assert fp16_main([str(folder)]) == 0  # parent.onnx, fp16.onnx, inputs.npz: python -m onnx_norm.zoo.fp16 OUT
+    with np.load(folder / "inputs.npz") as data:
+        inputs = {name: data[name] for name in data.files}
     optimized, report = optimize(str(folder / "fp16.onnx"), target="onnx", opset=23)
     model_io.save(optimized, folder / "repaired.onnx")
     parent = ort.InferenceSession(str(folder / "parent.onnx")).run(None, inputs)[0]

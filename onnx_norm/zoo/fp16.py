@@ -11,10 +11,15 @@ to float16). onnxconverter-common 1.16's `convert_float_to_float16` cannot: with
 the norms' `Cast(to=float)` and records float16 after it (ONNX Runtime refuses the model: type error at the Cast),
 and with `Cast` added to `op_block_list` it does not return (it wraps each blocked Cast in Casts, which are blocked
 in turn).
+
+    python -m onnx_norm.zoo.fp16 OUT_DIR [--residual-rms 600]   # OUT_DIR/parent.onnx, fp16.onnx, inputs.npz
+
+(tests/test_fp16_repair.py, docs/accuracy.md "fp16 norm repair").
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +33,9 @@ EMBEDDING = "model.embed_tokens.weight"
 
 def fp32_parent(path: Path, residual_rms: float = RESIDUAL_RMS) -> dict[str, np.ndarray]:
     """Writes the fp32 parent (the zoo's LLaMA, torchscript-14, embeddings scaled) to `path`; returns its inputs."""
-    from onnx_norm import zoo
+    from onnx_norm.zoo.export import export as zoo_export
 
-    export = zoo.export("llama", "torchscript-14", "fp32")
+    export = zoo_export("llama", "torchscript-14", "fp32")
     model = onnx.load(export.path)
     for tensor in model.graph.initializer:
         if tensor.name == EMBEDDING:
@@ -58,3 +63,20 @@ def true_fp16(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
 
     with np.errstate(all="ignore"):
         return ReferenceEvaluator(str(path)).run(None, inputs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write an fp16 LLaMA with fp16 norm statistics and its fp32 parent.")
+    parser.add_argument("out", type=Path, help="folder for parent.onnx, fp16.onnx and inputs.npz")
+    parser.add_argument("--residual-rms", type=float, default=RESIDUAL_RMS, help="RMS of the embeddings (600)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    inputs = fp32_parent(args.out / "parent.onnx", args.residual_rms)
+    ort_fp16(args.out / "parent.onnx", args.out / "fp16.onnx")
+    np.savez(args.out / "inputs.npz", **inputs)
+    print(f"wrote {args.out / 'parent.onnx'}, {args.out / 'fp16.onnx'}, {args.out / 'inputs.npz'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
