@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("model", help="ONNX model to inspect")
     common.TargetArgs("target to check against").add(parser)
     common.RewriteReportArgs().add(parser)
+    parser.add_argument(
+        "--activation-rms",
+        type=float,
+        default=None,
+        metavar="RMS",
+        help="evaluate each fp16/bf16 norm op by op in its own type on inputs of this RMS and name those whose "
+        "statistics overflow (default 1000, a residual stream of a few hundred to a few thousand as trained LLMs "
+        "carry; 0 turns the check off)",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -38,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from onnx_norm.rewrite import inspect
 
     common.check_outputs([("--report", args.report)], [args.model])
+    if args.activation_rms is not None and not (math.isfinite(args.activation_rms) and args.activation_rms >= 0):
+        raise UsageError(f"--activation-rms must be a finite number >= 0, not {args.activation_rms:g}")
     with common.input_errors():
         report = inspect(args.model, target=args.target, opset=args.opset)
     console = common.console()
@@ -47,9 +59,42 @@ def run(args: argparse.Namespace) -> int:
         print_near_misses(console, report)
     elif report.near_misses:
         console.print(f"{len(report.near_misses)} near-miss(es) not fused; --explain lists them with the reasons")
+    overflow = overflow_check(args.model, report, args.activation_rms)
+    if overflow is not None:
+        print_overflows(console, report, overflow)
     if args.report:
-        write_report(args.report, report, {"model": args.model})
+        write_report(args.report, report, {"model": args.model}, overflow)
     return 0
+
+
+def overflow_check(model: str, report: OptimizeReport, rms: float | None) -> dict[str, Any] | None:
+    """The fp16/bf16 norms whose statistics overflow in their own type at residual RMS `rms` (parity/numerics.py),
+    as {"activation_rms", "overflows": [{"norm": index, "nodes", "what"}]}; None when no norm is narrow or rms is 0."""
+    import onnx
+
+    from onnx_norm.parity.numerics import REALISTIC_RMS, overflows_at
+
+    rms = REALISTIC_RMS if rms is None else rms
+    if rms == 0 or not any(norm.dtype in ("fp16", "bf16") for norm in report.norms):
+        return None
+    with common.input_errors():
+        found = overflows_at(onnx.load(model), report.norms, rms)
+    rows = [{"norm": i, "nodes": report.norms[i].replaced_nodes, "what": what} for i, what in sorted(found.items())]
+    return {"activation_rms": rms, "overflows": rows}
+
+
+def print_overflows(console: Console, report: OptimizeReport, overflow: dict[str, Any]) -> None:
+    narrow = sum(1 for norm in report.norms if norm.dtype in ("fp16", "bf16"))
+    rows = overflow["overflows"]
+    console.print(
+        f"{len(rows)} of {narrow} fp16/bf16 norm(s) overflow in their own type at activation RMS "
+        f"{overflow['activation_rms']:g}"
+        + (": optimize replaces them with ops that keep statistics in float32" if rows else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    for row in rows:
+        console.print(f"  {row['nodes'][0]}: {row['what']}", highlight=False, soft_wrap=True)
 
 
 def print_opset(console: Console, report: OptimizeReport) -> None:
@@ -130,11 +175,17 @@ def print_near_misses(console: Console, report: OptimizeReport) -> None:
         )
 
 
-def write_report(path: Path, report: OptimizeReport, models: dict[str, Any]) -> None:
-    """The rewrite report as JSON, with the model files it describes (by role) and the versions that made it."""
+def write_report(
+    path: Path, report: OptimizeReport, models: dict[str, Any], overflow: dict[str, Any] | None = None
+) -> None:
+    """The rewrite report as JSON, with the model files it describes (by role) and the versions that made it; with
+    `overflow` (inspect's fp16 check) under "overflow_check"."""
     from onnx_norm.cli import write_json_report
 
+    data = report.to_dict()
+    if overflow is not None:
+        data["overflow_check"] = overflow
     try:
-        write_json_report(path, report.to_dict(), models)
+        write_json_report(path, data, models)
     except OSError as err:
         raise UsageError(f"cannot write the report {path}: {err.strerror or err}") from err

@@ -238,6 +238,8 @@ def print_report(report: ParityReport, console: Console) -> None:
             )
         console.print(norms)
         _print_numerics(console, report)
+        if report.repaired_line:
+            console.print(f"[bold green]{report.repaired_line}[/] (their statistics now kept in float32)")
         first = report.first_divergent_norm
         if first is not None:
             where = "its inputs still match" if first.status == "diverges" else "its inputs already differ"

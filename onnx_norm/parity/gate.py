@@ -446,8 +446,17 @@ def _compare_norm(norm: FusedNorm, runs: _Runs, tolerances: ToleranceSpec) -> No
     if norm.original_y is None:
         return NormComparison(norm.node, norm.op_type, norm.rule, None, norm.y, None, None, "unmapped")
 
+    mapped_inputs = [(o, g) for o, g in norm.inputs if g is not None]
+    # The norm computes in its inputs' type: an fp16 norm whose result the original widens to a float32 output is
+    # judged with fp16's tolerance, as the whole model's output is (computed in it on its path).
+    computed_in = min(
+        (runs.original[0][name].dtype for name in [norm.original_y, *(g for _, g in mapped_inputs)]),
+        key=lambda dtype: (dtype.kind != "f", dtype.itemsize),
+    )
+
     def pair(opt_name: str, orig_name: str, *, widen: bool = False) -> Comparison:
         dtype = runs.original[0][orig_name].dtype
+        judged = computed_in if orig_name == norm.original_y else dtype
         optimized = [r[opt_name] for r in runs.optimized]
         original = [r[orig_name] for r in runs.original]
         if widen and optimized[0].dtype != dtype:
@@ -458,12 +467,12 @@ def _compare_norm(norm: FusedNorm, runs: _Runs, tolerances: ToleranceSpec) -> No
             opt_name,
             optimized,
             original,
-            tolerances.for_output("*", dtype),
+            tolerances.for_output("*", judged),
             None if runs.golden is None else [g[orig_name] for g in runs.golden],
+            compute_dtype=judged if judged != dtype else None,
         )
 
     output = pair(norm.y, norm.original_y)
-    mapped_inputs = [(o, g) for o, g in norm.inputs if g is not None]
     inputs_match = all(pair(o, g, widen=True).passed for o, g in mapped_inputs) if mapped_inputs else None
     if output.passed:
         status = "ok"

@@ -41,6 +41,10 @@ class _ValueMap:
             for index, name in enumerate(node.input):
                 self.consumers.setdefault(name, []).append((node, index))
         self.original_outputs = [value.name for value in original.graph.output]
+        # An op the rewrite re-created (the residual Add a Skip rule keeps before a standard norm op, renamed): the
+        # original's node of the same type on the same inputs (in any order: Add and Mul commute).
+        self.twins = {(n.op_type, tuple(sorted(n.input))): list(n.output) for n in original.graph.node}
+        self.producers = {name: node for node in optimized.graph.node for name in node.output}
         self.output_index = {value.name: i for i, value in enumerate(optimized.graph.output)}
 
     def __call__(self, name: str) -> str | None:
@@ -54,6 +58,15 @@ class _ValueMap:
             twin = self.nodes.get(consumer.name)
             if twin is not None and twin.op_type == consumer.op_type and position < len(twin.input):
                 return twin.input[position]
+        producer = self.producers.get(name)
+        if (
+            producer is not None
+            and producer.op_type in ("Add", "Mul")
+            and all(i in self.values for i in producer.input)
+        ):
+            outputs = self.twins.get((producer.op_type, tuple(sorted(producer.input))), [])
+            index = list(producer.output).index(name)
+            return outputs[index] if index < len(outputs) else None
         return None
 
 
@@ -72,6 +85,27 @@ def _y_index(node: onnx.NodeProto) -> int:
     return signature.outputs.index("Y") if signature is not None else 0
 
 
+def _is_cast(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Cast" and node.domain in ("", "ai.onnx")
+
+
+def _narrowing_casts(tagged: list[onnx.NodeProto]) -> dict[str, str]:
+    """{an op's output: the output of the tagged Cast that narrows it back}: a standard norm op run in float32 on a
+    widened fp16 X (`--target onnx`) is followed by a Cast to the original's type, whose output is the value the
+    original computed; the op's own output has no twin in the original."""
+    produced_by_op = {name for node in tagged if not _is_cast(node) for name in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in tagged:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    # A Cast whose output a tagged node reads widens the next op's X: not this op's result narrowed back.
+    return {
+        name: nodes[0].output[0]
+        for name, nodes in readers.items()
+        if name in produced_by_op and len(nodes) == 1 and _is_cast(nodes[0]) and nodes[0].output[0] not in readers
+    }
+
+
 def find_fused_norms(original: onnx.ModelProto, optimized: onnx.ModelProto) -> list[FusedNorm]:
     """Fused norm nodes of `optimized` (tagged `onnx_norm.rule`, or any norm op in our domain), in graph order, with
     the names of the corresponding values in `original`."""
@@ -80,14 +114,18 @@ def find_fused_norms(original: onnx.ModelProto, optimized: onnx.ModelProto) -> l
     mapped_y: dict[str, str | None] = {}
     tagged = [n for n in optimized.graph.node if RULE_KEY in _metadata(n) or (n.domain == DOMAIN and n.op_type in OPS)]
     read_by_tagged = {name for node in tagged for name in node.input}
+    narrowing = _narrowing_casts(tagged)
     for node in tagged:
         meta = _metadata(node)
-        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output[0] in read_by_tagged:
+        if _is_cast(node) and node.output[0] in read_by_tagged:
             # A Cast the rewrite put in front of the op (X widened to fp32, exactly) is no norm: its output
             # stands for the value it casts, so that the op's X still maps to the original's.
             mapped_y[node.output[0]] = mapped_y.get(node.input[0]) or map_value(node.input[0])
             continue
+        if _is_cast(node) and node.input[0] in narrowing:
+            continue  # the op's result narrowed back to the original's type: the op's Y is this Cast's output
         y = node.output[_y_index(node)]
+        y = narrowing.get(y, y)
         original_y = mapped_y[y] = map_value(y)
         inputs = [(name, mapped_y.get(name) or map_value(name)) for name in _data_inputs(node) if name]
         norms.append(FusedNorm(node.name or y, node.op_type, meta.get(RULE_KEY, ""), y, original_y, inputs))

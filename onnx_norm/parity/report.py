@@ -72,6 +72,18 @@ class ParityReport:
         return notes_line(self.input_values)
 
     @property
+    def repaired_overflows(self) -> int:
+        """Fused norms whose original overflowed to inf/NaN in its own (fp16/bf16) types on the first sample while
+        the fused op, which keeps its statistics in float32, gave finite values (parity/numerics.py)."""
+        return sum(1 for norm in self.norms if norm.numerics is not None and norm.numerics.repaired)
+
+    @property
+    def repaired_line(self) -> str:
+        """`repaired N norms that overflowed in the original`, or "" when none did."""
+        n = self.repaired_overflows
+        return f"repaired {n} norm{'s' if n != 1 else ''} that overflowed in the original" if n else ""
+
+    @property
     def first_divergent_norm(self) -> NormComparison | None:
         for norm in self.norms:
             if norm.status == "diverges":
@@ -84,6 +96,8 @@ class ParityReport:
         first = self.first_divergent_norm
         data["first_divergent_norm"] = None if first is None else first.node
         data["first_parting_segment"] = self.first_parting_segment
+        data["repaired_overflows"] = self.repaired_overflows
+        data["repaired"] = self.repaired_line
         for item, output in zip(data["outputs"], self.outputs, strict=True):
             item["message"] = output.message
         return json_safe(data)
