@@ -6,10 +6,11 @@ without pytest-xdist still runs the suite, in one process.
 Tests go to the workers in work units (`--dist loadscope`, with the units below). A unit is a module unless the
 module splits itself with `pytest.mark.xdist_group(name)` marks: a module's fixtures (an emulator build, the sm_90
 cubins) are built once, not once per worker, while a module whose tests need different fixtures
-(tests/test_cuda_build.py) or different exports (tests/test_zoo.py, one unit per model) spreads over both cores.
+(tests/kernels/test_cuda_build.py) or different exports (tests/rewrite/test_zoo.py, one unit per model) spreads over
+both cores.
 Units start longest first (HEAVY_FIRST, then by number of tests): a long unit started last would hold the run open
 on one core while the other idles. Heavy artefacts that several modules share belong in session fixtures backed by
-a cache on disk that is safe for concurrent writers (tests/zoo_fixtures.py).
+a cache on disk that is safe for concurrent writers (tests/rewrite/zoo_fixtures.py).
 
 pytest-xdist's own `--dist loadgroup` reads the marks from the test ids, which pytest 9 no longer lets it change,
 so the workers write each test's unit into a file that the controller's scheduler reads (_UnitScheduling)."""
@@ -30,18 +31,18 @@ import pytest
 # costs on a quiet 2-core machine (`--durations` of a warm quiet run; for the zoo, its cold exports in loaded runs
 # scaled down): a unit started last holds the run open on one core. A name no test carries any more orders nothing.
 HEAVY_FIRST = (
-    "tests/test_cli_routes.py",  # ~65 s in many short tests: a process per CLI call
+    "tests/cli/test_cli_routes.py",  # ~65 s in many short tests: a process per CLI call
     "cuda-sm90-cubins",  # ~35 s on both cores: the sm_80 cubins with ptxas's report (sm_90's from the build), SASS
-    "tests/test_big_models.py",  # ~50 s: a 2.06 GiB model written and run by the CLI, the API and GenAI's folder
-    "tests/test_integrations_olive.py",  # ~45 s: Olive runs
+    "tests/model_io/test_big_models.py",  # ~50 s: a 2.06 GiB model written and run by the CLI, the API, GenAI's route
+    "tests/integrations/test_integrations_olive.py",  # ~45 s: Olive runs
     "zoo-t5",  # ~40 s cold: encoder and decoder, each export of them twice as long as another model's
-    "tests/test_gpu_models.py",  # ~25 s: tools/device/run_gpu.sh's models stage, dry run
+    "tests/kernels/test_gpu_models.py",  # ~25 s: tools/device/run_gpu.sh's models stage, dry run
     "cuda-emulator",  # ~40 s: the emulator (built once), the cases of test_{cuda_build,adaln_cuda,group_norm_cuda}
     "tests/test_tools.py",  # ~22 s: tools/bench_models.py exports and benchmarks
     "zoo-gemma2",  # ~20 s cold
     "zoo-whisper",  # ~20 s cold
     "cuda-emulator-mutant",  # ~5 s: an emulator built (at -O0) from an altered copy of the kernels
-    "tests/test_ops_kernels.py",  # ~16 s: the kernels again in a process without SIMD
+    "tests/kernels/test_ops_kernels.py",  # ~16 s: the kernels again in a process without SIMD
 )
 
 _UNITS_FILE = "units.json"

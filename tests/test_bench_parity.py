@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_support import cli
 from onnx import TensorProto, helper, numpy_helper
 from test_bench import HIDDEN, _ln_models
-from test_cli_routes import cli
 
 from onnx_norm import bench, bench_check, sessions
 from onnx_norm.errors import InputError

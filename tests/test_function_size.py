@@ -5,7 +5,7 @@ past either names itself here; its options belong in a dataclass (onnx_norm/opti
 The C++/CUDA sources (custom_ops/src/, the GPU harness's .cc/.cu/.cuh) keep the same 60 lines, found by a small
 scanner (cpp_functions): a kernel that must stay whole names itself in CPP_LONG_FUNCTIONS with its reason. A kernel's
 steps split into `__device__ __forceinline__` helpers, inlined: the kernels split that way compile to the SASS they
-had as one function (docs/cuda_kernels.md says how that was checked); tests/test_cuda_build.py keeps the spill
+had as one function (docs/cuda_kernels.md says how that was checked); tests/kernels/test_cuda_build.py keeps the spill
 check."""
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_support import cli
 from onnx import TensorProto, helper, numpy_helper
-from test_cli_routes import cli
 
 from onnx_norm import inputs, parity
 from onnx_norm.cli import main

@@ -7,8 +7,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from model_builders import HIDDEN, layer_norm_model
 from test_bench import _ln_models
-from test_cli_errors import HIDDEN, layer_norm_model
 
 import onnx_norm
 from onnx_norm import bench, parity

@@ -107,7 +107,8 @@ from gpu_ort import (  # noqa: E402
     ort_cases,
 )
 
-# What tests/test_cuda_build.py takes from this module (defined in the gpu_* modules of tools/gpu_harness, or below).
+# What tests/kernels/test_cuda_build.py takes from this module (defined in the gpu_* modules of tools/gpu_harness, or
+# below).
 __all__ = [
     "BF16", "F16", "F32", "IN_PLACE", "OPS", "PLAN_SHAPES", "FakeBackend", "Harness", "HostHarnessBackend", "Outcome",
     "_default_case", "build_cases", "build_emulator", "build_harness", "bytes_moved", "device_cases",

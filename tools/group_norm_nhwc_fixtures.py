@@ -1,4 +1,5 @@
-"""The channels-last GroupNorm fixtures of tests/test_group_norm_nhwc.py (tests/data/group_norm/), so that CI, which
+"""The channels-last GroupNorm fixtures of tests/rewrite/test_group_norm_nhwc.py (tests/data/group_norm/), so that CI,
+which
 has no tensorflow or jax, still runs the rewrite on tf2onnx's spelling of Keras' `layers.GroupNormalization` and
 jax2onnx's of flax's `nnx.GroupNorm` and `linen.GroupNorm`. Regenerate (tensorflow-cpu, tf2onnx, jax, flax and
 jax2onnx installed in the venv, jax2onnx with --no-deps so that it does not pull the CPU onnxruntime over

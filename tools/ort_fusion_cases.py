@@ -1,4 +1,5 @@
-"""ONNX Runtime's own LayerNorm / SimplifiedLayerNorm / SkipLayerNorm fusion cases (tests/test_ort_fusion_cases.py):
+"""ONNX Runtime's own LayerNorm / SimplifiedLayerNorm / SkipLayerNorm fusion cases
+(tests/rewrite/test_ort_fusion_cases.py):
 how many of the positive ones ONNX Runtime's own optimizer turns into fused ops, on the CPU provider, at
 ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL (the saved optimized model is counted: as many fused norm ops as the case
 has norms, and no ReduceMean or Pow left). onnx-norm's count is the test itself: every positive case passes.
@@ -15,7 +16,8 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the helpers test modules import
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "rewrite"))
 import test_ort_fusion_cases as cases
 
 from onnx_norm.ops.schema import native_ops

@@ -7,7 +7,7 @@
 #
 # CUDA architectures (ONNX_NORM_CUDA_ARCHITECTURES overrides): the GPU of this machine (`native`) when
 # nvidia-smi sees one, otherwise sm_90 only, what CI's checks read (the library builds with CUDA and ptxas's
-# spill report covers sm_90; tests/test_cuda_build.py compiles sm_80 and sm_90 itself). The release list
+# spill report covers sm_90; tests/kernels/test_cuda_build.py compiles sm_80 and sm_90 itself). The release list
 # (Ampere to Blackwell) is tools/build_wheel.sh's job.
 set -euo pipefail
 
@@ -103,7 +103,7 @@ python -m pip freeze | grep -E '^(torch|onnx|onnxruntime-gpu|onnxruntime|onnxscr
 python -m pip install -q --no-deps "onnxruntime-genai>=0.18" || echo "onnxruntime-genai not installed; its tests skip"
 python -m pip install -q -c build/constraints.txt "olive-ai>=0.13" requests || echo "olive-ai not installed; its tests skip"
 
-step "timm $TIMM_VERSION and torchvision $TORCHVISION_VERSION into $TIMM_SITE (tests/test_group_norm_timm.py; ~5 s)"
+step "timm $TIMM_VERSION and torchvision $TORCHVISION_VERSION into $TIMM_SITE (tests/rewrite/test_group_norm_timm.py; ~5 s)"
 # Not into the venv: torchvision's PyPI wheel is built for CUDA torch, and beside the CPU torch its C ops do not load
 # and its import fails; transformers imports torchvision whenever it can find it, so every transformers test would
 # fail. Only the timm exports put this folder on their path (onnx_norm/zoo/compat.py lets torchvision import there
@@ -116,7 +116,7 @@ if [[ ! -d $TIMM_SITE/timm-$TIMM_VERSION.dist-info || ! -d $TIMM_SITE/torchvisio
 fi
 python -c 'import onnx_norm.library as lib; print("custom-op library:", lib.get_library_path())'
 
-step "model files other people made, from public packages, into $PUBLIC_MODELS (tests/test_public_models.py; ~3 s)"
+step "model files other people made, from public packages, into $PUBLIC_MODELS (tests/parity/test_public_models.py; ~3 s)"
 # The parity gate is judged on files it did not make: Silero VAD (a scalar sample rate compared inside an If, a
 # state input whose batch dim is unnamed) and RapidOCR's PaddleOCR models (a batch dim stored as -1, Paddle's
 # LayerNorm spelling). Only the .onnx files are kept; the packages are never installed (their dependencies would
@@ -141,7 +141,7 @@ PY
   fi
 fi
 
-step "openvino $OPENVINO_VERSION into $OPENVINO_SITE (tests/test_runtime_check.py, tools/runtime_check.py; ~10 s)"
+step "openvino $OPENVINO_VERSION into $OPENVINO_SITE (tests/integrations/test_runtime_check.py, tools/runtime_check.py; ~10 s)"
 # Optional, like timm: its tests skip without it. Not into the venv: openvino pins numpy below the next major and
 # pulls its telemetry package; only tools/runtime_check.py puts this folder on its path. --no-deps: numpy is the
 # venv's (openvino-telemetry is only for its converters).
@@ -151,7 +151,7 @@ if [[ ! -d $OPENVINO_SITE/openvino-$OPENVINO_VERSION.dist-info ]]; then
     echo "openvino not installed; its tests skip"
 fi
 
-step "onnxruntime-web and onnxruntime-node into tools/web/node_modules (tests/test_runtime_check.py; ~20 s)"
+step "onnxruntime-web and onnxruntime-node into tools/web/node_modules (tests/integrations/test_runtime_check.py; ~20 s)"
 # Optional: the web tests skip without node or these. Pinned by tools/web/package-lock.json; --ignore-scripts:
 # onnxruntime-node's install script would fetch CUDA binaries from GitHub, and its CPU binaries are in the package.
 if ! command -v npm >/dev/null; then
@@ -166,7 +166,7 @@ fi
 if grep -a -q -- '-- onnx-norm: building CUDA kernels' "$log"; then
   step "CUDA kernels: register spills"
   bash tools/check_spills.sh "$log"
-  # tests/test_cuda_build.py reads the kernels' SASS with nvdisasm, from the sm_90 cubins that cuobjdump extracts
+  # tests/kernels/test_cuda_build.py reads the kernels' SASS with nvdisasm, from the sm_90 cubins that cuobjdump extracts
   # from this build's objects (compiling them again would cost ~60 CPU-s); nvcc-only toolkits lack both (small
   # wheels, seconds).
   for tool in nvdisasm cuobjdump; do

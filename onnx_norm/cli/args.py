@@ -322,7 +322,7 @@ def _segments(text: str) -> int | str:
 
 class TargetArgs(ArgGroup):
     """What a rewrite emits -> target and opset (`inspect`, `optimize`): the choices are the rewrite's registry
-    (`onnx_norm.rewrite.TARGETS`), the default `defaults.TARGET` (`optimize()`'s, tests/test_cli_args.py checks);
+    (`onnx_norm.rewrite.TARGETS`), the default `defaults.TARGET` (`optimize()`'s, tests/cli/test_cli_args.py checks);
     `--opset N` raises the model's default opset to N before the rewrite (`optimize(opset=N)`)."""
 
     def __init__(self, help_text: str) -> None:

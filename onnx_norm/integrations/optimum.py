@@ -40,11 +40,11 @@ def optimize_folder(source: str | os.PathLike, output: str | os.PathLike, **opti
     models = sorted(source.glob("*.onnx"))
     if not models:
         raise ExportFolderError(f"{source}: no *.onnx model in the folder")
+    if output.exists():
+        raise ExportFolderError(f"output {output} exists; choose a new directory")
     reason = inside_reason(source, output)
     if reason is not None:
         raise ExportFolderError(reason)
-    if output.exists():
-        raise ExportFolderError(f"output {output} exists; choose a new directory")
     if not output.parent.is_dir():
         raise ExportFolderError(f"cannot write {output}: directory {output.parent} does not exist")
     reports: dict[str, OptimizeReport] = {}

@@ -13,7 +13,7 @@ Either export then goes through `finalize`, which does what a per-op translation
 something else reads it) and attaches the model-local function bodies (`onnx_norm.ops.functions`) that keep the
 model runnable without our library. `export` does all of it in one call. The result equals, op for op, what
 `onnx_norm.optimize` makes of a plain export that decomposes the norm (dynamo's for `rms_norm`, TorchScript's below
-opset 17 for `layer_norm`); tests/test_integrations_torch.py checks that.
+opset 17 for `layer_norm`); tests/integrations/test_integrations_torch.py checks that.
 
 Norm modules written out in Python (Hugging Face's `LlamaRMSNorm`, `Qwen2RMSNorm`, `GemmaRMSNorm`,
 `T5LayerNorm`) never reach `aten.rms_norm`: the export writes their ops, decomposed. `export` therefore runs the

@@ -1,7 +1,7 @@
 """The parity gate's verdict on one output: the table below, applied in order, the first row that applies deciding.
 
 Each `Comparison` records the row that decided it (`Comparison.row`); docs/results.md#parity and the README's
-exit-code section describe this table, and tests/test_verdict_table.py exercises every row, the reverse
+exit-code section describe this table, and tests/parity/test_verdict_table.py exercises every row, the reverse
 pairs included. "Finite elements" are those finite in both models; a NaN/Inf in one model only is "one-sided".
 """
 

@@ -25,7 +25,9 @@ from onnx_norm.rewrite.rules import enabled_rules
 from onnx_norm.rewrite.run_state import RunState
 from onnx_norm.rewrite.session import Session
 from onnx_norm.rewrite.shape_pass import InferShapesPass, RestoreShapesPass, Shapes
-from onnx_norm.rewrite.shape_pass import infer_shapes as _infer_shapes  # noqa: F401 (tests/test_rewrite_robust.py)
+from onnx_norm.rewrite.shape_pass import infer_shapes as _infer_shapes  # noqa: F401
+
+# (tests/rewrite/test_rewrite_robust.py)
 from onnx_norm.rewrite.shape_pass import infer_symbolic_shapes as _infer_symbolic_shapes
 from onnx_norm.rewrite.take_over_pass import TakeOverNativePass
 

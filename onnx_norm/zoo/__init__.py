@@ -1,5 +1,5 @@
 """Tiny Hugging Face models exported to ONNX with real exporters: the evidence that the rewrite catches what
-exporters produce. Used by tests/test_zoo.py, tools/coverage.py and tools/make_examples.py; needs torch and
+exporters produce. Used by tests/rewrite/test_zoo.py, tools/coverage.py and tools/make_examples.py; needs torch and
 transformers, which the library itself does not.
 """
 

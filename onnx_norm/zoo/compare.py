@@ -1,6 +1,6 @@
 """Compare a rewritten model's outputs with the original's, with a float64 golden as the arbiter for fp16.
 
-Used by tests/test_zoo.py and tools/coverage.py so that both apply the same criterion to every tool.
+Used by tests/rewrite/test_zoo.py and tools/coverage.py so that both apply the same criterion to every tool.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ in turn).
 
     python -m onnx_norm.zoo.fp16 OUT_DIR [--residual-rms 600]   # OUT_DIR/parent.onnx, fp16.onnx, inputs.npz
 
-(tests/test_fp16_repair.py, docs/accuracy.md "fp16 norm repair").
+(tests/parity/test_fp16_repair.py, docs/accuracy.md "fp16 norm repair").
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@
 #
 # Without a GPU (to check the invocations): GPU_DRY=1 PYTHON=.venv/bin/python OUT=/tmp/gpu-dry \
 #   bash tools/device/run_gpu.sh ort models   runs the same commands on the CPU provider at tiny sizes, without
-#   the install, the library copy and gpu_check (tests/test_gpu_models.py runs `models` this way).
+#   the install, the library copy and gpu_check (tests/kernels/test_gpu_models.py runs `models` this way).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 OUT=${OUT:-$PWD/gpu-out}

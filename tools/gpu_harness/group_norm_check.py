@@ -1,5 +1,6 @@
 """GroupNorm's CUDA kernel cases (group_norm_kernels.cuh) through the one ctypes entry, against the op record's
-reference (GroupNorm; docs/ops.md): in the CPU emulator (tests/test_group_norm_cuda.py, `gpu_check.py --self-test`)
+reference (GroupNorm; docs/ops.md): in the CPU emulator (tests/kernels/test_group_norm_cuda.py, `gpu_check.py
+--self-test`)
 and on a GPU (`gpu_check.py`, `row_op_checks.py --gpu --op group_norm`). The runners and the loop are
 row_op_checks.py's; a case here answers what they ask (`RowOpCase`)."""
 

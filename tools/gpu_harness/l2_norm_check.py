@@ -1,5 +1,5 @@
 """L2Norm's CUDA kernel cases (l2_norm_kernels.cuh) through the one ctypes entry, against the op record's reference
-(L2Norm; docs/ops.md): in the CPU emulator (tests/test_l2_norm_cuda.py, `gpu_check.py --self-test`) and on a GPU
+(L2Norm; docs/ops.md): in the CPU emulator (tests/kernels/test_l2_norm_cuda.py, `gpu_check.py --self-test`) and on a GPU
 (`gpu_check.py`, `row_op_checks.py --gpu --op l2_norm`). The runners and the loop are row_op_checks.py's; a case
 here answers what they ask (`RowOpCase`)."""
 

@@ -1,5 +1,6 @@
 """The modulated (adaLN) ops' CUDA kernel cases (modulated_kernels.cuh) through the one ctypes entry, against the op
-records' references (ModulatedLayerNorm, ModulatedRMSNorm; docs/ops.md): in the CPU emulator (tests/test_adaln_cuda.py,
+records' references (ModulatedLayerNorm, ModulatedRMSNorm; docs/ops.md): in the CPU emulator
+(tests/kernels/test_adaln_cuda.py,
 `gpu_check.py --self-test`) and on a GPU (`gpu_check.py`, `row_op_checks.py --gpu --op modulated`). The runners and
 the loop are row_op_checks.py's; a case here answers what they ask (`RowOpCase`)."""
 

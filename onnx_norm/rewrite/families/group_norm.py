@@ -42,6 +42,7 @@ ORT op to go to: the reason is reported and the grouped LayerNorm inside (if dec
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -490,7 +491,10 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
 
 
 def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
-    channels = spec.x.shape[1] if spec.x.shape is not None and len(spec.x.shape) > 1 else None
+    # The channel count from the per-channel Scale: X is channels-last for the channels-last rule (its dim 1 is H).
+    shape = spec.scale.shape if spec.scale is not None else None
+    dims = list(shape) if shape is not None else []
+    channels = math.prod(dims) if dims and all(isinstance(d, int) for d in dims) else None
     if isinstance(spec.attrs, GroupNormAttributes) and spec.attrs.num_groups == channels:
         # Measured: ONNX Runtime's GroupNormalization-21 is slower than its InstanceNormalization (docs/targets.md).
         return "one group per channel is ONNX's InstanceNormalization; GroupNormalization-21 would only be slower"

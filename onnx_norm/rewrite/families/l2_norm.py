@@ -139,7 +139,8 @@ def _stat(value: ir.Value, dropped: bool = False) -> _Stat | None:
     if inner is None or inner.eps != 0:
         return None
     eps = clamp[1] if inner.kind == "norm" else math.sqrt(clamp[1])
-    return dataclasses.replace(inner, eps=eps, variant=f"{inner.variant} clamped by {node.op_type}")  # type: ignore[union-attr]
+    return dataclasses.replace(inner, eps=eps, variant=f"{inner.variant} clamped by {node.op_type}")  # type:
+    # ignore[union-attr]
 
 
 def _find_stat(end: ir.Value) -> tuple[ir.Value, _Stat] | None:
@@ -155,7 +156,8 @@ def _find_stat(end: ir.Value) -> tuple[ir.Value, _Stat] | None:
             return value, found
         node = value.producer()
         if _onnx(node, *_PRODUCT_OPS):
-            frontier += [v for v in node.inputs[:2] if v is not None and not constants.is_constant(v)]  # type: ignore[union-attr]
+            frontier += [v for v in node.inputs[:2] if v is not None and not constants.is_constant(v)]  # type:
+            # ignore[union-attr]
     return None
 
 
@@ -349,7 +351,8 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
     """LpNormalization(p=2) along the one normalised axis, then Mul by the scale (in X's type)."""
     y = op.op(_ONNX_OP, spec.x, _version=LP_NORMALIZATION.version, axis=-1, p=2)
     if spec.scale is not None:
-        scale = spec.scale if spec.scale.dtype == spec.x.dtype else op.Cast(spec.scale, to=int(spec.x.dtype))  # type: ignore[arg-type]
+        scale = spec.scale if spec.scale.dtype == spec.x.dtype else op.Cast(spec.scale, to=int(spec.x.dtype))  # type:
+        # ignore[arg-type]
         y = op.Mul(y, scale)
     if spec.attrs.output_type:
         y = op.Cast(y, to=spec.attrs.output_type)

@@ -1,0 +1,324 @@
+"""The gated RMSNorm family (onnx_norm/rewrite/families/gated_norm.py, op GatedRMSNorm): graphs spelling
+`rmsnorm(x * silu(z)) * w` and `rmsnorm(x) * w * silu(z)` out, over the last dim or in groups of it, fuse into one
+GatedRMSNorm with the numbers of the original (its model-local function and the library's kernel) and no less
+accurate than it against float64; near-misses stay unfused; the onnx and ort targets fuse the RMSNorm alone and say
+why; the norm modules of transformers' Mamba2, Falcon-H1 and Qwen3-Next, exported by both torch exporters in
+float32 and float16, fuse."""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from rewrite_support import FLOAT, FLOAT16, assert_not_less_accurate, const, fused_ops, make_model, run
+
+from onnx_norm import library
+from onnx_norm.ops.gated_norm import GATED_RMS_NORM, gated_rms_norm
+from onnx_norm.ops.schema import DOMAIN
+from onnx_norm.rewrite import optimize
+
+D = 16
+SHAPE = [2, 3, D]
+FULL_ZOO = os.environ.get("ONNX_NORM_FULL_ZOO", "") not in ("", "0")
+_NP = {FLOAT: np.float32, FLOAT16: np.float16}
+
+
+def _silu(z: str, out: str, cast: bool) -> list[onnx.NodeProto]:
+    """out = z' * Sigmoid(z'), z' = z or z cast to float32."""
+    nodes = [helper.make_node("Cast", [z], [f"{out}_zf"], to=FLOAT)] if cast else []
+    zf = f"{out}_zf" if cast else z
+    return [*nodes, helper.make_node("Sigmoid", [zf], [f"{out}_s"]), helper.make_node("Mul", [zf, f"{out}_s"], [out])]
+
+
+def _rms(x: str, out: str) -> list[onnx.NodeProto]:
+    """out = x / sqrt(mean(x * x, -1) + eps) over the last axis (float32)."""
+    return [
+        helper.make_node("Mul", [x, x], [f"{out}_sq"]),
+        helper.make_node("ReduceMean", [f"{out}_sq"], [f"{out}_ms"], axes=[-1]),
+        helper.make_node("Add", [f"{out}_ms", "eps"], [f"{out}_me"]),
+        helper.make_node("Sqrt", [f"{out}_me"], [f"{out}_r"]),
+        helper.make_node("Div", [x, f"{out}_r"], [out]),
+    ]
+
+
+def _model(
+    *, before: bool, groups: int = 1, dtype: int = FLOAT, swap: bool = False, gate_z: str = "z"
+) -> onnx.ModelProto:
+    """Mamba2's order (before) or Qwen3-Next's, in `groups` groups of the last dim; a narrow `dtype` computes in
+    float32 between Casts as the modules do (the normalised value rounded to it before the weight)."""
+    narrow = dtype != FLOAT
+    nodes = _silu(gate_z, "g", narrow)
+    nodes += [helper.make_node("Cast", ["x"], ["xf"], to=FLOAT)] if narrow else []
+    xf = "xf" if narrow else "x"
+    inits = [const("eps", np.float32(1e-6)), const("w", (1 + 0.1 * np.arange(D)).astype(_NP[dtype]))]
+    if before:
+        nodes.append(helper.make_node("Mul", ["g", xf] if swap else [xf, "g"], ["v"]))
+        data = "v"
+    else:
+        data = xf
+    if groups > 1:
+        inits += [const("split", np.array([0, 0, groups, D // groups])), const("back", np.array(SHAPE))]
+        nodes.append(helper.make_node("Reshape", [data, "split"], ["v4"]))
+        nodes += _rms("v4", "n4")
+        nodes.append(helper.make_node("Reshape", ["n4", "back"], ["n"]))
+    else:
+        nodes += _rms(data, "n")
+    nodes += [helper.make_node("Cast", ["n"], ["nt"], to=dtype)] if narrow else []
+    nodes.append(helper.make_node("Mul", ["w", "nt" if narrow else "n"], ["wn"]))
+    if before:
+        nodes.append(helper.make_node("Identity", ["wn"], ["y"]))
+    else:
+        nodes += [helper.make_node("Cast", ["wn"], ["wnf"], to=FLOAT)] if narrow else []
+        nodes.append(
+            helper.make_node(
+                "Mul", ["g", "wnf" if narrow else "wn"] if swap else ["wnf" if narrow else "wn", "g"], ["gy"]
+            )
+        )
+        nodes.append(helper.make_node("Cast", ["gy"], ["y"], to=dtype))
+    inputs = [("x", dtype, SHAPE), ("z", dtype, SHAPE)]
+    return make_model(nodes, inputs, [("y", dtype, SHAPE)], inits, opset=17)
+
+
+def _feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        v.name: rng.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim]).astype(
+            helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        )
+        for v in model.graph.input
+    }
+
+
+def _check_fused(model: onnx.ModelProto, tol: float = 1e-5) -> onnx.ModelProto:
+    """One GatedRMSNorm and nothing of the norm left; its function and the library's kernel give the original's
+    numbers, the kernel no less accurately than ONNX Runtime against float64."""
+    optimized, report = optimize(model)
+    onnx.checker.check_model(optimized)
+    assert fused_ops(optimized) == ["GatedRMSNorm"], [m.reason for m in report.near_misses]
+    assert {n.op_type for n in optimized.graph.node} <= {"GatedRMSNorm", "Constant", "Identity"}
+    feeds = _feeds(model)
+    want = run(model, feeds)[0]
+    runs = [run(optimized, feeds)[0]]
+    if library.library_available():
+        session = ort.InferenceSession(
+            optimized.SerializeToString(), library.session_options(), providers=["CPUExecutionProvider"]
+        )
+        runs.append(session.run(None, feeds)[0])
+        assert_not_less_accurate(model, optimized, feeds)
+    for got in runs:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+    return optimized
+
+
+def _attrs(model: onnx.ModelProto) -> dict[str, object]:
+    node = next(n for n in model.graph.node if n.op_type == "GatedRMSNorm")
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("before", [True, False])
+def test_spelled_out_gated_norms_fuse(before: bool, groups: int, swap: bool) -> None:
+    attrs = _attrs(_check_fused(_model(before=before, groups=groups, swap=swap)))
+    assert attrs["norm_before_gate"] == (0 if before else 1)
+    assert attrs["group_size"] == (D // groups if groups > 1 else 0)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("before", [True, False])
+def test_float16_gated_norms_fuse_with_their_rounding_points(before: bool, groups: int) -> None:
+    attrs = _attrs(_check_fused(_model(before=before, groups=groups, dtype=FLOAT16), tol=2e-3))
+    assert attrs["normalized_type"] == FLOAT16 and attrs["multiply_type"] == FLOAT16
+
+
+def test_a_gate_of_another_tensor_is_not_a_gate() -> None:
+    """z * Sigmoid(x) is no silu: the RMSNorm alone is fused, the Sigmoid and the Muls stay."""
+    model = _model(before=True)
+    for node in model.graph.node:
+        if node.op_type == "Sigmoid":
+            node.input[0] = "x"
+    optimized, _ = optimize(model)
+    assert fused_ops(optimized) == ["RMSNorm"]
+    assert "Sigmoid" in {n.op_type for n in optimized.graph.node}
+
+
+def test_a_gate_read_elsewhere_is_not_folded() -> None:
+    """The gated product is also a graph output: the gated op would remove it; the RMSNorm alone is fused."""
+    model = _model(before=True)
+    model.graph.output.append(helper.make_tensor_value_info("v", FLOAT, SHAPE))
+    optimized, _ = optimize(model)
+    assert fused_ops(optimized) == ["RMSNorm"]
+    feeds = _feeds(model)
+    for a, b in zip(run(model, feeds), run(optimized, feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_a_gate_that_broadcasts_is_not_fused() -> None:
+    """Z of shape [2, 1, D] broadcast over the rows: the op takes Z of X's shape only."""
+    model = _model(before=True)
+    model.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 1
+    optimized, _ = optimize(model)
+    assert fused_ops(optimized) == ["RMSNorm"]
+
+
+def test_a_plain_rms_norm_is_not_gated() -> None:
+    model = make_model(
+        [*_rms("x", "n"), helper.make_node("Mul", ["n", "w"], ["y"])],
+        [("x", FLOAT, SHAPE)],
+        [("y", FLOAT, SHAPE)],
+        [const("eps", np.float32(1e-6)), const("w", np.ones(D, np.float32))],
+    )
+    optimized, _ = optimize(model)
+    assert fused_ops(optimized) == ["RMSNorm"]
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_other_targets_fuse_the_norm_inside_and_say_why(target: str) -> None:
+    model = _model(before=False)
+    optimized, report = optimize(model, target=target)
+    assert not any(n.domain == DOMAIN for n in optimized.graph.node)
+    assert "Sigmoid" in {n.op_type for n in optimized.graph.node}
+    reasons = " | ".join(m.reason for m in report.near_misses)
+    assert "has no gated RMSNorm; the RMSNorm inside is fused alone" in reasons
+    if target == "ort":  # ONNX's RMSNormalization needs opset 23; this graph is opset 17
+        assert "SimplifiedLayerNormalization" in {n.op_type for n in optimized.graph.node}
+    feeds = _feeds(model)
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The library's kernel against the op record's reference
+
+
+@pytest.mark.skipif(not library.library_available(), reason="the custom-op library is not built")
+@pytest.mark.parametrize("dtype", [FLOAT, FLOAT16])
+@pytest.mark.parametrize("order", [0, 1])
+@pytest.mark.parametrize("group_size", [0, 8])
+@pytest.mark.parametrize("scale", [True, False])
+def test_kernel_matches_the_reference(dtype: int, order: int, group_size: int, scale: bool) -> None:
+    shape = [3, 5, 32]
+    rounding = {"normalized_type": dtype, "multiply_type": dtype} if dtype != FLOAT else {}
+    inputs = ["x", "z", "w"] if scale else ["x", "z"]
+    node = helper.make_node(
+        GATED_RMS_NORM.name, inputs, ["y"], domain=DOMAIN, group_size=group_size, norm_before_gate=order, **rounding
+    )
+    shapes = {"x": shape, "z": shape, "w": [32]}
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, dtype, shapes[n]) for n in inputs],
+        [helper.make_tensor_value_info("y", dtype, shape)],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    rng = np.random.default_rng(1)
+    feeds = {n: (rng.standard_normal(shapes[n]) + (1.0 if n == "w" else 0.0)).astype(_NP[dtype]) for n in inputs}
+    session = ort.InferenceSession(
+        model.SerializeToString(), library.session_options(), providers=["CPUExecutionProvider"]
+    )
+    got = session.run(None, feeds)[0]
+    want = gated_rms_norm(*feeds.values(), group_size=group_size, norm_before_gate=order, **rounding)[0]
+    tol = 1e-3 if dtype == FLOAT16 else 1e-6
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not library.library_available(), reason="the custom-op library is not built")
+def test_kernel_rejects_a_group_size_that_does_not_divide_the_row() -> None:
+    node = helper.make_node(GATED_RMS_NORM.name, ["x", "z"], ["y"], domain=DOMAIN, group_size=5)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, FLOAT, [2, 16]) for n in ("x", "z")],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 16])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    session = ort.InferenceSession(
+        model.SerializeToString(), library.session_options(), providers=["CPUExecutionProvider"]
+    )
+    x = np.ones([2, 16], np.float32)
+    with pytest.raises(Exception, match="group_size 5 does not divide the last dim of X"):
+        session.run(None, {"x": x, "z": x})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The transformers modules, exported
+
+
+def _hf_module(name: str):
+    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1RMSNormGated
+    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    return {
+        "mamba2": lambda: MambaRMSNormGated(D, D),
+        "mamba2-groups": lambda: MambaRMSNormGated(D, D // 4),
+        "qwen3-next": lambda: Qwen3NextRMSNormGated(D),
+        "falcon-h1": lambda: FalconH1RMSNormGated(D, n_groups=1, norm_before_gate=True),
+        "falcon-h1-gate-first-groups": lambda: FalconH1RMSNormGated(D, n_groups=2, norm_before_gate=False),
+        "falcon-h1-groups": lambda: FalconH1RMSNormGated(D, n_groups=2, norm_before_gate=True),
+    }[name]()
+
+
+def _export(name: str, half: bool, dynamo: bool) -> onnx.ModelProto:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+    class Gated(torch.nn.Module):
+        def __init__(self, norm: torch.nn.Module) -> None:
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+            return self.norm(x, z)
+
+    torch.manual_seed(0)
+    dtype = torch.float16 if half else torch.float32
+    module = Gated(_hf_module(name)).to(dtype).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(1 + 0.5 * torch.randn_like(p))
+    args = (torch.randn(*SHAPE, dtype=dtype), torch.randn(*SHAPE, dtype=dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            return torch.onnx.export(module, args, dynamo=True, input_names=["x", "z"], verbose=False).model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(module, args, buffer, dynamo=False, input_names=["x", "z"], opset_version=18)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+MODULES = ["mamba2", "mamba2-groups", "qwen3-next", "falcon-h1", "falcon-h1-gate-first-groups", "falcon-h1-groups"]
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("name", MODULES)
+def test_transformers_gated_norms_fuse_torchscript(name: str, half: bool) -> None:
+    _check_fused(_export(name, half, dynamo=False), tol=2e-3 if half else 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "half"),
+    [("mamba2-groups", False), ("qwen3-next", True)]
+    + (
+        [
+            (n, h)
+            for n in MODULES
+            for h in (False, True)
+            if (n, h) not in {("mamba2-groups", False), ("qwen3-next", True)}
+        ]
+        if FULL_ZOO
+        else []
+    ),
+)
+def test_transformers_gated_norms_fuse_dynamo(name: str, half: bool) -> None:
+    """One of each order by default (each dynamo export takes seconds); every module with ONNX_NORM_FULL_ZOO=1."""
+    pytest.importorskip("onnxscript")
+    _check_fused(_export(name, half, dynamo=True), tol=2e-3 if half else 1e-5)
