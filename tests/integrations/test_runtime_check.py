@@ -25,6 +25,7 @@ import onnx
 import pytest
 from filelock import FileLock
 from onnx import TensorProto, helper, numpy_helper, version_converter
+from openvino_site import openvino_on_path
 from repo_paths import REPO
 
 import onnx_norm
@@ -33,7 +34,6 @@ ROOT = REPO
 TOOL = ROOT / "tools" / "runtime_check.py"
 WEB = ROOT / "tools" / "web"
 WEB_PACKAGES = ("onnxruntime-web", "onnxruntime-node")
-OPENVINO_SITE = ROOT / "build" / "openvino-site"
 RESNET = ROOT / "tests" / "data" / "group_norm" / "diffusers-resnet-block-2d-torchscript.onnx"
 LLAMA_FP16 = ROOT / "examples" / "llama-rmsnorm-fp16.onnx"
 HIDDEN = 16
@@ -196,12 +196,8 @@ def test_a_wrong_optimized_model_fails_parity(model_path: Path, tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def openvino_available() -> None:
-    sys.path.append(str(OPENVINO_SITE))
-    try:
-        if importlib.util.find_spec("openvino") is None:
-            pytest.skip(f"openvino is not installed ({OPENVINO_SITE} is what tools/setup.sh fills)")
-    finally:
-        sys.path.remove(str(OPENVINO_SITE))
+    with openvino_on_path():
+        pass
 
 
 @pytest.mark.usefixtures("openvino_available")

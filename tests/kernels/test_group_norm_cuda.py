@@ -6,7 +6,6 @@ was available to this work)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import group_norm_check
@@ -24,11 +23,6 @@ F32, F16, BF16 = check.F32, check.F16, check.BF16
 # -O1), whose emulator tests share this module's pytest-xdist unit (conftest.py): one worker builds it and runs all.
 pytest_plugins = ("emulator_fixtures",)
 pytestmark = pytest.mark.xdist_group("cuda-emulator")
-
-
-@pytest.fixture(scope="module")
-def harness(emulator_library: Path) -> check.Harness:
-    return check.Harness(emulator_library)
 
 
 @needs_emulator

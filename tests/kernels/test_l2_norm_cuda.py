@@ -5,7 +5,6 @@ the kernels (tools/gpu_harness/emulator.cc) through the real launcher and ctypes
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import l2_norm_check
 import numpy as np
@@ -18,11 +17,6 @@ F32, F16 = check.F32, check.F16
 # The emulator build shared with the other emulator tests (emulator_fixtures.py), in their pytest-xdist unit.
 pytest_plugins = ("emulator_fixtures",)
 pytestmark = pytest.mark.xdist_group("cuda-emulator")
-
-
-@pytest.fixture(scope="module")
-def harness(emulator_library: Path) -> check.Harness:
-    return check.Harness(emulator_library)
 
 
 @needs_emulator

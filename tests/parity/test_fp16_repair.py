@@ -6,24 +6,22 @@ in the same evaluation, on ONNX Runtime, OpenVINO and onnxruntime-web/node (wher
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from openvino_site import openvino_on_path
 from repo_paths import REPO
 
 from onnx_norm.zoo.fp16 import main as fp16_main
 from onnx_norm.zoo.fp16 import true_fp16
 
 ROOT = REPO
-OPENVINO_SITE = ROOT / "build" / "openvino-site"
 WEB = ROOT / "tools" / "web"
 #: fp16's tolerance against the fp32 parent, relative to the output's largest magnitude (about 4.5 here): fp16
 #: weights and activations round at 2**-11 relative, through 2 layers.
@@ -90,13 +88,8 @@ def test_verify_names_the_overflowing_norms_and_counts_the_repair(models: dict) 
 
 
 def test_openvino_runs_the_repair_close_to_the_parent(models: dict) -> None:
-    sys.path.append(str(OPENVINO_SITE))
-    try:
-        if importlib.util.find_spec("openvino") is None:
-            pytest.skip(f"openvino is not installed ({OPENVINO_SITE} is what tools/setup.sh fills)")
+    with openvino_on_path():
         import openvino
-    finally:
-        sys.path.remove(str(OPENVINO_SITE))
     core = openvino.Core()
     compiled = core.compile_model(core.read_model(str(models["folder"] / "repaired.onnx")), "CPU")
     output = compiled.create_infer_request().infer(models["inputs"])
