@@ -25,29 +25,10 @@ namespace {
 
 size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
-// exp(x) for the sigmoid, branch-free so that the loop vectorises: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite,
-// n rounded by the 1.5 * 2^23 trick), e^r by its degree-6 Taylor polynomial (relative error < 2e-7), times 2^n
-// built in the exponent bits. Arguments clamped to [-87, 87]: the sigmoid is 0 or 1 in float32 beyond.
-inline __attribute__((always_inline)) float ExpForGate(float x) {
-  x = std::min(87.0f, std::max(-87.0f, x));
-  const float shifted = x * 1.44269504f + 12582912.0f;
-  const float n = shifted - 12582912.0f;
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  return p * BitsFloat(static_cast<uint32_t>(e) << 23);
-}
-
 // v *= z * sigmoid(z), in float32. Compiled for AVX2 too, picked at load time: the sigmoid is arithmetic-bound
 // (no FMA: the same roundings on every machine).
 __attribute__((target_clones("avx2", "default"))) void MulGate(float* __restrict v, const float* __restrict z, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) v[j] *= z[j] * (1.0f / (1.0f + ExpForGate(-z[j])));
+  for (int64_t j = 0; j < n; ++j) v[j] *= z[j] * (1.0f / (1.0f + VectorisableExp(-z[j])));
 }
 
 // v *= silu(z) for a Z of any float type, converted in stack-sized blocks.

@@ -40,26 +40,6 @@ void Store(const float* v, int64_t n, int type, void* out) {
   }
 }
 
-// exp(x) for the sigmoid, branch-free so that GCC vectorises the loop with baseline SSE2 (std::exp does not
-// vectorise): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, round to nearest by the 1.5 * 2^23 trick, which needs
-// no SSE4.1 rounding instruction), e^r by its degree-6 Taylor polynomial (relative error < 2e-7 there), times
-// 2^n built in the exponent bits. Arguments are clamped to [-87, 87]: the sigmoid is 0 or 1 in float32 beyond.
-inline __attribute__((always_inline)) float ExpForSigmoid(float x) {
-  x = std::min(87.0f, std::max(-87.0f, x));
-  const float shifted = x * 1.44269504f + 12582912.0f;
-  const float n = shifted - 12582912.0f;
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  return p * BitsFloat(static_cast<uint32_t>(e) << 23);
-}
-
 // y = v * s + b, then y * sigmoid(y) with `silu`, in place. Compiled for AVX2 too, chosen at load time (GCC's
 // target_clones): the sigmoid is arithmetic-bound, and twice as wide a vector halves its cost (no FMA: the same
 // roundings on every machine).
@@ -68,7 +48,7 @@ __attribute__((target_clones("avx2", "default"))) void AffineSilu(const float* v
   if (silu) {
     for (int64_t j = 0; j < n; ++j) {
       const float y = v[j] * s + b;
-      out[j] = y * (1.0f / (1.0f + ExpForSigmoid(-y)));
+      out[j] = y * (1.0f / (1.0f + VectorisableExp(-y)));
     }
   } else {
     for (int64_t j = 0; j < n; ++j) out[j] = v[j] * s + b;
@@ -108,7 +88,7 @@ void ChannelEpilogue(float* v, float* out, int64_t n, const float* scale, const 
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t count = std::min(kBlock, n - start);
     float* y = v + start;
-    for (int64_t j = 0; j < count; ++j) sigmoid[j] = 1.0f / (1.0f + ExpForSigmoid(-y[j]));
+    for (int64_t j = 0; j < count; ++j) sigmoid[j] = 1.0f / (1.0f + VectorisableExp(-y[j]));
     RoundTo(sigmoid, count, m);
     for (int64_t j = 0; j < count; ++j) y[j] *= sigmoid[j];
     RoundTo(y, count, m);
