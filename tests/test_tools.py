@@ -178,3 +178,15 @@ def test_bench_group_norm_nhwc_prints_one_row_per_export(tmp_path: Path) -> None
     missing = _run("tools/bench_group_norm_nhwc.py", str(tmp_path / "none"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+
+
+@pytest.mark.parametrize("shape", ["blocks", "llama"])
+def test_memory_check_ort_baseline_runs_both_models(shape: str) -> None:
+    # issue 34's time baseline: ONNX Runtime loads and runs the original and the optimized model, one at a time.
+    done = _run(
+        "tools/memory_check.py", "ort", "--shape", shape, "--layers", "2", "--hidden", "64", "--intermediate", "96"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = [line for line in done.stdout.splitlines() if ": load " in line]
+    assert [Path(line.split(":")[0].strip()).name for line in runs] == ["big.onnx", "opt.onnx"], done.stdout
+    assert "both models, one session at a time" in done.stdout
