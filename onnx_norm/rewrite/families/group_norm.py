@@ -33,8 +33,9 @@ The native ONNX GroupNormalization-21 is taken over with `--take-over-native` (r
 as it is), GroupNormalization-18 (scale per group, deprecated) is not; InstanceNormalization is GroupNorm with one
 group per channel and is taken over as that (read_instance_normalization; the onnx target leaves it as it is).
 
-Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
-per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
+Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (torch's export: Reshape to [N, G, -1],
+InstanceNormalization with ones/zeros, Reshape back, per-channel Mul/Add, then Sigmoid and Mul for SiLU; any opset;
+ONNX Runtime runs it faster than GroupNormalization-21, docs/targets.md; a norm already in that form is left),
 `ort`: ONNX Runtime's com.microsoft.GroupNorm takes NHWC input only and has no CPU kernel, so an NCHW graph has no
 ORT op to go to: the reason is reported and the grouped LayerNorm inside (if decomposed) is fused alone.
 """
@@ -60,7 +61,7 @@ from onnx_norm.rewrite.structure import NearMiss
 
 KIND = GROUP_NORM.kind
 _FLOAT = int(ir.DataType.FLOAT)
-#: The ONNX op the onnx target writes, and the first opset whose scale and bias are per channel.
+#: ONNX's GroupNormalization (taken over), and the first opset whose scale and bias are per channel.
 _ONNX_OP, _ONNX_OPSET = GROUP_NORMALIZATION.op_type, GROUP_NORMALIZATION.version
 
 
