@@ -107,9 +107,10 @@ def _channel_shapes(x_shape: tuple[int, ...], attrs: NormAttributes) -> dict[str
     return {"Scale": (x_shape[1],), "Bias": (x_shape[1],)}
 
 
-#: ONNX's GroupNormalization from opset 21 (per-channel scale and bias): the `onnx` target's op, taken over by the
-#: family's own reader (rewrite/families/group_norm.py).
-GROUP_NORMALIZATION = NativeOp("GroupNormalization", "", 21, targets=("onnx",))
+#: ONNX's GroupNormalization from opset 21 (per-channel scale and bias), taken over by the family's own reader
+#: (rewrite/families/group_norm.py). No target writes it: `onnx` writes torch's InstanceNormalization form, which
+#: ONNX Runtime runs faster (docs/targets.md), and which needs no opset 21.
+GROUP_NORMALIZATION = NativeOp("GroupNormalization", "", 21, targets=())
 
 GROUP_NORM = OpSignature(
     "GroupNorm",

@@ -33,8 +33,9 @@ The native ONNX GroupNormalization-21 is taken over with `--take-over-native` (r
 as it is), GroupNormalization-18 (scale per group, deprecated) is not; InstanceNormalization is GroupNorm with one
 group per channel and is taken over as that (read_instance_normalization; the onnx target leaves it as it is).
 
-Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (GroupNormalization-21, which takes
-per-channel scale and bias and rounds as its function body does, then Sigmoid and Mul for SiLU; opset >= 21),
+Targets: `onnx-norm` (our op; Scale/Bias made [C] constants), `onnx` (torch's export: Reshape to [N, G, -1],
+InstanceNormalization with ones/zeros, Reshape back, per-channel Mul/Add, then Sigmoid and Mul for SiLU; any opset;
+ONNX Runtime runs it faster than GroupNormalization-21, docs/targets.md; a norm already in that form is left),
 `ort`: ONNX Runtime's com.microsoft.GroupNorm takes NHWC input only and has no CPU kernel, so an NCHW graph has no
 ORT op to go to: the reason is reported and the grouped LayerNorm inside (if decomposed) is fused alone.
 """
@@ -42,7 +43,6 @@ ORT op to go to: the reason is reported and the grouped LayerNorm inside (if dec
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -61,7 +61,7 @@ from onnx_norm.rewrite.structure import NearMiss
 
 KIND = GROUP_NORM.kind
 _FLOAT = int(ir.DataType.FLOAT)
-#: The ONNX op the onnx target writes, and the first opset whose scale and bias are per channel.
+#: ONNX's GroupNormalization (taken over), and the first opset whose scale and bias are per channel.
 _ONNX_OP, _ONNX_OPSET = GROUP_NORMALIZATION.op_type, GROUP_NORMALIZATION.version
 
 
@@ -467,22 +467,27 @@ def _unsupported_onnx_norm(spec: NormSpec, opset: int) -> str | None:
 
 
 def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
-    """GroupNormalization-21 (scale and bias per channel, required: ones and zeros when the graph has none), then
-    Sigmoid and Mul for SiLU."""
+    """InstanceNormalization over X viewed as [N, G, -1] (scale ones[G], bias zeros[G]), reshaped back to X's own
+    Shape, then Mul and Add by the per-channel scale and bias as [C, 1, ...] (each only when the graph has it), then
+    Sigmoid and Mul for SiLU: torch's own export of GroupNorm, which ONNX Runtime runs faster than its
+    GroupNormalization-21 kernel (docs/targets.md), and valid from opset 6."""
     assert isinstance(spec.attrs, GroupNormAttributes) and spec.x.dtype is not None
-    dtype = spec.x.dtype.numpy()
-    scale, bias = spec.scale, spec.bias
-    if scale is None or bias is None:  # a channels-last match always has both: its X (transposed) has no shape
-        assert spec.x.shape is not None
-        channels = int(spec.x.shape[1])
-        scale = scale if scale is not None else op.Constant(value=ir.tensor(np.ones(channels, dtype)))
-        bias = bias if bias is not None else op.Constant(value=ir.tensor(np.zeros(channels, dtype)))
-    if scale.dtype != spec.x.dtype:
-        scale = op.Cast(scale, to=int(spec.x.dtype))
-    if bias.dtype != spec.x.dtype:
-        bias = op.Cast(bias, to=int(spec.x.dtype))
-    a = spec.attrs
-    y = op.op(_ONNX_OP, spec.x, scale, bias, _version=_ONNX_OPSET, epsilon=float(a.epsilon), num_groups=a.num_groups)
+    a, dtype = spec.attrs, spec.x.dtype.numpy()
+    rank, g = 1 - a.axis, a.num_groups
+
+    def const(array: np.ndarray) -> ir.Value:
+        return op.Constant(value=ir.tensor(array))
+
+    grouped_x = op.Reshape(spec.x, const(np.array([0, g, -1], np.int64)))
+    ones, zeros = const(np.ones(g, dtype)), const(np.zeros(g, dtype))
+    y = op.InstanceNormalization(grouped_x, ones, zeros, epsilon=float(a.epsilon))
+    y = op.Reshape(y, op.Shape(spec.x))
+    column = const(np.array([-1] + [1] * (rank - 2), np.int64))
+    for param, combine in ((spec.scale, op.Mul), (spec.bias, op.Add)):
+        if param is None:
+            continue
+        typed = param if param.dtype == spec.x.dtype else op.Cast(param, to=int(spec.x.dtype))
+        y = combine(y, op.Reshape(typed, column))
     if a.activation == ACTIVATIONS["silu"]:
         y = op.Mul(y, op.Sigmoid(y))
     if a.output_type:
@@ -490,26 +495,27 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
     return [y]
 
 
+def _already_instance_normalization(x: ir.Value) -> bool:
+    """Whether X is normalised by an InstanceNormalization already, directly or through one Reshape (torch's export):
+    the form the onnx target writes."""
+
+    def reads(value: ir.Value, op_type: str) -> list[ir.Node]:
+        return [n for n, _ in value.uses() if n.op_type == op_type and is_onnx_domain(n.domain)]
+
+    if reads(x, "InstanceNormalization"):
+        return True
+    return any(reads(r.outputs[0], "InstanceNormalization") for r in reads(x, "Reshape"))
+
+
 def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
-    # The channel count from the per-channel Scale: X is channels-last for the channels-last rule (its dim 1 is H).
-    shape = spec.scale.shape if spec.scale is not None else None
-    dims = list(shape) if shape is not None else []
-    channels = math.prod(dims) if dims and all(isinstance(d, int) for d in dims) else None
-    if isinstance(spec.attrs, GroupNormAttributes) and spec.attrs.num_groups == channels:
+    if _already_instance_normalization(spec.x):
         # Measured: ONNX Runtime's GroupNormalization-21 is slower than its InstanceNormalization (docs/targets.md).
-        return "one group per channel is ONNX's InstanceNormalization; GroupNormalization-21 would only be slower"
-    if opset and opset < _ONNX_OPSET:
-        return (
-            f"ONNX's GroupNormalization takes per-channel scale and bias from opset {_ONNX_OPSET}; "
-            f"the model imports {opset}"
-        )
-    a = spec.graph_attrs or spec.attrs  # GroupNormalization then the Cast (_emit_onnx) round as the graph does
+        return "already ONNX's InstanceNormalization form; rewriting it would not change the ops"
+    a = spec.graph_attrs or spec.attrs  # InstanceNormalization, Mul and Add each round to X's type, as the graph does
     t = int(spec.x.dtype) if spec.x.dtype is not None else 0
     rounds_like_onnx = (a.normalized_type, a.multiply_type) == ((t, t) if t in NARROW_TYPES else (0, 0))
     if not rounds_like_onnx:
-        return "GroupNormalization rounds to X's type after the normalisation and each affine step, the graph does not"
-    if spec.x.shape is None or not isinstance(spec.x.shape[1], int):
-        return "the channel count is not static"
+        return "InstanceNormalization and the affine Mul and Add round to X's type after each step, the graph does not"
     return None
 
 
