@@ -115,31 +115,29 @@ void Yield() { swapcontext(&machine.fibers[machine.current].context, &machine.sc
 const Index3& ThreadIdx() { return Self().thread; }
 const Index3& BlockIdx() { return SelfBlock().idx; }
 
-void SyncThreads() {
-  Block& block = SelfBlock();
-  const long generation = block.barrier_generation;
-  ++block.barrier_arrived;
+// One arrival at a barrier of `live` threads (a block's or the cluster's): the last to arrive opens it (the next
+// generation), the others yield until it has.
+void ArriveAndWait(int& arrived, long& generation, const int& live) {
+  const long mine = generation;
+  ++arrived;
   ++machine.progress;
-  if (block.barrier_arrived == block.live) {
-    block.barrier_arrived = 0;
-    ++block.barrier_generation;
+  if (arrived == live) {
+    arrived = 0;
+    ++generation;
     return;
   }
-  while (block.barrier_generation == generation) Yield();
+  while (generation == mine) Yield();
+}
+
+void SyncThreads() {
+  Block& block = SelfBlock();
+  ArriveAndWait(block.barrier_arrived, block.barrier_generation, block.live);
 }
 
 // barrier.cluster.arrive + wait: every live thread of every block of the cluster.
 void ClusterSync() {
   if (machine.cluster_size < 2) Fail("cluster barrier in a launch without clusters");
-  const long generation = machine.cluster_generation;
-  ++machine.cluster_arrived;
-  ++machine.progress;
-  if (machine.cluster_arrived == machine.live) {
-    machine.cluster_arrived = 0;
-    ++machine.cluster_generation;
-    return;
-  }
-  while (machine.cluster_generation == generation) Yield();
+  ArriveAndWait(machine.cluster_arrived, machine.cluster_generation, machine.live);
 }
 
 // mapa: the same offset in block `rank`'s dynamic shared memory. Only dynamic shared memory is per block

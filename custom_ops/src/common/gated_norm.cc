@@ -9,8 +9,6 @@
 namespace onnx_norm {
 namespace {
 
-bool IsFloat(int type) { return type == kFloat || type == kFloat16 || type == kBFloat16; }
-
 std::string Dims(const std::vector<int64_t>& shape) {
   std::string out;
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
@@ -43,9 +41,7 @@ std::string CheckZ(const Ort::ConstValue& z, const std::vector<int64_t>& x_shape
   if (static_cast<const OrtValue*>(z) == nullptr) return "required input Z is missing";
   const auto info = z.GetTensorTypeAndShapeInfo();
   *type = static_cast<int>(info.GetElementType());
-  if (!IsFloat(*type)) {
-    return std::string("Z has element type ") + ElemTypeName(*type) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-  }
+  if (!IsFloatType(*type)) return UnsupportedType("Z", *type);
   if (info.GetShape() != x_shape) {
     return "Z has shape [" + Dims(info.GetShape()) + "] but must have X's shape [" + Dims(x_shape) + "]";
   }
@@ -56,14 +52,10 @@ std::string CheckZ(const Ort::ConstValue& z, const std::vector<int64_t>& x_shape
 
 std::string PrepareGatedNorm(Ort::KernelContext& ctx, const NormAttributes& attrs, GatedNormProblem* g) {
   *g = GatedNormProblem{};
-  const Ort::ConstValue x = ctx.GetInput(0);
-  if (static_cast<const OrtValue*>(x) == nullptr) return "required input X is missing";
-  const auto x_info = x.GetTensorTypeAndShapeInfo();
-  const int x_type = static_cast<int>(x_info.GetElementType());
-  const std::vector<int64_t> shape = x_info.GetShape();
-  if (!IsFloat(x_type)) {
-    return std::string("X has element type ") + ElemTypeName(x_type) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-  }
+  int x_type = 0;
+  std::vector<int64_t> shape;
+  std::string error = ReadFloatX(ctx, &x_type, &shape);
+  if (!error.empty()) return error;
   if (shape.empty()) return "X must have rank >= 1 (the last dim is normalised)";
   const int64_t dim = shape.back();
   const int64_t size = attrs.op_ints[kGroupSize] == 0 ? dim : attrs.op_ints[kGroupSize];
@@ -71,7 +63,7 @@ std::string PrepareGatedNorm(Ort::KernelContext& ctx, const NormAttributes& attr
     return "group_size " + std::to_string(size) + " does not divide the last dim of X (" + std::to_string(dim) + ")";
   }
   if (ctx.GetInputCount() < 2) return "required input Z is missing";
-  std::string error = CheckZ(ctx.GetInput(1), shape, &g->z_type);
+  error = CheckZ(ctx.GetInput(1), shape, &g->z_type);
   if (!error.empty()) return error;
   g->z = ctx.GetInput(1).GetTensorRawData();
   if (ctx.GetInputCount() > 2) {
@@ -79,10 +71,7 @@ std::string PrepareGatedNorm(Ort::KernelContext& ctx, const NormAttributes& attr
     if (static_cast<const OrtValue*>(scale) != nullptr) {
       const auto info = scale.GetTensorTypeAndShapeInfo();
       g->scale_type = static_cast<int>(info.GetElementType());
-      if (!IsFloat(g->scale_type)) {
-        return std::string("Scale has element type ") + ElemTypeName(g->scale_type) +
-               "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-      }
+      if (!IsFloatType(g->scale_type)) return UnsupportedType("Scale", g->scale_type);
       if (static_cast<int64_t>(info.GetElementCount()) != dim) {
         return "Scale has " + std::to_string(info.GetElementCount()) + " elements but the last dim of X is " +
                std::to_string(dim) + ": it must hold one value per element of a row";
@@ -102,7 +91,7 @@ std::string PrepareGatedNorm(Ort::KernelContext& ctx, const NormAttributes& attr
   g->group_size = size;
   g->gate_after = attrs.op_ints[kNormBeforeGate] == 1;
   NormProblem& p = g->rows;
-  p.x = x.GetTensorRawData();
+  p.x = ctx.GetInput(0).GetTensorRawData();
   p.y = y.GetTensorMutableRawData();
   p.rows = size == 0 ? 0 : elements / size;
   p.cols = size;

@@ -16,15 +16,11 @@ OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, co
 
 namespace {
 
-bool IsFloat(int type) { return type == kFloat || type == kFloat16 || type == kBFloat16; }
-
 // Scale or Bias: C elements, of a float type; `type` is the type the other one has (0: none yet).
 std::string CheckChannelParameter(const char* name, const Ort::ConstValue& value, int64_t channels, int* type) {
   const auto info = value.GetTensorTypeAndShapeInfo();
   const int t = static_cast<int>(info.GetElementType());
-  if (!IsFloat(t)) {
-    return std::string(name) + " has element type " + ElemTypeName(t) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-  }
+  if (!IsFloatType(t)) return UnsupportedType(name, t);
   if (*type != 0 && t != *type) return std::string(name) + " must have the element type of Scale";
   if (static_cast<int64_t>(info.GetElementCount()) != channels) {
     return std::string(name) + " has " + std::to_string(info.GetElementCount()) + " elements but X has " +
@@ -58,14 +54,10 @@ const OpRegistrar kGroupNormRow{{{"GroupNorm", false, false, 3, 1, {"X", "Scale"
 
 std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attrs, GroupNormProblem* g) {
   *g = GroupNormProblem{};
-  const Ort::ConstValue x = ctx.GetInput(0);
-  if (static_cast<const OrtValue*>(x) == nullptr) return "required input X is missing";
-  const auto x_info = x.GetTensorTypeAndShapeInfo();
-  const int x_type = static_cast<int>(x_info.GetElementType());
-  const std::vector<int64_t> shape = x_info.GetShape();
-  if (!IsFloat(x_type)) {
-    return std::string("X has element type ") + ElemTypeName(x_type) + "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-  }
+  int x_type = 0;
+  std::vector<int64_t> shape;
+  std::string error = ReadFloatX(ctx, &x_type, &shape);
+  if (!error.empty()) return error;
   if (shape.size() < 3) return "X must be [N, C, ...] of rank >= 3, got rank " + std::to_string(shape.size());
   const int64_t channels = shape[1];
   const int64_t num_groups = attrs.op_ints[kNumGroups];
@@ -96,7 +88,7 @@ std::string PrepareGroupNorm(Ort::KernelContext& ctx, const NormAttributes& attr
            ElemTypeName(y_type) + "; use output_type=0 and a Cast after the node";
   }
   NormProblem& p = g->rows;
-  p.x = x.GetTensorRawData();
+  p.x = ctx.GetInput(0).GetTensorRawData();
   p.y = y.GetTensorMutableRawData();
   p.rows = shape[0] * num_groups;
   p.cols = g->group_channels * spatial;

@@ -68,10 +68,7 @@ std::string PrepareModulation(Ort::KernelContext& ctx, const OpSignature& op, co
            "]): a modulated norm needs a batch dim before the normalised dims";
   }
   const int type = static_cast<int>(values[0].GetTensorTypeAndShapeInfo().GetElementType());
-  if (type != kFloat && type != kFloat16 && type != kBFloat16) {
-    return std::string("ModScale has element type ") + ElemTypeName(type) +
-           "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-  }
+  if (!IsFloatType(type)) return UnsupportedType("ModScale", type);
   const int shift_type = static_cast<int>(values[1].GetTensorTypeAndShapeInfo().GetElementType());
   if (shift_type != type) {
     return std::string("ModShift must have the element type of ModScale: ModShift is ") + ElemTypeName(shift_type) +

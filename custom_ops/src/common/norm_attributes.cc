@@ -13,9 +13,25 @@
 #include "common/norm_op.h"
 
 namespace onnx_norm {
-namespace {
 
 bool IsFloatType(int type) { return type == kFloat || type == kFloat16 || type == kBFloat16; }
+
+std::string UnsupportedType(const char* name, int type) {
+  return std::string(name) + " has element type " + ElemTypeName(type) +
+         "; supported types are FLOAT, FLOAT16 and BFLOAT16";
+}
+
+std::string ReadFloatX(Ort::KernelContext& ctx, int* type, std::vector<int64_t>* shape) {
+  const Ort::ConstValue x = ctx.GetInput(0);
+  if (static_cast<const OrtValue*>(x) == nullptr) return "required input X is missing";
+  const auto info = x.GetTensorTypeAndShapeInfo();
+  *type = static_cast<int>(info.GetElementType());
+  *shape = info.GetShape();
+  if (!IsFloatType(*type)) return UnsupportedType("X", *type);
+  return {};
+}
+
+namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::ostringstream out;
@@ -69,11 +85,6 @@ struct Inputs {
 };
 
 bool Missing(const Ort::ConstValue& value) { return static_cast<const OrtValue*>(value) == nullptr; }
-
-std::string UnsupportedType(const char* name, int type) {
-  return std::string(name) + " has element type " + ElemTypeName(type) +
-         "; supported types are FLOAT, FLOAT16 and BFLOAT16";
-}
 
 // X: its type, the axis against its rank, and the rows and columns it splits into; starts `p` afresh with them
 // (and the attributes' epsilon and rounding types).

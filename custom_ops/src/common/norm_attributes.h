@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/ort_api.h"
 
@@ -108,6 +109,16 @@ bool OwnIntSet(const OpSignature& op, const NormAttributes& attrs, const char* n
 std::string CheckNormAttributes(const NormAttributes& attrs);
 
 const char* ElemTypeName(int type);
+
+// Whether `type` is one the kernels read: FLOAT, FLOAT16 or BFLOAT16.
+bool IsFloatType(int type);
+
+// The error for input `name` of an element type the kernels don't read (one wording for every op).
+std::string UnsupportedType(const char* name, int type);
+
+// X of the ops that check their own shapes (GroupNorm, GatedRMSNorm): present and of a float type; fills its
+// element type and shape. Returns an empty string or an error message.
+std::string ReadFloatX(Ort::KernelContext& ctx, int* type, std::vector<int64_t>* shape);
 
 // An int attribute of the node; false when it is not set.
 bool GetIntAttribute(const OrtKernelInfo* info, const char* name, int64_t* value);

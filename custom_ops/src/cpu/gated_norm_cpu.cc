@@ -18,12 +18,11 @@
 #include "common/gated_norm.h"
 #include "cpu/half_simd.h"
 #include "cpu/norm_cpu.h"
+#include "cpu/row_convert.h"
 
 namespace onnx_norm {
 namespace cpu {
 namespace {
-
-size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
 // v *= z * sigmoid(z), in float32. Compiled for AVX2 too, picked at load time: the sigmoid is arithmetic-bound
 // (no FMA: the same roundings on every machine).
@@ -60,24 +59,6 @@ const float* GateRow(const void* state, const NormProblem& p, size_t offset, flo
   return dst;
 }
 
-void RoundRow(float* v, int64_t n, int type) {
-  if (type == kFloat16) {
-    RoundToHalf(v, n);
-  } else if (type == kBFloat16) {
-    RoundToBFloat(v, n);
-  }
-}
-
-void Store(const float* v, int64_t n, int type, void* out) {
-  if (type == kFloat16) {
-    FloatToHalf(v, static_cast<uint16_t*>(out), n);
-  } else if (type == kBFloat16) {
-    FloatToBFloat(v, static_cast<uint16_t*>(out), n);
-  } else {
-    std::copy_n(v, n, static_cast<float*>(out));
-  }
-}
-
 struct GatedJob {
   const GatedNormProblem* g;
   const float* scale;  // [D] as float, or null
@@ -96,14 +77,14 @@ void Epilogue(const GatedJob& job, float* rows, int64_t count, int64_t first_ele
     for (int64_t r = 0; r < count; ++r) {
       float* v = rows + r * g.dim;
       for (int64_t j = 0; j < g.dim; ++j) v[j] *= job.scale[j];
-      RoundRow(v, g.dim, m);
+      RoundFloats(v, g.dim, m);
     }
   }
   if (g.gate_after) {
     const char* z = static_cast<const char*>(g.z) + static_cast<size_t>(first_element) * ElemSize(g.z_type);
     MulGateAny(rows, z, g.z_type, elements);
   }
-  Store(rows, elements, p.y_type, y);
+  StoreFloats(rows, p.y_type, y, elements);
 }
 
 void RunChunk(void* data, size_t index) {
@@ -141,14 +122,6 @@ void RunChunk(void* data, size_t index) {
   Epilogue(job, rows, count, first, y);
 }
 
-std::vector<float> AsFloat(const void* data, int type, int64_t n) {
-  std::vector<float> out;
-  if (data == nullptr) return out;
-  out.resize(static_cast<size_t>(n));
-  LoadFloats(data, type, out.data(), n);
-  return out;
-}
-
 }  // namespace
 
 OrtStatusPtr ComputeGatedNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
@@ -157,7 +130,7 @@ OrtStatusPtr ComputeGatedNorm(Ort::KernelContext& ctx, const OpSignature& op, co
   if (!error.empty()) return MakeError(op, error);
   const NormProblem& p = g.rows;
   if (p.rows == 0 || p.cols == 0) return nullptr;
-  const std::vector<float> scale = AsFloat(g.scale, g.scale_type, g.dim);
+  const std::vector<float> scale = ParameterFloats(g.scale, g.scale_type, g.dim);
   GatedJob job;
   job.g = &g;
   job.scale = g.scale ? scale.data() : nullptr;

@@ -13,6 +13,7 @@
 #include "common/float_convert.h"
 #include "common/group_norm.h"
 #include "cpu/norm_cpu.h"
+#include "cpu/row_convert.h"
 
 namespace onnx_norm {
 namespace cpu {
@@ -25,8 +26,6 @@ struct GroupJob {
   int64_t chunk_rows;
   std::atomic<bool> failed{false};
 };
-
-size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
 void Store(const float* v, int64_t n, int type, void* out) {
   if (type == kFloat16) {
@@ -135,22 +134,6 @@ void RunChunk(void* data, size_t index) {
   if (!direct) Store(rows, count * p.cols, p.y_type, y);
 }
 
-std::vector<float> AsFloat(const void* data, int type, int64_t n) {
-  std::vector<float> out;
-  if (data == nullptr) return out;
-  out.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    if (type == kFloat16) {
-      out[i] = Half2Float(static_cast<const uint16_t*>(data)[i]);
-    } else if (type == kBFloat16) {
-      out[i] = BFloat2Float(static_cast<const uint16_t*>(data)[i]);
-    } else {
-      out[i] = static_cast<const float*>(data)[i];
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs) {
@@ -159,8 +142,8 @@ OrtStatusPtr ComputeGroupNorm(Ort::KernelContext& ctx, const OpSignature& op, co
   if (!error.empty()) return MakeError(op, error);
   const NormProblem& p = g.rows;
   if (p.rows == 0 || p.cols == 0) return nullptr;
-  const std::vector<float> scale = AsFloat(g.scale, g.scale_type, g.channels);
-  const std::vector<float> bias = AsFloat(g.bias, g.scale_type, g.channels);
+  const std::vector<float> scale = ParameterFloats(g.scale, g.scale_type, g.channels);
+  const std::vector<float> bias = ParameterFloats(g.bias, g.scale_type, g.channels);
   GroupJob job;
   job.g = &g;
   job.scale = g.scale ? scale.data() : nullptr;

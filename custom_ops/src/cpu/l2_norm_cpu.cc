@@ -13,6 +13,7 @@
 #include "common/l2_norm.h"
 #include "cpu/half_simd.h"
 #include "cpu/norm_cpu.h"
+#include "cpu/row_convert.h"
 #include "cpu/row_math.h"
 
 namespace onnx_norm {
@@ -58,30 +59,6 @@ ONNX_NORM_L2_HOT void Scaled(const float* x, float* out, int64_t n, float r, con
   }
 }
 
-void RoundTo(float* v, int64_t n, int type) {
-  if (type == kFloat16) RoundToHalf(v, n);
-  if (type == kBFloat16) RoundToBFloat(v, n);
-}
-
-void Load(const void* src, int type, float* dst, int64_t n) {
-  if (type == kFloat16) {
-    HalfToFloat(static_cast<const uint16_t*>(src), dst, n);
-  } else if (type == kBFloat16) {
-    BFloatToFloat(static_cast<const uint16_t*>(src), dst, n);
-  } else {
-    std::copy_n(static_cast<const float*>(src), n, dst);
-  }
-}
-
-void Store(const float* src, int type, void* dst, int64_t n) {
-  if (type == kFloat16) {
-    FloatToHalf(src, static_cast<uint16_t*>(dst), n);
-  } else if (type == kBFloat16) {
-    FloatToBFloat(src, static_cast<uint16_t*>(dst), n);
-  } else {
-    std::copy_n(src, n, static_cast<float*>(dst));
-  }
-}
 
 // One row, float32 in `x` (X itself for a float32 X), into `out` (Y itself for a float32 Y, else `x`).
 void Row(const L2Job& job, const float* x, float* out) {
@@ -95,13 +72,13 @@ void Row(const L2Job& job, const float* x, float* out) {
     return;
   }
   Scaled(x, out, n, r, nullptr, 0);
-  RoundTo(out, n, job.normalized_type);
+  RoundFloats(out, n, job.normalized_type);
   if (job.scale == nullptr) return;
   for (int64_t start = 0; start < n; start += p.scale_size) {
     const int64_t count = std::min(p.scale_size, n - start);
     for (int64_t j = 0; j < count; ++j) out[start + j] *= job.scale[j];
   }
-  RoundTo(out, n, job.multiply_type);
+  RoundFloats(out, n, job.multiply_type);
 }
 
 void RunChunk(void* data, size_t index) {
@@ -121,19 +98,11 @@ void RunChunk(void* data, size_t index) {
     const void* x = static_cast<const char*>(p.x) + offset * ElemSize(p.x_type);
     void* y = static_cast<char*>(p.y) + offset * ElemSize(p.y_type);
     const float* row = float_in ? static_cast<const float*>(x) : buffer;
-    if (!float_in) Load(x, p.x_type, buffer, p.cols);
+    if (!float_in) LoadFloats(x, p.x_type, buffer, p.cols);
     float* out = float_out ? static_cast<float*>(y) : buffer;
     Row(job, row, out);
-    if (!float_out) Store(buffer, p.y_type, y, p.cols);
+    if (!float_out) StoreFloats(buffer, p.y_type, y, p.cols);
   }
-}
-
-std::vector<float> AsFloat(const void* data, int type, int64_t n) {
-  std::vector<float> out;
-  if (data == nullptr) return out;
-  out.resize(static_cast<size_t>(n));
-  Load(data, type, out.data(), n);
-  return out;
 }
 
 }  // namespace
@@ -143,7 +112,7 @@ OrtStatusPtr ComputeL2Norm(Ort::KernelContext& ctx, const OpSignature& op, const
   const std::string error = PrepareL2Norm(ctx, op, attrs, &p);
   if (!error.empty()) return MakeError(op, error);
   if (p.rows == 0 || p.cols == 0) return nullptr;
-  const std::vector<float> scale = AsFloat(p.scale, p.scale_type, p.scale_size);
+  const std::vector<float> scale = ParameterFloats(p.scale, p.scale_type, p.scale_size);
   L2Job job;
   job.p = &p;
   job.scale = p.scale ? scale.data() : nullptr;

@@ -16,6 +16,7 @@
 #include "common/modulation.h"
 #include "cpu/half_simd.h"
 #include "cpu/norm_cpu.h"
+#include "cpu/row_convert.h"
 
 namespace onnx_norm {
 namespace cpu {
@@ -31,14 +32,6 @@ struct ModulatedJob {
   std::atomic<bool> failed{false};
 };
 
-void RoundRow(float* v, int64_t n, int type) {
-  if (type == kFloat16) {
-    RoundToHalf(v, n);
-  } else if (type == kBFloat16) {
-    RoundToBFloat(v, n);
-  }
-}
-
 // Y rows from normalised float rows: y = round_m(y * factor), y = round_m(y + shift), stored in Y's type.
 void ModulateRows(const NormProblem& p, float* rows, int64_t count, void* y, const float* factor,
                   const float* shift) {
@@ -47,21 +40,12 @@ void ModulateRows(const NormProblem& p, float* rows, int64_t count, void* y, con
   for (int64_t r = 0; r < count; ++r) {
     float* v = rows + r * n;
     for (int64_t j = 0; j < n; ++j) v[j] *= factor[j];
-    RoundRow(v, n, m);
+    RoundFloats(v, n, m);
     for (int64_t j = 0; j < n; ++j) v[j] += shift[j];
-    RoundRow(v, n, m);
+    RoundFloats(v, n, m);
   }
-  const int64_t total = count * n;
-  if (p.y_type == kFloat16) {
-    FloatToHalf(rows, static_cast<uint16_t*>(y), total);
-  } else if (p.y_type == kBFloat16) {
-    FloatToBFloat(rows, static_cast<uint16_t*>(y), total);
-  } else {
-    std::copy_n(rows, total, static_cast<float*>(y));
-  }
+  StoreFloats(rows, p.y_type, y, count * n);
 }
-
-size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
 void RunChunk(void* data, size_t index) {
   ModulatedJob& job = *static_cast<ModulatedJob*>(data);

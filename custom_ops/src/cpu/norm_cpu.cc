@@ -8,6 +8,7 @@
 
 #include "common/float_convert.h"
 #include "cpu/half_simd.h"
+#include "cpu/row_convert.h"
 #include "cpu/row_math.h"
 
 #if defined(__SSE2__)
@@ -52,30 +53,6 @@ ONNX_NORM_HOT float SumSquaresRow(const float* x, int64_t n, float center) {
   return ReduceLanes(acc);
 }
 
-void LoadHalf(const uint16_t* src, float* dst, int64_t n) { HalfToFloat(src, dst, n); }
-void LoadBFloat(const uint16_t* src, float* dst, int64_t n) { BFloatToFloat(src, dst, n); }
-void StoreHalf(const float* src, uint16_t* dst, int64_t n) { FloatToHalf(src, dst, n); }
-void StoreBFloat(const float* src, uint16_t* dst, int64_t n) { FloatToBFloat(src, dst, n); }
-
-void LoadRow(const void* src, int type, float* dst, int64_t n) {
-  if (type == kFloat16) {
-    LoadHalf(static_cast<const uint16_t*>(src), dst, n);
-  } else if (type == kBFloat16) {
-    LoadBFloat(static_cast<const uint16_t*>(src), dst, n);
-  } else {
-    std::copy_n(static_cast<const float*>(src), n, dst);
-  }
-}
-
-void StoreRow(const float* src, int type, void* dst, int64_t n) {
-  if (type == kFloat16) {
-    StoreHalf(src, static_cast<uint16_t*>(dst), n);
-  } else if (type == kBFloat16) {
-    StoreBFloat(src, static_cast<uint16_t*>(dst), n);
-  } else {
-    std::copy_n(src, n, static_cast<float*>(dst));
-  }
-}
 
 // dst = a + b for non-overlapping rows: saying so lets GCC vectorise without run-time overlap checks, which
 // it skipped before, leaving the fused Skip ops slower than a separate Add.
@@ -126,14 +103,6 @@ const float* AddSkip(const void* x, const void* skip, int type, void* sum, float
   return dst;
 }
 
-void RoundInPlace(float* v, int64_t n, int type) {
-  if (type == kFloat16) {
-    RoundToHalf(v, n);
-  } else if (type == kBFloat16) {
-    RoundToBFloat(v, n);
-  }
-}
-
 // y = (x - center) * r [* scale] [+ bias]: the fused path when no rounding attribute is set.
 // Scale/Bias have `period` elements and repeat along the row.
 template <bool kScale, bool kBias>
@@ -173,20 +142,20 @@ ONNX_NORM_HOT void NormalizeOnly(const float* x, float* y, int64_t n, float cent
 ONNX_NORM_HOT void NormalizeRounded(const float* x, float* y, int64_t n, float center, float r, const float* scale,
                       const float* bias, int64_t period, int normalized_type, int multiply_type) {
   for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - center) * r;
-  RoundInPlace(y, n, normalized_type);
+  RoundFloats(y, n, normalized_type);
   if (scale) {
     for (int64_t start = 0; start < n; start += period) {
       const int64_t len = std::min(period, n - start);
       for (int64_t j = 0; j < len; ++j) y[start + j] *= scale[j];
     }
-    RoundInPlace(y, n, multiply_type);
+    RoundFloats(y, n, multiply_type);
   }
   if (bias) {
     for (int64_t start = 0; start < n; start += period) {
       const int64_t len = std::min(period, n - start);
       for (int64_t j = 0; j < len; ++j) y[start + j] += bias[j];
     }
-    RoundInPlace(y, n, multiply_type);
+    RoundFloats(y, n, multiply_type);
   }
 }
 
@@ -256,7 +225,7 @@ const float* ReadRow(const RowPlan& plan, size_t offset, float* xbuf) {
     return x;
   }
   if (p.x_type == kFloat) return static_cast<const float*>(x_row);
-  LoadRow(x_row, p.x_type, xbuf, n);
+  LoadFloats(x_row, p.x_type, xbuf, n);
   return xbuf;
 }
 
@@ -292,7 +261,7 @@ void NormalizeRow(const RowPlan& plan, size_t offset, const float* x, float cent
   if (stream_y) {
     StreamFloats(y, static_cast<float*>(y_row), n);
   } else if (p.y_type != kFloat) {
-    StoreRow(y, p.y_type, y_row, n);
+    StoreFloats(y, p.y_type, y_row, n);
   }
 }
 
@@ -355,7 +324,7 @@ const float* AsFloat(const void* data, int type, int64_t n, std::vector<float>& 
   if (data == nullptr) return nullptr;
   if (type == kFloat) return static_cast<const float*>(data);
   storage.resize(static_cast<size_t>(n));
-  LoadRow(data, type, storage.data(), n);
+  LoadFloats(data, type, storage.data(), n);
   return storage.data();
 }
 
@@ -374,8 +343,6 @@ float* ThreadRows(int64_t count) {
   }
   return rows.data();
 }
-
-void LoadFloats(const void* src, int type, float* dst, int64_t n) { LoadRow(src, type, dst, n); }
 
 bool RunIntoFloats(NormProblem chunk, float* rows) {
   chunk.y = rows;

@@ -24,9 +24,6 @@ bool Run(const NormProblem& problem, ParallelForFn parallel_for, void* parallel_
 // thread pool, which no exception may leave.
 float* ThreadRows(int64_t count);
 
-// `n` elements of a float32, float16 or bfloat16 buffer as float32 (an input stage's loads).
-void LoadFloats(const void* src, int type, float* dst, int64_t n);
-
 // `chunk` normalised (with its own affine and rounding points) into the float32 `rows`; false when Run ran out of
 // scratch memory.
 bool RunIntoFloats(NormProblem chunk, float* rows);

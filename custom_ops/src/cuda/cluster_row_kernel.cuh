@@ -64,12 +64,7 @@ __device__ __forceinline__ void CacheClusterBatch(const NormArgs& a, int64_t bas
     float v[V];
     UnpackWords<TX>(xw[i], v);
     if (skip != nullptr) {
-      float s[V];
-      UnpackWords<TX>(sw[i], s);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] += s[j];
-      RoundToType<TX, V>(v);
-      PackWords<TX>(v, xw[i]);
+      AddSkipWords<TX>(sw[i], v, xw[i]);
       if (sum_out != nullptr) StoreWords<kWords, true>(sum_out + base + static_cast<int64_t>(k) * V, xw[i]);
     }
     StoreWords<kWords, false>(cache + k, xw[i]);

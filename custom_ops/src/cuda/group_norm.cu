@@ -16,9 +16,7 @@ namespace onnx_norm {
 namespace cuda {
 
 // GroupNorm's kernel for every X type.
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32, GroupNormArgs)
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16, GroupNormArgs)
-ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16, GroupNormArgs)
+ONNX_NORM_INSTANTIATE_ROW_OP_LAUNCH(GroupNormArgs)
 
 namespace {
 

@@ -73,5 +73,11 @@ cudaError_t LaunchKernel(const Args& args, const KernelConfig& config, cudaStrea
 #define ONNX_NORM_INSTANTIATE_LAUNCH(x_type, Args) \
   template cudaError_t LaunchKernel<x_type, Args>(const Args&, const KernelConfig&, cudaStream_t);
 
+// A row op's launch for every X type the kernels read (one list of them for every row op's cuda/<op>.cu).
+#define ONNX_NORM_INSTANTIATE_ROW_OP_LAUNCH(Args)  \
+  ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32, Args) \
+  ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16, Args) \
+  ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16, Args)
+
 }  // namespace cuda
 }  // namespace onnx_norm

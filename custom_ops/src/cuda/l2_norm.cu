@@ -17,9 +17,7 @@ namespace onnx_norm {
 namespace cuda {
 
 // L2Norm's kernel for every X type.
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32, L2NormArgs)
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16, L2NormArgs)
-ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16, L2NormArgs)
+ONNX_NORM_INSTANTIATE_ROW_OP_LAUNCH(L2NormArgs)
 
 namespace {
 

@@ -16,9 +16,7 @@ namespace onnx_norm {
 namespace cuda {
 
 // The modulated kernel for every X type.
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat32, ModulatedArgs)
-ONNX_NORM_INSTANTIATE_LAUNCH(kFloat16, ModulatedArgs)
-ONNX_NORM_INSTANTIATE_LAUNCH(kBFloat16, ModulatedArgs)
+ONNX_NORM_INSTANTIATE_ROW_OP_LAUNCH(ModulatedArgs)
 
 namespace {
 

@@ -198,6 +198,20 @@ __device__ __forceinline__ void PackWords(const float (&v)[16 / sizeof(TX)], uin
   for (int j = 0; j < 4; ++j) w[j] = WordCodec<TX>::Pack(v + j * WordCodec<TX>::kValues);
 }
 
+// X + Skip of one 16-byte vector in words, the Skip ops' rule that the register and cluster kernels share: `v`
+// (X's floats) becomes round_X(X + Skip) and `xw` its words, which the caller stores as Sum and keeps as X.
+template <typename TX>
+__device__ __forceinline__ void AddSkipWords(const uint32_t (&sw)[4], float (&v)[16 / sizeof(TX)],
+                                             uint32_t (&xw)[4]) {
+  constexpr int V = 16 / static_cast<int>(sizeof(TX));
+  float s[V];
+  UnpackWords<TX>(sw, s);
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] += s[j];
+  RoundToType<TX, V>(v);
+  PackWords<TX>(v, xw);
+}
+
 // The steps of RegisterRowKernel, each over one thread's share of the row at flat offset `base`: its vector i is
 // the row's body vector rank + i * group (rows.rank, rows.group), its scalar slot j the row's scalar element
 // rank + j * group (head first, then tail). group >= 8 threads and head + tail <= 2 * (V - 1) <= 14: two scalar
@@ -269,12 +283,7 @@ __device__ __forceinline__ float SumShareVectors(const NormArgs& a, const RowGro
     float v[V];
     UnpackWords<TX>(xw[i], v);
     if constexpr (kSkip) {
-      float s[V];
-      UnpackWords<TX>(sw[i], s);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] += s[j];
-      RoundToType<TX, V>(v);
-      PackWords<TX>(v, xw[i]);
+      AddSkipWords<TX>(sw[i], v, xw[i]);
       const int k = rows.rank + i * rows.group;
       if (a.sum != nullptr && k < layout.body) {
         StoreWords<kRowWords, true>(static_cast<TX*>(a.sum) + base + layout.head + k * V, xw[i]);
