@@ -110,16 +110,22 @@ def rms_nodes(x: str = "x", y: str = "y", *, reduce: str = "ReduceMean", eps: st
 
 
 def layer_nodes(
-    x: str = "x", y: str = "y", *, mean_of: str | None = None, scale: str | None = None, bias: str | None = None
+    x: str = "x",
+    y: str = "y",
+    *,
+    mean_of: str | None = None,
+    scale: str | None = None,
+    bias: str | None = None,
+    axes: tuple[int, ...] = (-1,),
 ) -> list[onnx.NodeProto]:
-    """`(x - mean(x)) / sqrt(mean((x - mean)^2) + eps)` over the last axis, then `* scale` and `+ bias` when named;
-    `mean_of`: the tensor whose mean is subtracted (another name for x, or another tensor)."""
+    """`(x - mean(x)) / sqrt(mean((x - mean)^2) + eps)` over `axes` (the last one by default), then `* scale` and
+    `+ bias` when named; `mean_of`: the tensor whose mean is subtracted (another name for x, or another tensor)."""
     normalised = "n" if scale or bias else y
     nodes = [
-        helper.make_node("ReduceMean", [mean_of or x], ["mu"], axes=[-1]),
+        helper.make_node("ReduceMean", [mean_of or x], ["mu"], axes=list(axes)),
         helper.make_node("Sub", [x, "mu"], ["d"]),
         helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=list(axes)),
         helper.make_node("Add", ["var", "eps"], ["ve"]),
         helper.make_node("Sqrt", ["ve"], ["s"]),
         helper.make_node("Div", ["d", "s"], [normalised]),
