@@ -52,8 +52,8 @@ class NormAttributes:
 
 @dataclasses.dataclass(frozen=True)
 class FixedAxisAttributes(NormAttributes):
-    """The attributes of an op whose normalised dims are fixed by the op itself (GroupNorm, GatedRMSNorm): `axis`
-    is kept for the rewrite's reference but is not an attribute of the op, so the node's attributes leave it out."""
+    """The attributes of an op whose normalised dims are fixed by the op itself (not an attribute): `axis` is kept
+    for the rewrite's reference but is not an attribute of the op, so the node's attributes leave it out."""
 
     def as_dict(self) -> dict[str, int | float]:
         values = dataclasses.asdict(self)
