@@ -109,6 +109,23 @@ def rms_nodes(x: str = "x", y: str = "y", *, reduce: str = "ReduceMean", eps: st
     ]
 
 
+def rms_divided_by_dim(dim: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`x / sqrt(sum(x * x, -1) / x.shape[dim] + eps)`, the divisor read from x's shape (Cast(Gather(Shape(x),
+    dim)), TorchScript's spelling): the nodes and their constants (opset < 18: ReduceSum's axes is an input)."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "dim"], ["size"], axis=0),
+        helper.make_node("Cast", ["size"], ["n"], to=FLOAT),
+        helper.make_node("Div", ["ss", "n"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    return nodes, [const("axes", [-1], np.int64), const("dim", dim, np.int64), const("eps", 1e-6, np.float32)]
+
+
 def layer_nodes(
     x: str = "x",
     y: str = "y",
