@@ -109,17 +109,40 @@ def rms_nodes(x: str = "x", y: str = "y", *, reduce: str = "ReduceMean", eps: st
     ]
 
 
+def rms_divided_by_dim(dim: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`x / sqrt(sum(x * x, -1) / x.shape[dim] + eps)`, the divisor read from x's shape (Cast(Gather(Shape(x),
+    dim)), TorchScript's spelling): the nodes and their constants (opset < 18: ReduceSum's axes is an input)."""
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "dim"], ["size"], axis=0),
+        helper.make_node("Cast", ["size"], ["n"], to=FLOAT),
+        helper.make_node("Div", ["ss", "n"], ["ms"]),
+        helper.make_node("Add", ["ms", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    return nodes, [const("axes", [-1], np.int64), const("dim", dim, np.int64), const("eps", 1e-6, np.float32)]
+
+
 def layer_nodes(
-    x: str = "x", y: str = "y", *, mean_of: str | None = None, scale: str | None = None, bias: str | None = None
+    x: str = "x",
+    y: str = "y",
+    *,
+    mean_of: str | None = None,
+    scale: str | None = None,
+    bias: str | None = None,
+    axes: tuple[int, ...] = (-1,),
 ) -> list[onnx.NodeProto]:
-    """`(x - mean(x)) / sqrt(mean((x - mean)^2) + eps)` over the last axis, then `* scale` and `+ bias` when named;
-    `mean_of`: the tensor whose mean is subtracted (another name for x, or another tensor)."""
+    """`(x - mean(x)) / sqrt(mean((x - mean)^2) + eps)` over `axes` (the last one by default), then `* scale` and
+    `+ bias` when named; `mean_of`: the tensor whose mean is subtracted (another name for x, or another tensor)."""
     normalised = "n" if scale or bias else y
     nodes = [
-        helper.make_node("ReduceMean", [mean_of or x], ["mu"], axes=[-1]),
+        helper.make_node("ReduceMean", [mean_of or x], ["mu"], axes=list(axes)),
         helper.make_node("Sub", [x, "mu"], ["d"]),
         helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=list(axes)),
         helper.make_node("Add", ["var", "eps"], ["ve"]),
         helper.make_node("Sqrt", ["ve"], ["s"]),
         helper.make_node("Div", ["d", "s"], [normalised]),

@@ -92,11 +92,18 @@ def export_keras(
     file = f"{name}.onnx"
     tf2onnx.convert.from_keras(model, input_signature=spec, opset=17, output_path=str(folder / file))
     versions = f"tensorflow {tf.__version__}, tf2onnx {tf2onnx.__version__}"
+    return _manifest_entry(file, groups, activation == "swish", shape, static, versions)
+
+
+def _manifest_entry(
+    file: str, groups: int, silu: bool, shape: list[int], static: bool, versions: str
+) -> dict[str, Any]:
+    """The manifest's record of one exported fixture (one GroupNorm each), whichever framework wrote it."""
     return {
         "file": file,
         "group_norms": 1,
         "groups": groups,
-        "silu": activation == "swish",
+        "silu": silu,
         "shape": shape,
         "static_batch": static,
         "versions": versions,
@@ -156,15 +163,7 @@ def export_jax(
     file = f"{name}.onnx"
     onnx.save(model, str(folder / file))
     versions = f"jax {version('jax')}, flax {version('flax')}, jax2onnx {version('jax2onnx')}"
-    return {
-        "file": file,
-        "group_norms": 1,
-        "groups": groups,
-        "silu": activation == "silu",
-        "shape": shape,
-        "static_batch": static,
-        "versions": versions,
-    }
+    return _manifest_entry(file, groups, activation == "silu", shape, static, versions)
 
 
 def bench_exports(folder: Path, only: str | None) -> None:

@@ -16,24 +16,19 @@ import onnx_ir as ir
 
 from onnx_norm.ops.body import FLOAT, Body
 from onnx_norm.ops.numerics import output, round_to
-from onnx_norm.ops.signature import NormAttributes, OpSignature
+from onnx_norm.ops.signature import FixedAxisAttributes, NormAttributes, OpSignature
 
 __all__ = ["GATED_RMS_NORM", "GatedNormAttributes", "gated_rms", "gated_rms_norm", "silu"]
 
 
 @dataclasses.dataclass(frozen=True)
-class GatedNormAttributes(NormAttributes):
+class GatedNormAttributes(FixedAxisAttributes):
     """GatedRMSNorm's attributes: the shared ones but `axis` (the op normalises the last dim, in groups; the rewrite
     keeps axis -1), the group size (0: the whole last dim is one group) and where the gate applies (0: to the
     input, before the statistic; 1: to the normalised and scaled output)."""
 
     group_size: int = 0
     norm_before_gate: int = 0
-
-    def as_dict(self) -> dict[str, int | float]:
-        values = dataclasses.asdict(self)
-        del values["axis"]
-        return values
 
 
 def silu(z: np.ndarray) -> np.ndarray:

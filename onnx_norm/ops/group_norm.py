@@ -11,7 +11,7 @@ import onnx_ir as ir
 
 from onnx_norm.ops.body import FLOAT, Body
 from onnx_norm.ops.numerics import output, round_to
-from onnx_norm.ops.signature import NativeOp, NormAttributes, OpSignature
+from onnx_norm.ops.signature import FixedAxisAttributes, NativeOp, NormAttributes, OpSignature
 
 __all__ = ["ACTIVATIONS", "GROUP_NORM", "GROUP_NORMALIZATION", "GroupNormAttributes", "group_norm", "grouped"]
 
@@ -21,18 +21,13 @@ ACTIVATIONS: dict[str, int] = {"none": 0, "silu": 1}
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupNormAttributes(NormAttributes):
+class GroupNormAttributes(FixedAxisAttributes):
     """GroupNorm's attributes: the shared ones (its groups are fixed by the op, so `axis` is not an attribute of
     the op; the rewrite keeps it as -(rank - 1), the dims a group spans), plus the number of groups the channels
     (dim 1) are split into and the activation applied after the affine (ACTIVATIONS)."""
 
     num_groups: int = 1
     activation: int = 0
-
-    def as_dict(self) -> dict[str, int | float]:
-        values = dataclasses.asdict(self)
-        del values["axis"]
-        return values
 
 
 def grouped(

@@ -12,7 +12,8 @@ import numpy as np
 
 from onnx_norm.dtypes import NARROW_TYPES, ONNX_DOMAINS
 
-__all__ = ["DOMAIN", "MS_DOMAIN", "OPSET_VERSION", "NativeOp", "NormAttributes", "NormOpAttributes", "OpSignature"]
+__all__ = ["DOMAIN", "MS_DOMAIN", "OPSET_VERSION", "FixedAxisAttributes", "NativeOp", "NormAttributes"]
+__all__ += ["NormOpAttributes", "OpSignature"]
 
 DOMAIN = "onnx_norm"
 OPSET_VERSION = 1
@@ -47,6 +48,17 @@ class NormAttributes:
     def native_reason(self) -> str | None:
         """Why no ONNX/ONNX Runtime norm op computes a norm with these attributes; None when one can."""
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedAxisAttributes(NormAttributes):
+    """The attributes of an op whose normalised dims are fixed by the op itself (not an attribute): `axis` is kept
+    for the rewrite's reference but is not an attribute of the op, so the node's attributes leave it out."""
+
+    def as_dict(self) -> dict[str, int | float]:
+        values = dataclasses.asdict(self)
+        del values["axis"]
+        return values
 
 
 @dataclasses.dataclass(frozen=True)

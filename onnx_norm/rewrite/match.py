@@ -24,6 +24,7 @@ The names families use are all importable from here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -51,6 +52,7 @@ from onnx_norm.rewrite.structure import (
     LAYOUT_OPS,
     Factors,
     NearMiss,
+    first_found,
     flatten,
     is_centred,
     same_data,
@@ -234,21 +236,18 @@ def _first_candidate(
 ) -> Candidate | None:
     """The first candidate `attempt` builds over every (stat + eps, stat, eps) reading; when none does, the first
     near-miss met on the way is raised, or None returned."""
-    first_miss: NearMiss | None = None
-    for eps_sum in sums:
-        for stat, eps_value in _eps_splits(eps_sum):
-            try:
-                found = attempt(eps_sum, stat, eps_value)
-            except _NotANorm:
-                continue
-            except NearMiss as miss:
-                first_miss = first_miss or miss
-                continue
-            if found is not None:
-                return found
-    if first_miss is not None:
-        raise first_miss
-    return None
+
+    def reading(eps_sum: ir.Value, stat: ir.Value, eps_value: ir.Value | None) -> Candidate | None:
+        try:
+            return attempt(eps_sum, stat, eps_value)
+        except _NotANorm:
+            return None
+
+    return first_found(
+        functools.partial(reading, eps_sum, stat, eps_value)
+        for eps_sum in sums
+        for stat, eps_value in _eps_splits(eps_sum)
+    )
 
 
 def _find_distributed(state: MatchState) -> Candidate | None:

@@ -9,14 +9,17 @@ that one check covers all of these spellings.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
+from typing import TypeVar
 
 import onnx_ir as ir
 
 from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain
 from onnx_norm.rewrite import constants
 from onnx_norm.rewrite.reductions import is_float_cast, row_mean
+
+_Found = TypeVar("_Found")
 
 _WIDTH = {
     ir.DataType.FLOAT16: 16,
@@ -42,6 +45,23 @@ def internal_error(what: str, err: Exception) -> NearMiss:
     not a property of the graph. It is reported (and the candidate skipped, never fatal) with the exception's type
     in `error`, so that the report and the tests tell it from the near-misses the graph causes."""
     return NearMiss(f"{what} ({type(err).__name__}: {err})", error=type(err).__name__)
+
+
+def first_found(attempts: Iterable[Callable[[], _Found | None]]) -> _Found | None:
+    """The first result an attempt returns (not None), trying them in order; when none does, the first near-miss an
+    attempt raised on the way is raised (the earliest reading is the one the report explains), else None."""
+    first_miss: NearMiss | None = None
+    for attempt in attempts:
+        try:
+            found = attempt()
+        except NearMiss as miss:
+            first_miss = first_miss or miss
+            continue
+        if found is not None:
+            return found
+    if first_miss is not None:
+        raise first_miss
+    return None
 
 
 def is_widening_cast(node: ir.Node) -> bool:

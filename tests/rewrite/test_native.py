@@ -143,26 +143,27 @@ def test_rms_normalization_23(x_type: int) -> None:
     _check_same(proto, converted, x_type)
 
 
+def _take_over_contrib_layer_norm(domain: str, opset: int, types: tuple[int, int], ops: list[str]) -> onnx.ModelProto:
+    """The contrib LayerNormalization of X of `types[0]` with scale and bias (and so Y) of `types[1]`: taken over as
+    `ops`, the same outputs as ONNX Runtime's where it has the op (the default domain). Returns the original."""
+    x_type, scale_type = types
+    inputs = [("x", x_type, [2, 4, 8]), ("scale", scale_type, [8]), ("bias", scale_type, [8])]
+    proto = _model("LayerNormalization", domain, inputs, [("y", scale_type), ("", 0), ("inv", F32)], opset)
+    converted, records = _take_over(proto)
+    assert records[0]["converted"], records
+    assert [n.op_type for n in converted.graph.node] == ops
+    if domain == "":
+        _check_same(proto, converted, scale_type)
+    return proto
+
+
 @pytest.mark.parametrize(("domain", "opset"), [("", 16), (MS, 18)])
 def test_contrib_layer_norm_with_scale_of_another_type(domain: str, opset: int, monkeypatch) -> None:
     """ORT's contrib LayerNormalization gives Y the scale's type. float32 X with float16 scale and bias: our op
     then a Cast. float16 X with float32 scale and bias: our op on X cast to float32 (our library types Y like X;
     a Cast after the op would round), or with output_type where the library honours it."""
-    inputs = [("x", F32, [2, 4, 8]), ("scale", F16, [8]), ("bias", F16, [8])]
-    proto = _model("LayerNormalization", domain, inputs, [("y", F16), ("", 0), ("inv", F32)], opset)
-    converted, records = _take_over(proto)
-    assert records[0]["converted"], records
-    assert [n.op_type for n in converted.graph.node] == ["LayerNorm", "Cast"]
-    if domain == "":
-        _check_same(proto, converted, F16)
-
-    inputs = [("x", F16, [2, 4, 8]), ("scale", F32, [8]), ("bias", F32, [8])]
-    proto = _model("LayerNormalization", domain, inputs, [("y", F32), ("", 0), ("inv", F32)], opset)
-    converted, records = _take_over(proto)
-    assert records[0]["converted"], records
-    assert [n.op_type for n in converted.graph.node] == ["Cast", "LayerNorm"]
-    if domain == "":
-        _check_same(proto, converted, F32)
+    _take_over_contrib_layer_norm(domain, opset, (F32, F16), ["LayerNorm", "Cast"])
+    proto = _take_over_contrib_layer_norm(domain, opset, (F16, F32), ["Cast", "LayerNorm"])
     monkeypatch.setattr(targets, "LIBRARY_TYPES_Y_LIKE_X", False)
     converted, records = _take_over(proto)
     assert records[0]["converted"], records

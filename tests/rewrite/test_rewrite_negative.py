@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
-from rewrite_support import FLOAT, assert_fused, assert_not_fused, const, layer_nodes, make_model
+from rewrite_support import (
+    FLOAT,
+    assert_fused,
+    assert_not_fused,
+    const,
+    layer_nodes,
+    make_model,
+    rms_divided_by_dim,
+)
 from test_rewrite_variants import distributed_layer_norm
 
 D = 16
@@ -167,18 +175,7 @@ def test_statistic_restored_to_another_layout():
 
 def test_divisor_read_from_a_symbolic_dim_is_not_a_constant():
     """`sum(x*x, -1) / x.shape[1]`: the sequence length, which is the row size only by accident."""
-    nodes = [
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"]),
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Gather", ["shape", "one_i"], ["seq"], axis=0),
-        helper.make_node("Cast", ["seq"], ["n"], to=FLOAT),
-        helper.make_node("Div", ["ss", "n"], ["ms"]),
-        helper.make_node("Add", ["ms", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["x", "s"], ["y"]),
-    ]
-    inits = [const("axes", [-1], np.int64), const("one_i", 1, np.int64), const("eps", 1e-6, np.float32)]
+    nodes, inits = rms_divided_by_dim(1)
     model = make_model(nodes, X, [("y", FLOAT, None)], inits, opset=17)
     assert_not_fused(model, {"x": [2, D, D]})  # seq == D: the original computes an RMSNorm on these inputs
 

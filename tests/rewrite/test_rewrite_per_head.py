@@ -147,18 +147,8 @@ def test_a_scale_varying_along_the_batch_is_a_near_miss() -> None:
 def test_a_per_head_scale_over_a_channels_first_norm_is_a_near_miss() -> None:
     """A norm over dim 1 of [B, C, T] whose scale varies along T: the axes are not last, no row groups."""
     w = 1.0 + np.random.default_rng(4).standard_normal((D, 5))
-    nodes = [
-        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[1]),
-        helper.make_node("Sub", ["x", "mu"], ["d"]),
-        helper.make_node("Mul", ["d", "d"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[1]),
-        helper.make_node("Add", ["var", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["d", "s"], ["n"]),
-        helper.make_node("Mul", ["n", "w"], ["y"]),
-    ]
     model = make_model(
-        nodes,
+        layer_nodes(scale="w", axes=(1,)),
         [("x", FLOAT, [B, D, 5])],
         [("y", FLOAT, None)],
         [const("eps", [1e-5], np.float32), const("w", w, np.float32)],

@@ -22,6 +22,7 @@ from rewrite_support import (
     layer_nodes,
     make_model,
     random_feeds,
+    rms_divided_by_dim,
     rms_nodes,
     run,
 )
@@ -192,18 +193,7 @@ def test_variance_restored_by_shape_arithmetic_like_dynamo_broadcast_in_dim():
 
 def test_divisor_read_from_the_static_last_dim():
     """TorchScript's `sum(x*x, -1) / x.shape[-1]`: Cast(Gather(Shape(x), -1)), a constant since the dim is static."""
-    nodes = [
-        helper.make_node("Mul", ["x", "x"], ["sq"]),
-        helper.make_node("ReduceSum", ["sq", "axes"], ["ss"]),
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Gather", ["shape", "last"], ["h"], axis=0),
-        helper.make_node("Cast", ["h"], ["n"], to=FLOAT),
-        helper.make_node("Div", ["ss", "n"], ["ms"]),
-        helper.make_node("Add", ["ms", "eps"], ["ve"]),
-        helper.make_node("Sqrt", ["ve"], ["s"]),
-        helper.make_node("Div", ["x", "s"], ["y"]),
-    ]
-    inits = [const("axes", [-1], np.int64), const("last", -1, np.int64), const("eps", 1e-6, np.float32)]
+    nodes, inits = rms_divided_by_dim(-1)
     optimized, _ = assert_fused(make_model(nodes, X, Y, inits, opset=17), SHAPES, ["RMSNorm"])
     assert [n.op_type for n in optimized.graph.node] == ["RMSNorm"]
 

@@ -26,6 +26,7 @@ as LpNormalization has none, and normalises one axis), `ort`: a reason (ONNX Run
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -299,18 +300,7 @@ def find(anchor: ir.Node) -> match.Candidate | None:
     """The L2 norm whose product contains the Mul or Div `anchor`, extended over the constant factors after it."""
     if not anchor.outputs or anchor.outputs[0] is None:
         return None
-    first_miss: NearMiss | None = None
-    for end in reversed(_ends(anchor)):
-        try:
-            found = _candidate(end)
-        except NearMiss as miss:
-            first_miss = first_miss or miss
-            continue
-        if found is not None:
-            return found
-    if first_miss is not None:
-        raise first_miss
-    return None
+    return structure.first_found(functools.partial(_candidate, end) for end in reversed(_ends(anchor)))
 
 
 def reference(
