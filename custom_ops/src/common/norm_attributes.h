@@ -116,8 +116,8 @@ bool IsFloatType(int type);
 // The error for input `name` of an element type the kernels don't read (one wording for every op).
 std::string UnsupportedType(const char* name, int type);
 
-// X of the ops that check their own shapes (GroupNorm, GatedRMSNorm): present and of a float type; fills its
-// element type and shape. Returns an empty string or an error message.
+// X of the ops that check their own shapes (those whose Prepare does not go through the row ops' shared one):
+// present and of a float type; fills its element type and shape. Returns an empty string or an error message.
 std::string ReadFloatX(Ort::KernelContext& ctx, int* type, std::vector<int64_t>* shape);
 
 // An int attribute of the node; false when it is not set.
