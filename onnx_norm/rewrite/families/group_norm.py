@@ -496,15 +496,12 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
 
 
 def _already_instance_normalization(x: ir.Value) -> bool:
-    """Whether X is normalised by an InstanceNormalization already, directly or through one Reshape (torch's export):
-    the form the onnx target writes."""
-
-    def reads(value: ir.Value, op_type: str) -> list[ir.Node]:
-        return [n for n, _ in value.uses() if n.op_type == op_type and is_onnx_domain(n.domain)]
-
-    if reads(x, "InstanceNormalization"):
+    """Whether X is normalised by an InstanceNormalization already, directly or through a Reshape that only it reads
+    (torch's export): the form the onnx target writes."""
+    readers = [use.node for use in x.uses() if is_onnx_domain(use.node.domain)]
+    if any(node.op_type == "InstanceNormalization" for node in readers):
         return True
-    return any(reads(r.outputs[0], "InstanceNormalization") for r in reads(x, "Reshape"))
+    return any(node.op_type == "Reshape" and _reader(node.outputs[0], "InstanceNormalization") for node in readers)
 
 
 def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
