@@ -29,10 +29,11 @@ OPS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "GatedRMSNorm": (
         frozenset({
             SRC + "common/gated_norm.h", SRC + "common/gated_norm.cc", SRC + "cpu/gated_norm_cpu.h",
-            SRC + "cpu/gated_norm_cpu.cc",
+            SRC + "cpu/gated_norm_cpu.cc", SRC + "cuda/gated_norm_kernels.cuh", SRC + "cuda/gated_norm_launch.h",
+            SRC + "cuda/gated_norm.cu", SRC + "cuda/gated_norm_cuda.cc", TOOLS + "gated_norm_check.py",
         }),
         (r"GatedRMSNorm", r"GatedNorm", r"gated_norm", r"norm_before_gate", r"kNormBeforeGate", r"gate_after",
-         r"GateRow", r"MulGate"),
+         r"GateRow", r"MulGate", r"GateBeforeNorm", r"kGateInput", r"kGateAfterInt"),
     ),
     "ModulatedLayerNorm, ModulatedRMSNorm": (
         frozenset({

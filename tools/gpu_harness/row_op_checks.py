@@ -54,6 +54,7 @@ CHECKS: tuple[str, ...] = (
     "modulated_check",
     "group_norm_check",
     "l2_norm_check",
+    "gated_norm_check",
 )
 
 # About one unit in the last place of Y's type (float32 statistics vs the float64 reference; two where a rounding

@@ -7,6 +7,13 @@
 #include "cpu/gated_norm_cpu.h"
 
 namespace onnx_norm {
+#ifdef ONNX_NORM_WITH_CUDA
+namespace cuda {
+// Defined in cuda/gated_norm_cuda.cc.
+OrtStatusPtr ComputeGatedNorm(Ort::KernelContext& ctx, const OpSignature& op, const NormAttributes& attrs);
+}  // namespace cuda
+#endif
+
 namespace {
 
 std::string Dims(const std::vector<int64_t>& shape) {
@@ -29,13 +36,12 @@ std::string CheckGatedNormAttributes(const NormAttributes& attrs) {
 }
 
 // GatedRMSNorm's row of the op table: X and Z [..., D], Scale [D] optional; no axis (the last dim, in groups).
-// CPU kernels only: a CUDA session places it on the CPU provider.
 const OpRegistrar kGatedRMSNormRow{{{"GatedRMSNorm", true, false, 3, 1, {"X", "Z", "Scale"}, {"Y"}, kInput2,
                                      {"epsilon", "normalized_type", "multiply_type", "output_type", "group_size",
                                       "norm_before_gate"},
                                      &CheckGatedNormAttributes},
                                     &cpu::ComputeGatedNorm,
-                                    nullptr}};
+                                    ONNX_NORM_CUDA_COMPUTE(ComputeGatedNorm)}};
 
 std::string CheckZ(const Ort::ConstValue& z, const std::vector<int64_t>& x_shape, int* type) {
   if (static_cast<const OrtValue*>(z) == nullptr) return "required input Z is missing";

@@ -38,7 +38,7 @@ struct GroupNormArgs {
   static constexpr const char* kName = "group_norm";
   // The kernel a configuration of kind kRowOp names, for X of type TX (kernel_dispatch.cuh).
   template <typename TX>
-  static auto Kernel(const KernelConfig& config) -> void (*)(GroupNormArgs);
+  static auto Kernel(const KernelConfig& config, const GroupNormArgs& args) -> void (*)(GroupNormArgs);
 };
 
 // Columns [col, col + N) of a group's row whose first channel is `first_channel`: normalise, the per-channel
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kRowOpMaxBlock, 1) GroupNormKernel(GroupNormAr
 }
 
 template <typename TX>
-auto GroupNormArgs::Kernel(const KernelConfig& config) -> void (*)(GroupNormArgs) {
+auto GroupNormArgs::Kernel(const KernelConfig& config, const GroupNormArgs& /*args*/) -> void (*)(GroupNormArgs) {
   return RowKernelFor<TX>(config, [](auto n, auto cached) {
     return &GroupNormKernel<TX, decltype(n)::value, decltype(cached)::value>;
   });

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "norm_args.cuh"
 
@@ -33,6 +34,19 @@ enum RowOpFlags : int {
 };
 constexpr int kRowOpUnits = 4;
 constexpr int kRowOpMaxBlock = 1024;
+
+// The units of X a row op's thread holds in registers for X of `element_size` bytes: kRowOpUnits, or what its
+// argument block says (`static constexpr int CachedUnits(int element_size)`: an op whose input stage holds float32
+// values, N words a unit, holds fewer 16-bit units in the same registers). The launcher's row configuration and the
+// kernel's row state both read it.
+template <typename Args, typename = void>
+struct RowOpUnits {
+  static constexpr int For(int /*element_size*/) { return kRowOpUnits; }
+};
+template <typename Args>
+struct RowOpUnits<Args, std::void_t<decltype(Args::CachedUnits(4))>> {
+  static constexpr int For(int element_size) { return Args::CachedUnits(element_size); }
+};
 
 // Values of vectors_per_thread that are instantiated (16-byte vectors of X held per thread).
 constexpr int kMaxVectorsPerThread = 4;

@@ -55,10 +55,11 @@ template <typename TX>
 NormKernel SelectKernel(const KernelConfig& config, const NormArgs* /*args*/) {
   return SelectNormKernel<TX>(config);
 }
-// A row op's argument block names its kernel (Args::Kernel, in the op's kernels header, row_op_kernels.cuh).
+// A row op's argument block names its kernel (Args::Kernel, in the op's kernels header, row_op_kernels.cuh), from
+// the configuration and the arguments (a runtime attribute may pick a compile-time variant of the op's own).
 template <typename TX, typename Args>
-auto SelectKernel(const KernelConfig& config, const Args* /*args*/) -> void (*)(Args) {
-  return config.kind == KernelKind::kRowOp ? Args::template Kernel<TX>(config) : nullptr;
+auto SelectKernel(const KernelConfig& config, const Args* args) -> void (*)(Args) {
+  return config.kind == KernelKind::kRowOp ? Args::template Kernel<TX>(config, *args) : nullptr;
 }
 
 }  // namespace cuda

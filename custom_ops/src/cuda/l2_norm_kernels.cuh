@@ -37,7 +37,7 @@ struct L2NormArgs {
   static constexpr const char* kName = "l2_norm";
   // The kernel a configuration of kind kRowOp names, for X of type TX (kernel_dispatch.cuh).
   template <typename TX>
-  static auto Kernel(const KernelConfig& config) -> void (*)(L2NormArgs);
+  static auto Kernel(const KernelConfig& config, const L2NormArgs& args) -> void (*)(L2NormArgs);
 };
 
 // Columns [col, col + N) of one row: x * r (r = 1 / max(norm, eps)), rounded, times Scale, rounded, stored.
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kRowOpMaxBlock, 1) L2NormKernel(L2NormArgs a) 
 }
 
 template <typename TX>
-auto L2NormArgs::Kernel(const KernelConfig& config) -> void (*)(L2NormArgs) {
+auto L2NormArgs::Kernel(const KernelConfig& config, const L2NormArgs& /*args*/) -> void (*)(L2NormArgs) {
   return RowKernelFor<TX>(config, [](auto n, auto cached) {
     return &L2NormKernel<TX, decltype(n)::value, decltype(cached)::value>;
   });

@@ -40,7 +40,7 @@ struct ModulatedArgs {
   static constexpr const char* kName = "modulated";
   // The kernel a configuration of kind kRowOp names, for X of type TX (kernel_dispatch.cuh).
   template <typename TX>
-  static auto Kernel(const KernelConfig& config) -> void (*)(ModulatedArgs);
+  static auto Kernel(const KernelConfig& config, const ModulatedArgs& args) -> void (*)(ModulatedArgs);
 };
 
 // Columns [col, col + N) of one row: normalise, the norm's affine, the modulation, store.
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kRowOpMaxBlock, 1) ModulatedNormKernel(Modulat
 }
 
 template <typename TX>
-auto ModulatedArgs::Kernel(const KernelConfig& config) -> void (*)(ModulatedArgs) {
+auto ModulatedArgs::Kernel(const KernelConfig& config, const ModulatedArgs& /*args*/) -> void (*)(ModulatedArgs) {
   return RowKernelFor<TX>(config, [](auto n, auto cached) {
     return &ModulatedNormKernel<TX, decltype(n)::value, decltype(cached)::value>;
   });

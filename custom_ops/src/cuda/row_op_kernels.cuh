@@ -7,9 +7,14 @@
 //
 // An op built on it brings, in its own kernels header (cuda/<op>_kernels.cuh), its argument block with the fields
 // RowStatistics reads (x, rows, cols, group, epsilon, rms), its name for the emulator (`static constexpr const
-// char* kName`) and its kernel choice (`template <typename TX> static Kernel(const KernelConfig&)`, usually
-// RowKernelFor over its four instantiations); the launch and dispatch layers find it through that block
+// char* kName`) and its kernel choice (`template <typename TX> static Kernel(const KernelConfig&, const Args&)`,
+// usually RowKernelFor over its four instantiations); the launch and dispatch layers find it through that block
 // (kernel_dispatch.cuh, row_op_launch.h), and its translation unit instantiates LaunchKernel for it.
+//
+// An op may also give the loop an input stage (NormRows' `Stage`, NoInputStage by default): what the statistic and
+// the epilogue read instead of X, computed from X's values and the op's other inputs at the same elements (a gate
+// that multiplies X before the norm). A row held in registers then holds the stage's float32 values (N words a
+// unit) rather than X's packed 16 bytes, so that nothing is computed twice and no other input is read twice.
 #pragma once
 
 #include <cstdint>
@@ -70,49 +75,88 @@ __device__ __forceinline__ void StoreTyped(void* p, int type, int64_t offset, co
   }
 }
 
-// One row of a row kernel (a norm over each row, then an epilogue per unit): the units of X this thread holds
-// (kCached: up to kRowOpUnits in registers, else none: they are read again), and the row's statistics.
-template <typename TX, int N, bool kCached>
+// The input stage of a row op without one: the row is X.
+struct NoInputStage {
+  static constexpr bool kActive = false;
+  template <int N, typename Args>
+  __device__ __forceinline__ static void Apply(const Args& /*a*/, int64_t /*offset*/, float (&/*v*/)[N]) {}
+};
+// An input stage is a type like NoInputStage with kActive true, whose Apply(a, offset, v) turns v, X's N values at
+// element `offset` of X, into the row's values there, reading the op's other inputs at that offset from `a`.
+
+// One row of a row kernel (a norm over each row, then an epilogue per unit): the units of the row this thread holds
+// (kCached: up to kUnits in registers, else none: they are read again), and the row's statistics. kStaged (an input
+// stage): a slot holds the stage's N float32 values; else X's unit as loaded.
+template <typename TX, int N, bool kCached, bool kStaged = false, int kUnits = kRowOpUnits>
 struct RowState {
   using U = Unit<TX, N>;
-  static constexpr int kSlots = kCached ? kRowOpUnits : 1;
-  uint32_t w[kSlots][U::kWords];
+  static constexpr int kSlots = kCached ? kUnits : 1;
+  static constexpr int kWords = kStaged ? N : U::kWords;
+  uint32_t w[kSlots][kWords];
   float mean = 0.0f;
   float inv = 0.0f;
   int live_units = 0;
   int64_t base = 0;
+
+  // Slot i's N values of the row.
+  __device__ __forceinline__ void Values(int i, float (&v)[N]) const {
+    if constexpr (kStaged) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[j] = __uint_as_float(w[i][j]);
+    } else {
+      U::Unpack(w[i], v);
+    }
+  }
 };
 
+// The row's N values at element `offset` read from memory: X's, through the input stage.
+template <typename TX, int N, typename Stage, typename Args>
+__device__ __forceinline__ void ReadUnit(const Args& a, int64_t offset, float (&v)[N]) {
+  LoadVector<TX, N>(static_cast<const TX*>(a.x) + offset, v);
+  Stage::Apply(a, offset, v);
+}
+
+// Slot i of s loaded from element `offset`: X's unit as it is, or the input stage's values.
+template <typename TX, int N, typename Stage, typename Args, typename State>
+__device__ __forceinline__ void LoadSlot(const Args& a, int64_t offset, State& s, int i) {
+  if constexpr (Stage::kActive) {
+    float v[N];
+    ReadUnit<TX, N, Stage>(a, offset, v);
+#pragma unroll
+    for (int j = 0; j < N; ++j) s.w[i][j] = __float_as_uint(v[j]);
+  } else {
+    Unit<TX, N>::Load(static_cast<const TX*>(a.x) + offset, s.w[i]);
+  }
+}
+
 // RowStatistics' first pass: this thread's sum (LayerNorm) or sum of squares (RMSNorm) of its units of the row,
-// loaded into s.w when kCached (zeros in a slot past the row's units).
-template <typename TX, int N, bool kCached, typename Args>
-__device__ __forceinline__ float RowSum(const Args& a, int group, int rank, RowState<TX, N, kCached>& s) {
-  using U = Unit<TX, N>;
-  constexpr int kSlots = RowState<TX, N, kCached>::kSlots;
-  const TX* x = static_cast<const TX*>(a.x);
+// loaded into s.w when kCached (zeros in a slot past the row's units): every load of the thread's units is issued
+// before any is summed.
+template <typename TX, int N, bool kCached, typename Stage, typename Args, typename State>
+__device__ __forceinline__ float RowSum(const Args& a, int group, int rank, State& s) {
   float sum = 0.0f;
   if constexpr (kCached) {
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
+    for (int i = 0; i < State::kSlots; ++i) {
       const int k = rank + i * group;
       if (k < s.live_units) {
-        U::Load(x + s.base + k * N, s.w[i]);
+        LoadSlot<TX, N, Stage>(a, s.base + k * N, s, i);
       } else {
 #pragma unroll
-        for (int j = 0; j < U::kWords; ++j) s.w[i][j] = 0u;
+        for (int j = 0; j < State::kWords; ++j) s.w[i][j] = 0u;
       }
     }
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
+    for (int i = 0; i < State::kSlots; ++i) {
       float v[N];
-      U::Unpack(s.w[i], v);
+      s.Values(i, v);
 #pragma unroll
       for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
     }
   } else {
     for (int k = rank; k < s.live_units; k += group) {
       float v[N];
-      LoadVector<TX, N>(x + s.base + k * N, v);
+      ReadUnit<TX, N, Stage>(a, s.base + k * N, v);
 #pragma unroll
       for (int j = 0; j < N; ++j) sum = a.rms ? fmaf(v[j], v[j], sum) : sum + v[j];
     }
@@ -122,17 +166,15 @@ __device__ __forceinline__ float RowSum(const Args& a, int group, int rank, RowS
 
 // LayerNorm's second pass: this thread's sum of squared deviations from s.mean, over the units in s.w (kCached)
 // or read again.
-template <typename TX, int N, bool kCached, typename Args>
-__device__ __forceinline__ float RowSquares(const Args& a, int group, int rank, const RowState<TX, N, kCached>& s) {
-  using U = Unit<TX, N>;
-  constexpr int kSlots = RowState<TX, N, kCached>::kSlots;
+template <typename TX, int N, bool kCached, typename Stage, typename Args, typename State>
+__device__ __forceinline__ float RowSquares(const Args& a, int group, int rank, const State& s) {
   float squares = 0.0f;
   if constexpr (kCached) {
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
+    for (int i = 0; i < State::kSlots; ++i) {
       if (rank + i * group < s.live_units) {
         float v[N];
-        U::Unpack(s.w[i], v);
+        s.Values(i, v);
 #pragma unroll
         for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
       }
@@ -140,7 +182,7 @@ __device__ __forceinline__ float RowSquares(const Args& a, int group, int rank, 
   } else {
     for (int k = rank; k < s.live_units; k += group) {
       float v[N];
-      LoadVector<TX, N>(static_cast<const TX*>(a.x) + s.base + k * N, v);
+      ReadUnit<TX, N, Stage>(a, s.base + k * N, v);
 #pragma unroll
       for (int j = 0; j < N; ++j) squares = fmaf(v[j] - s.mean, v[j] - s.mean, squares);
     }
@@ -151,61 +193,63 @@ __device__ __forceinline__ float RowSquares(const Args& a, int group, int rank, 
 // Reads row `row` (an empty row past the last one) and reduces it over its group of threads: mean (LayerNorm)
 // and 1 / sqrt(variance or mean square + epsilon), float32, LayerNorm's variance a second pass over the row held
 // in registers (or read again). Every thread of the block calls it the same number of times (block-wide sums).
-// Args: any argument block with x, rows, cols, epsilon and rms (a row op's, named as in NormArgs).
-template <typename TX, int N, bool kCached, typename Args>
+// Args: any argument block with x, rows, cols, epsilon and rms (a row op's, named as in NormArgs); Stage: the
+// row's input stage (NoInputStage: X).
+template <typename TX, int N, bool kCached, typename Stage, typename Args, typename State>
 __device__ __forceinline__ void RowStatistics(const Args& a, const RowGroups& rows, int64_t row, ReduceScratch& scratch,
-                                              int& parity, RowState<TX, N, kCached>& s) {
+                                              int& parity, State& s) {
   const int group = rows.group;
   const int rank = rows.rank;
   s.live_units = row < a.rows ? a.cols / N : 0;
   s.base = row * a.cols;
-  const float sum = RowSum<TX, N, kCached>(a, group, rank, s);
+  const float sum = RowSum<TX, N, kCached, Stage>(a, group, rank, s);
   s.mean = 0.0f;
   if (a.rms) {
     s.inv = 1.0f / sqrtf(GroupSum(sum, group, scratch, parity) / a.cols + a.epsilon);
     return;
   }
   s.mean = GroupSum(sum, group, scratch, parity) / a.cols;
-  const float squares = RowSquares<TX, N, kCached>(a, group, rank, s);
+  const float squares = RowSquares<TX, N, kCached, Stage>(a, group, rank, s);
   // IEEE sqrt and division, not rsqrtf's approximation: once per row.
   s.inv = 1.0f / sqrtf(GroupSum(squares, group, scratch, parity) / a.cols + a.epsilon);
 }
 
-// Calls epilogue(offset, col, v) for each unit of the row this thread owns, v its N values of X.
-template <typename TX, int N, bool kCached, typename Args, typename Epilogue>
-__device__ __forceinline__ void ForEachUnit(const Args& a, const RowGroups& rows, const RowState<TX, N, kCached>& s,
-                                            Epilogue&& epilogue) {
-  using U = Unit<TX, N>;
+// Calls epilogue(offset, col, v) for each unit of the row this thread owns, v its N values of the row (X's, or the
+// input stage's: the same Stage as RowStatistics').
+template <typename TX, int N, bool kCached, typename Stage = NoInputStage, typename Args, typename State,
+          typename Epilogue>
+__device__ __forceinline__ void ForEachUnit(const Args& a, const RowGroups& rows, const State& s, Epilogue&& epilogue) {
   if constexpr (kCached) {
 #pragma unroll
-    for (int i = 0; i < RowState<TX, N, kCached>::kSlots; ++i) {
+    for (int i = 0; i < State::kSlots; ++i) {
       const int k = rows.rank + i * rows.group;
       if (k < s.live_units) {
         float v[N];
-        U::Unpack(s.w[i], v);
+        s.Values(i, v);
         epilogue(s.base + k * N, k * N, v);
       }
     }
   } else {
     for (int k = rows.rank; k < s.live_units; k += rows.group) {
       float v[N];
-      LoadVector<TX, N>(static_cast<const TX*>(a.x) + s.base + k * N, v);
+      ReadUnit<TX, N, Stage>(a, s.base + k * N, v);
       epilogue(s.base + k * N, k * N, v);
     }
   }
 }
 
 // The loop of a row kernel: `group` threads per row, blockDim.x / group rows per block, blocks looping over rows;
-// each row's statistics, then epilogue(row, rows, state) for a row that exists. Every thread runs the same
-// iterations (a row slot past the last row is an empty row), so block-wide sums (group > 32) miss no thread.
-template <typename TX, int N, bool kCached, typename Args, typename RowEpilogue>
+// each row's statistics (of X, or of its input stage's values), then epilogue(row, rows, state) for a row that
+// exists. Every thread runs the same iterations (a row slot past the last row is an empty row), so block-wide sums
+// (group > 32) miss no thread.
+template <typename TX, int N, bool kCached, typename Stage = NoInputStage, typename Args, typename RowEpilogue>
 __device__ __forceinline__ void NormRows(const Args& a, ReduceScratch& scratch, RowEpilogue&& epilogue) {
   int parity = 0;
   const RowGroups rows(a.group);
   for (int64_t first = rows.first(); first < a.rows; first += rows.step) {
     const int64_t row = first + rows.slot;
-    RowState<TX, N, kCached> s;
-    RowStatistics<TX, N, kCached>(a, rows, row, scratch, parity, s);
+    RowState<TX, N, kCached, Stage::kActive, RowOpUnits<Args>::For(sizeof(TX))> s;
+    RowStatistics<TX, N, kCached, Stage>(a, rows, row, scratch, parity, s);
     if (s.live_units != 0) epilogue(row, rows, s);
   }
 }

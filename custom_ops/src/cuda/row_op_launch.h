@@ -27,12 +27,14 @@ struct RowOpRegistrar {
 
 namespace launch {
 
-// A row op's configuration: up to kRowOpUnits units per thread in registers, 8 to 1024 threads per row (blocks of at
-// least 128 threads); rows longer than 1024 * kRowOpUnits units are re-read, one row per 1024-thread block.
+// A row op's configuration: up to RowOpUnits (kRowOpUnits unless the op says) units per thread in registers, 8 to
+// 1024 threads per row (blocks of at least 128 threads); rows longer than 1024 such units are re-read, one row per
+// 1024-thread block.
 template <typename Args>
 int ChooseRowConfig(bool vector, int element_size, int device, Args* args, KernelConfig* config, const char** error) {
   const int64_t units = vector ? args->cols / (16 / element_size) : args->cols;
-  const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((units + kRowOpUnits - 1) / kRowOpUnits));
+  const int64_t per_thread = RowOpUnits<Args>::For(element_size);
+  const int64_t group = std::max<int64_t>(8, NextPowerOfTwo((units + per_thread - 1) / per_thread));
   const bool cached = group <= kRowOpMaxBlock;
   args->group = cached ? static_cast<int>(group) : kRowOpMaxBlock;
   *config = KernelConfig{};
