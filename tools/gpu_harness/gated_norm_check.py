@@ -101,7 +101,9 @@ def build_cases(quick: bool = False) -> list[Case]:
     if not quick:
         for after in (False, True):
             cases += [Case(t, 32, 2048, group_size=256, gate_after=after) for t in (F32, F16, BF16)]
-            cases += [Case(F16, 16, 4096, gate_after=after, rounding=F16), Case(F32, 7, 26, group_size=13,
-                                                                                   gate_after=after)]
+            cases += [
+                Case(F16, 16, 4096, gate_after=after, rounding=F16),
+                Case(F32, 7, 26, group_size=13, gate_after=after),
+            ]
             cases.append(Case(F32, 2, 40001, gate_after=after, misaligned=True))  # scalar units read again
     return cases
