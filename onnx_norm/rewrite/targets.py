@@ -673,8 +673,8 @@ def emit_transposed(
     op: Any, perm: Sequence[int], spec: NormSpec, target: str, *, prepared: Emitter | None = None
 ) -> list[ir.Value]:
     """A norm over non-trailing axes (`perm`: the Transpose that moves them last, `spec.attrs.axis` counted in that
-    layout): written by the target's lowering in X's own layout where it can (`Lowering.in_layout`: ONNX's
-    LpNormalization takes any one axis), else X (and Skip) transposed, the target's op, and Y transposed back. The
+    layout): written by the target's lowering in X's own layout where it can (`Lowering.in_layout`: a native op
+    that takes any one axis), else X (and Skip) transposed, the target's op, and Y transposed back. The
     one home of channels-first emission: the rewrite's channels-first matches and the native take-over use it."""
     lowering = family.get(spec.kind).lowering(target) if target else None
     if isinstance(lowering, Lowering) and lowering.in_layout is not None:

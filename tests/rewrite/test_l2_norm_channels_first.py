@@ -245,6 +245,20 @@ def test_a_run_time_weight_beside_a_constant_factor_stays_a_mul() -> None:
     np.testing.assert_allclose(_with_library(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-6, atol=1e-6)
 
 
+def test_a_per_channel_weight_taken_at_run_time_stays_a_mul_after_the_transposes() -> None:
+    """A graph-input weight [1, C, 1, 1] over [N, C, H, W] is no run-time row of trailing dims (it broadcasts inside):
+    the norm is fused between the Transposes and the Mul stays after it."""
+    shape = [2, C, 3, 5]
+    nodes = [*_norm("reduce_l2"), helper.make_node("Max", ["n", "eps"], ["c"])]
+    nodes += [helper.make_node("Div", ["x", "c"], ["q"]), helper.make_node("Mul", ["q", "w"], ["y"])]
+    inputs = [("x", FLOAT, shape), ("w", FLOAT, [1, C, 1, 1])]
+    model = make_model(nodes, inputs, [("y", FLOAT, shape)], [const("eps", np.float32(EPS))])
+    optimized, report = optimize(model)
+    assert _ops(optimized) == ["Transpose", "L2Norm", "Transpose", "Mul"], [m.reason for m in report.near_misses]
+    feeds = {"x": _x(shape), "w": _weight(shape)}
+    np.testing.assert_allclose(_with_library(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
 def _added_epsilon_model(
     where: str, shape: list[int], dtype: int = FLOAT, weighted: bool = True, axis: int = 1
 ) -> onnx.ModelProto:
