@@ -23,7 +23,6 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 
-import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 import onnxscript.optimizer
@@ -130,7 +129,7 @@ class _Walk:
         spec = dataclasses.replace(candidate.spec, rule=rule.name)
         op = Builder()
         try:
-            outputs = _emit(op, candidate, spec, selected.emitter, graph)
+            outputs = _emit(op, candidate, spec, selected.emitter, graph, self.session.target)
         except ValueError as err:  # the target cannot express this norm exactly
             self.session.near_miss(node, graph, NearMiss(f"target {self.session.target}: {err}"))
             return False
@@ -167,11 +166,11 @@ def _subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
             yield from attr.value
 
 
-def _emit(op: Builder, candidate: Candidate, spec: NormSpec, emitter: Emitter, graph: GraphLike):
+def _emit(op: Builder, candidate: Candidate, spec: NormSpec, emitter: Emitter, graph: GraphLike, target: str):
     """The new values replacing `spec.replaced()` and then the outputs of `candidate.recast`."""
     spec = _with_constants(op, candidate, spec, graph)
     if candidate.perm is not None:
-        return _emit_transposed(op, candidate.perm, spec, emitter)
+        return targets.emit_transposed(op, candidate.perm, spec, target, prepared=emitter)
     results = targets.emit(op, spec, "", prepared=emitter)
     if candidate.recast:
         made = {spec.sum: results[1]}
@@ -197,18 +196,6 @@ def _with_constants(op: Builder, candidate: Candidate, spec: NormSpec, graph: Gr
         tensor.name = name
         made[key] = op.initializer(tensor, name=name)
     return dataclasses.replace(spec, scale=made.get("scale", spec.scale), bias=made.get("bias", spec.bias))
-
-
-def _emit_transposed(op: Builder, perm: tuple[int, ...], spec: NormSpec, emitter: Emitter):
-    """A channels-first norm: its input transposed so the normalised axes come last, the output transposed back."""
-    inverse = [int(i) for i in np.argsort(perm)]
-    x_t = op.Transpose(spec.x, perm=list(perm))
-    skip_t = None if spec.skip is None else op.Transpose(spec.skip, perm=list(perm))
-    if spec.x.dtype is not None:
-        x_t.type = ir.TensorType(spec.x.dtype)
-    y_t = ir.Value(name=None, type=spec.y.type)
-    results = targets.emit(op, dataclasses.replace(spec, x=x_t, skip=skip_t, y=y_t), "", prepared=emitter)
-    return [op.Transpose(results[0], perm=inverse), *results[1:]]
 
 
 _counter = [0]

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 Emitter = Callable[[Any, "NormSpec"], list[ir.Value]]
 #: The float64 reference of a family: (x, params, attrs) -> (y, inv_std, mean or None). `params` holds "scale" and
 #: "bias" (None when absent) and each of the spec's `extra_inputs` by name, as arrays broadcastable against x.
+#: What a family's native reader gives: the spec, or (spec, perm) for a norm over non-trailing axes.
+NativeReading = "NormSpec | tuple[NormSpec, tuple[int, ...]]"
 Reference = Callable[[np.ndarray, Mapping[str, np.ndarray | None], NormAttributes], tuple[np.ndarray, ...]]
 
 
@@ -75,6 +77,11 @@ class Lowering:
 
     emit: Callable[[Any, NormSpec, int], list[ir.Value]]
     unsupported: Callable[[NormSpec, int], str | None] = _always
+    #: For a norm over non-trailing axes: `in_layout(op, spec, perm)` builds it in X's own layout (no Transposes;
+    #: `perm` moves the normalised axes last, `spec.attrs.axis` counts in that layout) and returns the values
+    #: replacing `spec.replaced()`, or None, building nothing, when it cannot (targets.emit_transposed then writes
+    #: the op between Transposes).
+    in_layout: Callable[[Any, NormSpec, tuple[int, ...]], list[ir.Value] | None] | None = None
 
     def prepare(self, spec: NormSpec, opset: int) -> Emitter | str:
         """Checks `spec` once: why it cannot be emitted, or an emitter `(op, spec) -> values` for it (the driver
@@ -100,8 +107,10 @@ class NormFamily:
     outputs: tuple[str, ...] = ()  # statistics its op can also return: "mean", "inv_std"
     sweep: int = 0  # lower sweeps run over the whole model first: a composite before the norm inside it
     #: Native default-domain ops of this family the take-over (`--take-over-native`, native.py) converts: op type ->
-    #: reader `(node, opset) -> NormSpec`, raising ValueError with the reason a node is left as it is.
-    native: Mapping[str, Callable[[ir.Node, int], NormSpec]] = dataclasses.field(default_factory=dict)
+    #: reader `(node, opset) -> NormSpec`, raising ValueError with the reason a node is left as it is; a norm over
+    #: non-trailing axes is `(spec, perm)`, perm moving them last (written as channels-first matches are,
+    #: targets.emit_transposed).
+    native: Mapping[str, Callable[[ir.Node, int], NativeReading]] = dataclasses.field(default_factory=dict)
 
     def lowering(self, target: str) -> Lowering | str:
         return self.lowerings.get(target, f"the {target} target has no op for a {self.summary}")

@@ -61,7 +61,8 @@ from onnx_norm.rewrite.structure import (
 )
 
 __all__ = ["ANCHOR_OPS", "Affine", "AffineInputs", "AffineStrategy", "Candidate", "Layout", "MatchState"]
-__all__ += ["Replaced", "StatReading", "constant_rows", "default_affine", "find_norm", "runtime_rows", "twin_casts"]
+__all__ += ["Replaced", "StatReading", "constant_rows", "default_affine", "find_norm", "norm_layout", "runtime_rows"]
+__all__ += ["twin_casts"]
 
 #: Ops a norm can end with (Sub: the distributed LayerNorm without a bias, `x * s - mean * s`).
 ANCHOR_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Cast"})
@@ -286,7 +287,7 @@ def _build(state: MatchState, reading: StatReading, factors: Factors | None = No
     _check_product(factors, state.junction, reading.epsilon_outside)
     x = strip_lossless_steps(statistic.x)
     _check_types(x, state.y)
-    layout = _layout(x, state.y, reading.stat, statistic, state.channels_first)
+    layout = norm_layout(x, state.y, statistic.axes, reading.stat, state.channels_first)
     runtime = {op.constant for op in state.tail if constants.is_runtime_parameter(op.constant)}
     removed = replaced(state.y, x, statistic, layout, reading.eps_sum, runtime)
     params = (state.affine or default_affine)(_affine_inputs(state, statistic, layout, factors))
@@ -376,9 +377,10 @@ def _check_types(x: ir.Value, y: ir.Value) -> None:
         raise NearMiss(f"output type {type_name(y.dtype)} is not supported by the fused ops", y)
 
 
-def _layout(x: ir.Value, y: ir.Value, stat: ir.Value, statistic: Statistic, channels_first: bool) -> Layout:
-    """The normalised axes: contiguous, trailing (or moved last by a Transpose when `channels_first`), static."""
-    from_end = statistic.axes
+def norm_layout(x: ir.Value, y: ir.Value, from_end: tuple[int, ...], stat: ir.Value, channels_first: bool) -> Layout:
+    """The normalised axes `from_end` (counted from the end) of `x`: contiguous, trailing (or moved last by a
+    Transpose when `channels_first`: the driver writes the fused op between two Transposes), static; `stat` is the
+    value a near-miss points at. The one home of the channels-first layout, also for the families' own matchers."""
     k = len(from_end)
     if list(from_end) != list(range(from_end[0], from_end[0] + k)):
         raise NearMiss(f"reduction axes {list(from_end)} are not contiguous", stat)

@@ -99,14 +99,27 @@ def _family_reader(node: ir.Node) -> Any:
     return next((f.native[node.op_type] for f in family.families() if node.op_type in f.native), None)
 
 
-def _spec(node: ir.Node, opset: int) -> NormSpec:
+def _read(node: ir.Node, opset: int) -> tuple[NormSpec, tuple[int, ...] | None]:
+    """The spec of `node` and, for a family's norm over non-trailing axes, the Transpose that moves them last."""
     key = (_group(node.domain), node.op_type)
     reader = _family_reader(node) if key not in _NATIVE else None
-    if reader is not None:
-        try:
-            return dataclasses.replace(reader(node, opset), rule=RULE)
-        except ValueError as error:
-            raise _Skip(str(error)) from None
+    if reader is None:
+        return _spec(node, opset), None
+    try:
+        read = reader(node, opset)
+    except ValueError as error:
+        raise _Skip(str(error)) from None
+    spec, perm = read if isinstance(read, tuple) else (read, None)
+    return dataclasses.replace(spec, rule=RULE), perm
+
+
+def _spec(node: ir.Node, opset: int) -> NormSpec:
+    key = (_group(node.domain), node.op_type)
+    if key not in _NATIVE and _family_reader(node) is not None:
+        spec, perm = _read(node, opset)
+        if perm is not None:
+            raise _Skip("it normalises non-trailing axes (only the take-over writes it, between Transposes)")
+        return spec
     kind, skip = _NATIVE[key]  # type: ignore[index]
     x = _input(node, 0)
     if x is None:
@@ -231,13 +244,16 @@ def _take_over_one(model: ir.Model, owner: ir.Graph | ir.Function, node: ir.Node
     try:
         if (_group(node.domain), node.op_type) in target.native_ops:
             raise _Skip(f"it is already an op of the {target.name!r} target")
-        spec, add, prepared = _prepared(node, opset, target)
+        spec, add, prepared, perm = _prepared(node, opset, target)
     except _Skip as skipped:
         record["reason"] = str(skipped)
         logger.info("not taking over %s %r: %s", source, node.name, skipped)
         return record
     op = Builder()
-    new_values = targets.emit(op, spec, target.name, opset, prepared=prepared)
+    if perm is None:
+        new_values = targets.emit(op, spec, target.name, opset, prepared=prepared)
+    else:
+        new_values = targets.emit_transposed(op, perm, spec, target.name, prepared=prepared)
     new_nodes = list(op.nodes)
     for index, new in enumerate(new_nodes):
         new.name = f"{node.name}_{target.name}_{index}" if node.name else None
@@ -253,22 +269,24 @@ def _take_over_one(model: ir.Model, owner: ir.Graph | ir.Function, node: ir.Node
     return record
 
 
-def _prepared(node: ir.Node, opset: int, target: targets.Target) -> tuple[NormSpec, ir.Node | None, Any]:
-    """The spec to emit for `node`, the residual Add folded into it (or None) and the target's preparation.
-
-    A plain native norm of a residual sum `Add(a, b)` becomes the target's Skip op, as the rewrite does for
-    decomposed norms (ONNX Runtime fuses BERT's Add + LayerNormalization into SkipLayerNormalization itself); when
-    the target cannot express the folded norm, the norm alone is taken over."""
-    spec = _spec(node, opset)
-    folded = _fold_residual(spec, node)
+def _prepared(
+    node: ir.Node, opset: int, target: targets.Target
+) -> tuple[NormSpec, ir.Node | None, Any, tuple[int, ...] | None]:
+    """The spec to emit for `node`, the residual Add folded into it (or None), the target's preparation and the
+    Transpose moving the normalised axes last (None: they are). A plain native norm of a residual sum `Add(a, b)`
+    becomes the target's Skip op, as the rewrite does for decomposed norms (ONNX Runtime fuses BERT's Add +
+    LayerNormalization into SkipLayerNormalization itself); when the target cannot express the folded norm, the
+    norm alone is taken over."""
+    spec, perm = _read(node, opset)
+    folded = _fold_residual(spec, node) if perm is None else None
     if folded is not None:
         prepared = targets.prepare(folded[0], target.name, opset)
         if not isinstance(prepared, str):
-            return folded[0], folded[1], prepared
+            return folded[0], folded[1], prepared, None
     prepared = targets.prepare(spec, target.name, opset)
     if isinstance(prepared, str):
         raise _Skip(prepared)
-    return spec, None, prepared
+    return spec, None, prepared, perm
 
 
 def _fold_residual(spec: NormSpec, node: ir.Node) -> tuple[NormSpec, ir.Node] | None:

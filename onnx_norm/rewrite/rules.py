@@ -5,8 +5,9 @@ residual Add into a Skip op) and `channels_first` (a norm over non-trailing axes
 families register their rules; at one node they are tried in `family.rules()` order:
 
 - `skip_layer_norm`, `skip_rms_norm`: a norm whose input is a residual Add, fused with it.
-- `layer_norm_channels_first`, `rms_norm_channels_first`: a norm over a non-trailing axis (ConvNeXt's NCHW LayerNorm,
-  ConvNeXt-V2/diffusion code's `x * rsqrt(x.pow(2).mean(1, keepdim=True) + eps)`), emitted between Transposes.
+- `layer_norm_channels_first`, `rms_norm_channels_first` (and a family's own channels-first rule): a norm over a
+  non-trailing axis (ConvNeXt's NCHW LayerNorm, ConvNeXt-V2/diffusion code's
+  `x * rsqrt(x.pow(2).mean(1, keepdim=True) + eps)`), emitted between Transposes.
 - `layer_norm`, `rms_norm`: everything else.
 
 Disabling a residual rule leaves the residual Add in the graph and fuses the norm alone. A residual rule that

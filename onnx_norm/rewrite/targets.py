@@ -669,6 +669,30 @@ def emit(
     return results
 
 
+def emit_transposed(
+    op: Any, perm: Sequence[int], spec: NormSpec, target: str, *, prepared: Emitter | None = None
+) -> list[ir.Value]:
+    """A norm over non-trailing axes (`perm`: the Transpose that moves them last, `spec.attrs.axis` counted in that
+    layout): written by the target's lowering in X's own layout where it can (`Lowering.in_layout`: a native op
+    that takes any one axis), else X (and Skip) transposed, the target's op, and Y transposed back. The
+    one home of channels-first emission: the rewrite's channels-first matches and the native take-over use it."""
+    lowering = family.get(spec.kind).lowering(target) if target else None
+    if isinstance(lowering, Lowering) and lowering.in_layout is not None:
+        made = lowering.in_layout(op, spec, tuple(perm))
+        if made is not None:
+            _tag(made, spec.rule)
+            return made
+    inverse = [int(i) for i in np.argsort(perm)]
+    x_t = op.Transpose(spec.x, perm=list(perm))
+    skip_t = None if spec.skip is None else op.Transpose(spec.skip, perm=list(perm))
+    if spec.x.dtype is not None:
+        x_t.type = ir.TensorType(spec.x.dtype)
+    y_t = ir.Value(name=None, type=spec.y.type)
+    transposed = dataclasses.replace(spec, x=x_t, skip=skip_t, y=y_t)
+    results = emit(op, transposed, target, prepared=prepared)
+    return [op.Transpose(results[0], perm=inverse), *results[1:]]
+
+
 def _tag(results: Sequence[ir.Value], rule: str) -> None:
     """Records the rule on every node the builder made (they have no graph yet)."""
     seen: set[ir.Node] = set()

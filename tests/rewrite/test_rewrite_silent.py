@@ -38,9 +38,12 @@ def _reasons(model) -> list[str]:
 
 
 def test_l2_normalisation_is_reported_not_silent():
-    """`x / sqrt(sum(x^2) + eps)` (F.normalize): a sum, not a mean; no norm, but said so."""
-    reasons = _reasons(statistic_model(reduce="ReduceSum"))
-    assert any("ReduceSum of a square" in r and "no norm ending below it" in r for r in reasons), reasons
+    """`x / sqrt(sum(x^2) + eps)`: a sum, not a mean; with a static row the L2 family fuses it as the RMSNorm it is
+    (epsilon eps / N), over a symbolic row it says why not."""
+    optimized, _ = optimize(statistic_model(reduce="ReduceSum", dims=("b", "s", D)))
+    assert [n.op_type for n in optimized.graph.node] == ["RMSNorm"]
+    reasons = _reasons(statistic_model(reduce="ReduceSum", dims=("b", "s", "d")))
+    assert any("epsilon added over symbolic dims" in r for r in reasons), reasons
 
 
 def test_axes_computed_at_run_time_are_named():

@@ -14,13 +14,23 @@ is the row's Euclidean norm:
 
 or `x^1 * S^-1/2` with S the sum of squares (optionally Max(S, eps^2): the clamp under the square root). The
 constants (ScaleNorm's g, x-transformers' sqrt(d) and gamma, in any order and on either side of the division) are
-folded into one Scale, which must be constant along every axis that is not normalised. Without a clamp the match
-has epsilon 0 (`x / x.norm(...)`, CLIP's embeddings): a zero row is 0/0 = NaN in the graph and in the op alike.
+folded into one Scale, which must be constant along every axis that is not normalised; a weight the model takes
+at run time (`constants.is_runtime_parameter`) is read as the Scale as it is, by the LayerNorm families' reading
+(`match.runtime_rows`). Without a clamp the match has epsilon 0 (`x / x.norm(...)`, CLIP's embeddings): a zero row
+is 0/0 = NaN in the graph and in the op alike. Epsilon added instead of clamped (`||x|| + eps`, SSD's L2Norm, or
+`sqrt(S + eps)`) is no L2Norm but exactly an RMSNorm (AddedEpsilonAttributes), emitted by the RMSNorm family's
+lowerings.
 
-The native ONNX LpNormalization (p = 2) is taken over with `--take-over-native` (`read_native`, epsilon 0).
+A norm over a non-trailing block of axes (`F.normalize(x, dim=1)` on [N, C, H, W]) is laid out by the shared
+channels-first reading (`match.norm_layout`), fused by the rule `l2_norm_channels_first` and written between two
+Transposes (`targets.emit_transposed`), a per-channel weight [1, C, 1, 1] becoming the Scale row [C].
+
+The native ONNX LpNormalization (p = 2) over any one axis is taken over with `--take-over-native` (`read_native`,
+epsilon 0; another axis than the last between the same Transposes).
 
 Targets: `onnx-norm` (our op), `onnx` (LpNormalization, then Mul by the scale: only when the match has no epsilon,
-as LpNormalization has none, and normalises one axis), `ort`: a reason (ONNX Runtime has no L2 op with an epsilon).
+as LpNormalization has none, and normalises one axis, which for a channels-first norm is X's own: no Transposes),
+`ort`: a reason (ONNX Runtime has no L2 op with an epsilon).
 """
 
 from __future__ import annotations
@@ -37,14 +47,17 @@ import onnx_ir as ir
 from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain, type_name
 from onnx_norm.ops.l2_norm import L2_NORM, LP_NORMALIZATION, l2_normalized
 from onnx_norm.ops.numerics import np_dtype
-from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
-from onnx_norm.rewrite import constants, evaluate, match, structure
+from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes, NormOpAttributes
+from onnx_norm.rewrite import constants, evaluate, match, structure, targets
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
+from onnx_norm.rewrite.family import get as get_family
+from onnx_norm.rewrite.match_state import Layout
 from onnx_norm.rewrite.reductions import reduction_axes
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss
 
 KIND = L2_NORM.kind
+_RMS = "rms"  # the family that computes an L2 norm with its epsilon added (AddedEpsilonAttributes)
 _FLOAT = int(ir.DataType.FLOAT)
 _ONNX_OP = LP_NORMALIZATION.op_type
 #: Ops the walk from the end of the product back to the norm looks through (those `structure.flatten` does).
@@ -59,8 +72,19 @@ class _Stat:
     kind: str
     x: ir.Value  # what is squared
     axes: tuple[int, ...]  # from the end
-    eps: float  # the clamp on the norm (0: none)
+    eps: float  # the clamp on the norm (0: none), or the epsilon added to it when `added`
     variant: str
+    added: bool = False  # ||x|| + eps or S + eps: epsilon added, not a clamp (AddedEpsilonAttributes)
+
+
+@dataclasses.dataclass(frozen=True)
+class AddedEpsilonAttributes(NormOpAttributes):
+    """The attributes of an L2 norm whose epsilon is added instead of clamped: `x / (||x|| + eps)` (SSD's L2Norm,
+    epsilon_outside 1) or `x / sqrt(S + eps)` (0). That is no L2Norm (which clamps: `max(||x||, eps)` differs for
+    rows whose norm is near eps) but exactly an RMSNorm over the same N elements, ||x|| + eps = sqrt(N) *
+    (sqrt(mean(x^2)) + eps / sqrt(N)) and S + eps = N * (mean(x^2) + eps / N): these attributes are that RMSNorm's
+    (epsilon eps / sqrt(N) or eps / N), the spec's Scale is the weight / sqrt(N), and the family's reference and
+    lowerings hand the spec to the RMSNorm family's (`_rms_spec`)."""
 
 
 def _onnx(node: ir.Node | None, *ops: str) -> bool:
@@ -135,13 +159,30 @@ def _stat(value: ir.Value, dropped: bool = False) -> _Stat | None:
         return None if inner is None else dataclasses.replace(inner, variant=f"{inner.variant}, {node.op_type}")
     clamp = _lower_bound(node) if node is not None else None
     if clamp is None:
-        return _raw(value, dropped)
+        added = _added_epsilon(node, dropped)
+        return added if added is not None else _raw(value, dropped)
     inner = _stat(clamp[0], dropped)
     if inner is None or inner.eps != 0:
         return None
     eps = clamp[1] if inner.kind == "norm" else math.sqrt(clamp[1])
     return dataclasses.replace(inner, eps=eps, variant=f"{inner.variant} clamped by {node.op_type}")  # type:
     # ignore[union-attr]
+
+
+def _added_epsilon(node: ir.Node | None, dropped: bool) -> _Stat | None:
+    """`||x|| + eps` (SSD's `x.pow(2).sum(1, keepdim=True).sqrt() + eps`) or `S + eps`, eps a constant scalar >= 0:
+    the statistic with its epsilon added (`AddedEpsilonAttributes`)."""
+    if not _onnx(node, "Add") or len(node.inputs) != 2 or None in node.inputs:  # type: ignore[union-attr]
+        return None
+    a, b = node.inputs  # type: ignore[union-attr]
+    for data, eps_value in ((a, b), (b, a)):
+        eps = constants.scalar(eps_value)
+        if eps is None or not math.isfinite(eps) or eps < 0 or constants.is_constant(data):
+            continue
+        inner = _raw(data, dropped)  # type: ignore[arg-type]
+        if inner is not None:
+            return dataclasses.replace(inner, eps=eps, added=True, variant=f"{inner.variant} + eps")
+    return None
 
 
 def _find_stat(end: ir.Value) -> tuple[ir.Value, _Stat] | None:
@@ -163,8 +204,9 @@ def _find_stat(end: ir.Value) -> tuple[ir.Value, _Stat] | None:
 
 
 def _ends(anchor: ir.Node) -> list[ir.Value]:
-    """The anchor's output, then each Mul or Div by a constant (or float Cast) that is its only reader, in turn:
-    the candidates' ends, longest last."""
+    """The anchor's output, then each Mul or Div by a constant, Mul by a weight taken at run time
+    (`constants.is_runtime_parameter`) or float Cast that is its only reader, in turn: the candidates' ends, longest
+    last."""
     ends = [anchor.outputs[0]]
     while len(ends) < 8:
         value = ends[-1]
@@ -178,20 +220,23 @@ def _ends(anchor: ir.Node) -> list[ir.Value]:
         if not _onnx(node, "Mul", "Div") or len(node.inputs) != 2:
             break
         other = node.inputs[1] if node.inputs[0] is value else node.inputs[0]
-        if other is None or not constants.is_constant(other) or (node.op_type == "Div" and other is node.inputs[0]):
+        runtime = node.op_type == "Mul" and constants.is_runtime_parameter(other)
+        if other is None or not (runtime or constants.is_constant(other)):
+            break
+        if node.op_type == "Div" and other is node.inputs[0]:
             break
         ends.append(node.outputs[0])
     return ends
 
 
-def _region(y: ir.Value, x: ir.Value) -> list[ir.Node]:
-    """Every node between `x` (and constants) and `y`; NearMiss when one of them reads something else or is read
-    from outside."""
+def _region(y: ir.Value, x: ir.Value, weights: Sequence[ir.Value] = ()) -> list[ir.Node]:
+    """Every node between `x` (and constants, and the run-time `weights`, computed in front of it) and `y`;
+    NearMiss when one of them reads something else or is read from outside."""
     nodes: list[ir.Node] = []
     stack = [y]
     while stack:
         value = stack.pop()
-        if value is x or constants.is_constant(value):
+        if value is x or value in weights or constants.is_constant(value):
             continue
         node = value.producer()
         if node is None or len(nodes) > _MAX_NODES:
@@ -216,29 +261,51 @@ def _in_order(nodes: list[ir.Node]) -> list[ir.Node]:
     return sorted(nodes, key=lambda n: position.get(n, 0))
 
 
-def _scale_row(factors: structure.Factors, x: ir.Value, axes: tuple[int, ...]) -> np.ndarray | None:
-    """The product's constants as one row over the normalised dims (float32), None when they are all 1; NearMiss when
-    they vary along an axis that is not normalised."""
+def _scale_row(factors: structure.Factors, layout: Layout) -> np.ndarray | None:
+    """The product's constants as one row over the normalised dims (float32; moved last like X, `layout.perm`),
+    None when they are all 1; NearMiss when they vary along an axis that is not normalised."""
     array = constants.fold_product(factors.constants)
     if array is None:
         return None
-    assert x.shape is not None
-    rank = len(x.shape)
+    assert layout.rank is not None
+    rank = layout.rank
     if array.ndim > rank:
         raise NearMiss(f"the scale of shape {list(array.shape)} has more dims than the input (rank {rank})")
-    padded = (1,) * (rank - array.ndim) + array.shape
-    varying = [a - rank for a, d in enumerate(padded) if d != 1 and a - rank not in axes]
+    padded = array.reshape((1,) * (rank - array.ndim) + array.shape)
+    varying = [a - rank for a, d in enumerate(padded.shape) if d != 1 and a not in layout.axes]
     if varying:
         raise NearMiss(
             f"the scale (shape {list(array.shape)}) varies along axes {varying}, not only along the normalised "
-            f"axes {list(axes)}"
+            f"axes {[a - rank for a in layout.axes]}"
         )
-    row = array.reshape(padded[rank + axes[0] :])
+    if layout.perm is not None:
+        padded = np.transpose(padded, layout.perm)  # the per-channel weight [1, C, 1, 1] becomes a row [C]
+    row = padded.reshape(padded.shape[rank - len(layout.axes) :])
     while row.ndim > 1 and row.shape[0] == 1:
         row = row.reshape(row.shape[1:])
     if np.all(row == 1.0):
         return None
     return np.ascontiguousarray(row.astype(np.float32))
+
+
+def _runtime_scale(
+    factors: structure.Factors, weights: list[ir.Value], layout: Layout, name: str
+) -> tuple[ir.Value | None, np.ndarray | None]:
+    """(Scale, the constant row to make or None): the run-time weight read as it is by the shared reading of
+    run-time rows (match.runtime_rows: one row over trailing axes, the only factor but constant ones), or the
+    product's constants folded into one row."""
+    if not weights:
+        row = _scale_row(factors, layout)
+        return (None, None) if row is None else (_detached(row, f"{name}_scale"), row)
+    if len(weights) > 1:
+        raise NearMiss("the L2 norm is multiplied by more than one run-time weight", weights[1])
+    others = [(v, e) for v, e in factors.constants if not np.all(constants.fold_product([(v, e)]) == 1.0)]
+    affine = match.runtime_rows(
+        match.AffineInputs(
+            scale_terms=[(weights[0], Fraction(1)), *others], bias=None, correction=1.0, layout=layout, name=name
+        )
+    )
+    return affine.scale, None
 
 
 def _detached(array: np.ndarray, name: str) -> ir.Value:
@@ -248,7 +315,9 @@ def _detached(array: np.ndarray, name: str) -> ir.Value:
 
 
 def _candidate(end: ir.Value) -> match.Candidate | None:
-    """The L2 norm ending at `end`, or None; NearMiss when the product divides by a norm but is not one."""
+    """The L2 norm ending at `end`, or None; NearMiss when the product divides by a norm but is not one. A norm
+    over non-trailing axes (`F.normalize(x, dim=1)` on [N, C, H, W]) is laid out by the shared channels-first
+    reading (match.norm_layout) and written between Transposes."""
     found = _find_stat(end)
     if found is None:
         return None
@@ -256,39 +325,80 @@ def _candidate(end: ir.Value) -> match.Candidate | None:
     x = structure.strip_lossless_steps(stat.x)
     if x.shape is None:
         raise NearMiss("the rank of the L2 norm's input is unknown", x)
-    rank = len(x.shape)
-    axes = tuple(stat.axes)
-    if axes != tuple(range(-len(axes), 0)):
-        raise NearMiss(f"the L2 norm is over axes {list(axes)}, not the trailing ones of its rank-{rank} input", x)
-
-    def classify(value: ir.Value) -> str | None:
-        if value is stat_value:
-            return "stat"
-        return "data" if value is x or structure.same_data(value, x) else None
-
-    factors = structure.flatten(end, classify)
-    wanted = {"data": 1, "stat": -1 if stat.kind == "norm" else Fraction(-1, 2)}
-    if factors.leaves != wanted:
-        powers = ", ".join(f"{k}^{v}" for k, v in factors.leaves.items())
-        raise NearMiss(f"the product is {powers}, not x / ||x||", end)
-    row = _scale_row(factors, x, axes)
-    nodes = _region(end, x)
-    attrs = NormAttributes(axis=axes[0], epsilon=stat.eps, output_type=_output_type(x, end))
-    scale = None if row is None else _detached(row, f"{end.name or 'l2'}_scale")
+    layout = match.norm_layout(x, end, tuple(stat.axes), stat_value, channels_first=True)
+    factors, weights = _product(end, x, stat_value, stat)
+    scale, row = _runtime_scale(factors, weights, layout, end.name or "l2")
+    nodes = _region(end, x, weights)
+    attrs = NormAttributes(axis=-len(layout.axes), epsilon=stat.eps, output_type=_output_type(x, end))
+    if stat.added:
+        attrs, row = _added_epsilon_form(stat, layout, row, weights, attrs)
+        scale = _detached(row, f"{end.name or 'l2'}_scale")
     spec = NormSpec(KIND, x, None, scale, None, attrs, end)
     t = int(x.dtype) if x.dtype is not None else 0
     if t in NARROW_TYPES:  # the graph rounds each step; the op rounds once (casts.op_rounding, the proof checks)
         spec.graph_attrs = dataclasses.replace(attrs, normalized_type=t, multiply_type=t)
+    variant = stat.variant + (" x scale" if scale is not None else "") + (" at run time" if weights else "")
     return match.Candidate(
         spec=spec,
         nodes=nodes,
-        axes=tuple(a % rank for a in axes),
-        perm=None,
+        axes=layout.axes,
+        perm=layout.perm,
         new_constants={} if row is None else {"scale": row},
-        variant=stat.variant + (" x scale" if row is not None else ""),
+        variant=variant + ("" if layout.perm is None else ", channels first"),
         cast_placement=f"{type_name(x.dtype)} in",
         x_value=x,
     )
+
+
+def _added_epsilon_form(
+    stat: _Stat, layout: Layout, row: np.ndarray | None, weights: list[ir.Value], attrs: NormAttributes
+) -> tuple[AddedEpsilonAttributes, np.ndarray]:
+    """The RMSNorm an L2 norm with its epsilon added is (AddedEpsilonAttributes): its attributes and its Scale row,
+    the weight (or 1) over sqrt(N); N must be static, and a run-time weight cannot take the 1/sqrt(N)."""
+    if weights:
+        raise NearMiss(
+            "an L2 norm with epsilon added is an RMSNorm whose Scale is the weight / sqrt(N): not a "
+            "weight taken at run time",
+            weights[0],
+        )
+    assert layout.x_shape is not None
+    dims = [layout.x_shape[a] for a in layout.axes]
+    if not all(isinstance(d, int) for d in dims):
+        raise NearMiss(f"an L2 norm with epsilon added over symbolic dims {dims}: its RMSNorm needs the row size")
+    n = math.prod(dims)
+    full = np.broadcast_to(np.float64(1.0) if row is None else row.astype(np.float64), tuple(dims))
+    outside = stat.kind == "norm"
+    eps = stat.eps / math.sqrt(n) if outside else stat.eps / n
+    added = AddedEpsilonAttributes(
+        axis=attrs.axis, epsilon=eps, output_type=attrs.output_type, epsilon_outside=int(outside)
+    )
+    return added, np.ascontiguousarray((full / math.sqrt(n)).astype(np.float32))
+
+
+def _product(end: ir.Value, x: ir.Value, stat_value: ir.Value, stat: _Stat) -> tuple[structure.Factors, list[ir.Value]]:
+    """`end` flattened: exactly x^1 * D^-1 (S^-1/2) times constants and at most the run-time weights (each to the
+    power 1) returned beside the factors; NearMiss otherwise."""
+    weights: list[ir.Value] = []
+
+    def classify(value: ir.Value) -> str | None:
+        if value is stat_value:
+            return "stat"
+        if value is x or structure.same_data(value, x):
+            return "data"
+        if constants.is_runtime_parameter(value):
+            weights.append(value)
+            return "weight"
+        return None
+
+    factors = structure.flatten(end, classify)
+    distinct = list(dict.fromkeys(weights))
+    wanted = {"data": 1, "stat": -1 if stat.kind == "norm" else Fraction(-1, 2)}
+    if distinct:
+        wanted["weight"] = len(distinct)  # each weight once, to the power 1 (w * w is no Scale)
+    if factors.leaves != wanted:
+        powers = ", ".join(f"{k}^{v}" for k, v in factors.leaves.items())
+        raise NearMiss(f"the product is {powers}, not x / ||x|| times a scale", end)
+    return factors, distinct
 
 
 def _output_type(x: ir.Value, y: ir.Value) -> int:
@@ -306,7 +416,10 @@ def find(anchor: ir.Node) -> match.Candidate | None:
 def reference(
     x: np.ndarray, params: Mapping[str, np.ndarray | None], attrs: NormAttributes
 ) -> tuple[np.ndarray, np.ndarray, None]:
-    """The float64 reference (ops.l2_norm.l2_normalized) on the matched Scale."""
+    """The float64 reference (ops.l2_norm.l2_normalized) on the matched Scale; the RMSNorm family's for an L2 norm
+    with its epsilon added (AddedEpsilonAttributes)."""
+    if isinstance(attrs, AddedEpsilonAttributes):
+        return get_family(_RMS).reference(x, params, _rms_attrs(attrs))  # type: ignore[return-value]
     y, inv = l2_normalized(x, params.get("scale"), attrs)
     out_dtype = np_dtype(attrs.output_type) if attrs.output_type else x.dtype
     return y.astype(np.float32).astype(out_dtype), inv, None
@@ -349,6 +462,23 @@ def _emit_onnx(op, spec: NormSpec, opset: int) -> list[ir.Value]:
     return [y]
 
 
+def _emit_onnx_in_layout(op, spec: NormSpec, perm: tuple[int, ...]) -> list[ir.Value] | None:
+    """A norm over one non-trailing axis as LpNormalization along that axis of X itself (no Transposes), the
+    Scale row reshaped to [C, 1, ..] so that it scales that axis; None (nothing built) over several axes."""
+    if spec.attrs.axis != -1:
+        return None
+    axis, rank = perm[-1], len(perm)
+    y = op.op(_ONNX_OP, spec.x, _version=LP_NORMALIZATION.version, axis=axis, p=2)
+    if spec.scale is not None:
+        scale = spec.scale if spec.scale.dtype == spec.x.dtype else op.Cast(spec.scale, to=int(spec.x.dtype))  # type:
+        # ignore[arg-type]
+        shape = op.Constant(value=ir.tensor(np.array([-1] + [1] * (rank - 1 - axis), np.int64)))
+        y = op.Mul(y, op.Reshape(scale, shape))
+    if spec.attrs.output_type:
+        y = op.Cast(y, to=spec.attrs.output_type)
+    return [y]
+
+
 def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
     if spec.skip is not None:
         return "LpNormalization has no residual input"
@@ -364,9 +494,10 @@ def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
     return None
 
 
-def read_native(node: ir.Node, opset: int) -> NormSpec:
+def read_native(node: ir.Node, opset: int) -> NormSpec | tuple[NormSpec, tuple[int, ...]]:
     """ONNX LpNormalization with p = 2 as the take-over reads it: L2Norm over its one axis with epsilon 0 (x / ||x||,
-    computed in float32: never less accurate than the op in X's type). ValueError says why a node is left."""
+    computed in float32: never less accurate than the op in X's type), with the Transpose moving that axis last when
+    it is not (family.NormFamily.native). ValueError says why a node is left."""
     x = node.inputs[0] if node.inputs else None
     if x is None or len(node.inputs) != 1:
         raise ValueError("it does not have its one input")
@@ -382,9 +513,57 @@ def read_native(node: ir.Node, opset: int) -> NormSpec:
     axis = -1 if attr is None else int(attr.value)
     if not -rank <= axis < rank:
         raise ValueError(f"axis {axis} is out of range for rank {rank}")
-    if axis % rank != rank - 1:
-        raise ValueError(f"axis {axis} is not the last of its rank-{rank} input (L2Norm normalises trailing dims)")
-    return NormSpec(KIND, x, None, None, None, NormAttributes(axis=-1, epsilon=0.0), node.outputs[0])
+    spec = NormSpec(KIND, x, None, None, None, NormAttributes(axis=-1, epsilon=0.0), node.outputs[0])
+    axis %= rank
+    if axis == rank - 1:
+        return spec
+    # Another axis (channels first, axis=1 on [N, C, H, W]): written between the Transposes that move it last.
+    return spec, (*(d for d in range(rank) if d != axis), axis)
+
+
+def _rms_attrs(attrs: NormAttributes) -> NormAttributes:
+    """AddedEpsilonAttributes as the RMSNorm family's attributes (NormOpAttributes only with epsilon_outside)."""
+    shared = {f.name: getattr(attrs, f.name) for f in dataclasses.fields(NormAttributes)}
+    outside = getattr(attrs, "epsilon_outside", 0)
+    return NormOpAttributes(**shared, epsilon_outside=1) if outside else NormAttributes(**shared)
+
+
+def _rms_spec(spec: NormSpec) -> NormSpec | None:
+    """The RMSNorm spec an L2 norm with its epsilon added is, None for an L2Norm's own spec."""
+    if not isinstance(spec.attrs, AddedEpsilonAttributes):
+        return None
+    graph_attrs = None if spec.graph_attrs is None else _rms_attrs(spec.graph_attrs)
+    return dataclasses.replace(spec, kind=_RMS, attrs=_rms_attrs(spec.attrs), graph_attrs=graph_attrs)
+
+
+def _lowering(target: str, own: Lowering) -> Lowering:
+    """`own` for L2Norm's specs; for an L2 norm with its epsilon added, the RMSNorm family's lowering of `target`."""
+
+    def unsupported(spec: NormSpec, opset: int) -> str | None:
+        rms = _rms_spec(spec)
+        if rms is None:
+            return own.unsupported(spec, opset)
+        prepared = targets.prepare(rms, target, opset)
+        return prepared if isinstance(prepared, str) else None
+
+    def emit(op, spec: NormSpec, opset: int) -> list[ir.Value]:
+        rms = _rms_spec(spec)
+        return own.emit(op, spec, opset) if rms is None else targets.emit(op, rms, target, opset)
+
+    def in_layout(op, spec: NormSpec, perm: tuple[int, ...]) -> list[ir.Value] | None:
+        if own.in_layout is None or _rms_spec(spec) is not None:
+            return None
+        return own.in_layout(op, spec, perm)
+
+    return Lowering(emit=emit, unsupported=unsupported, in_layout=in_layout)
+
+
+def _unsupported_ort(spec: NormSpec, opset: int) -> str | None:
+    return _ORT_REASON
+
+
+def _no_emit(op, spec: NormSpec, opset: int) -> list[ir.Value]:
+    raise ValueError(_ORT_REASON)
 
 
 _ORT_REASON = (
@@ -395,12 +574,14 @@ _ORT_REASON = (
 FAMILY = NormFamily(
     kind=KIND,
     summary="L2 normalisation: x * scale / max(||x||_2, eps) over the trailing dims",
-    rules=(FusionRule("l2_norm", KIND),),
+    rules=(FusionRule("l2_norm_channels_first", KIND, channels_first=True), FusionRule("l2_norm", KIND)),
     reference=reference,
     lowerings={
-        "onnx-norm": Lowering(emit=_emit_onnx_norm, unsupported=_unsupported_onnx_norm),
-        "onnx": Lowering(emit=_emit_onnx, unsupported=_unsupported_onnx),
-        "ort": _ORT_REASON,
+        "onnx-norm": _lowering("onnx-norm", Lowering(emit=_emit_onnx_norm, unsupported=_unsupported_onnx_norm)),
+        "onnx": _lowering(
+            "onnx", Lowering(emit=_emit_onnx, unsupported=_unsupported_onnx, in_layout=_emit_onnx_in_layout)
+        ),
+        "ort": _lowering("ort", Lowering(emit=_no_emit, unsupported=_unsupported_ort)),
     },
     find=find,
     anchor_ops=frozenset({"Mul", "Div"}),
