@@ -659,7 +659,12 @@ def emit(
         if isinstance(checked, str):
             raise ValueError(f"cannot emit {spec.kind} norm for target {target!r}: {checked}")
         prepared = checked
-    results = prepared(op, spec)
+    return _finish(prepared(op, spec), spec)
+
+
+def _finish(results: list[ir.Value], spec: NormSpec) -> list[ir.Value]:
+    """The new values typed and shaped as the ones they replace where the builder left that open, their nodes
+    tagged with the rule."""
     for new, old in zip(results, spec.replaced(), strict=True):
         if new.type is None and old.type is not None:
             new.type = old.type
@@ -680,8 +685,7 @@ def emit_transposed(
     if isinstance(lowering, Lowering) and lowering.in_layout is not None:
         made = lowering.in_layout(op, spec, tuple(perm))
         if made is not None:
-            _tag(made, spec.rule)
-            return made
+            return _finish(made, spec)
     inverse = [int(i) for i in np.argsort(perm)]
     x_t = op.Transpose(spec.x, perm=list(perm))
     skip_t = None if spec.skip is None else op.Transpose(spec.skip, perm=list(perm))
