@@ -125,6 +125,15 @@ def _binary(fn: Callable) -> Callable:
     return run
 
 
+def _mod(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """ONNX's Mod: the divisor's sign (`fmod=0`, integers only), or C's fmod, the dividend's (`fmod=1`); dynamo's
+    padding of a sequence to whole chunks, `(8 - s % 8) % 8`, in a view's target."""
+    a, b = inputs[0], inputs[1]
+    assert a is not None and b is not None
+    with np.errstate(all="ignore"):
+        return np.asarray((np.fmod if _attr(node, "fmod", 0) else np.mod)(a, b)).astype(a.dtype)
+
+
 def _pow(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     a, b = inputs[0], inputs[1]
     assert a is not None and b is not None
@@ -168,11 +177,12 @@ def _shape(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
 SHAPE_OPS = frozenset({"Shape", "Size"})
 
 
-def static_shape(node: ir.Node, fill: int | None = None) -> np.ndarray | None:
+def static_shape(node: ir.Node, fill: int | None = None, sizes: Mapping[str, int] | None = None) -> np.ndarray | None:
     """A `Shape` or `Size` node's output from its input's inferred shape, without the input's values.
 
-    None when the rank is unknown, or when a dim it reads is symbolic and no `fill` is given; with `fill`, symbolic
-    dims read as fill, fill + 1, ... (evaluating twice with two fills tells whether a value depends on them)."""
+    None when the rank is unknown, or when a dim it reads is symbolic and neither in `sizes` (named dims' sizes)
+    nor given a `fill`; with `fill`, the other symbolic dims read as fill, fill + 1, ... (evaluating twice with two
+    fills tells whether a value depends on them)."""
     source = node.inputs[0] if node.inputs else None
     if source is None or source.shape is None or node.op_type not in SHAPE_OPS:
         return None
@@ -182,10 +192,12 @@ def static_shape(node: ir.Node, fill: int | None = None) -> np.ndarray | None:
         start = int(_attr(node, "start", 0))
         end = _attr(node, "end")
         dims = dims[slice(start, rank if end is None else int(end))]
+    named = sizes or {}
+    dims = [named.get(str(d.value), d) if not isinstance(d, int) and d.value is not None else d for d in dims]
     if fill is None and not all(isinstance(d, int) for d in dims):
         return None
-    sizes = np.asarray([d if isinstance(d, int) else fill + i for i, d in enumerate(dims)], dtype=np.int64)
-    return np.asarray(np.prod(sizes), dtype=np.int64) if node.op_type == "Size" else sizes
+    result = np.asarray([d if isinstance(d, int) else fill + i for i, d in enumerate(dims)], dtype=np.int64)
+    return np.asarray(np.prod(result), dtype=np.int64) if node.op_type == "Size" else result
 
 
 def _range(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
@@ -239,12 +251,20 @@ def _slice(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     return x[tuple(index)]
 
 
-def _max(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
-    arrays = [a for a in inputs if a is not None]
-    result = arrays[0]
-    for other in arrays[1:]:
-        result = np.maximum(result, other)
-    return np.asarray(result).astype(arrays[0].dtype)
+def _extremum(combine: Callable) -> Callable:
+    """Max or Min over any number of inputs, in the first one's type."""
+
+    def run(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+        arrays = [a for a in inputs if a is not None]
+        result = arrays[0]
+        for other in arrays[1:]:
+            result = combine(result, other)
+        return np.asarray(result).astype(arrays[0].dtype)
+
+    return run
+
+
+_max = _extremum(np.maximum)
 
 
 def _relu(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
@@ -284,6 +304,7 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Mul": _errstate(_binary(np.multiply)),
     "Div": _errstate(_binary(np.divide)),
     "Pow": _pow,
+    "Mod": _mod,
     "Sqrt": _unary(np.sqrt),
     "Reciprocal": _unary(np.reciprocal),
     "Neg": _unary(np.negative),
@@ -303,6 +324,7 @@ _OPS: dict[str, Callable[[ir.Node, Sequence[np.ndarray | None]], np.ndarray]] = 
     "Expand": _expand,
     "Where": _where,
     "Max": _errstate(_max),
+    "Min": _errstate(_extremum(np.minimum)),  # dynamo's `Min(s, padded)` in a view's target
     "Relu": _errstate(_relu),
     "Clip": _errstate(_clip),
     "Shape": _shape,
@@ -341,7 +363,7 @@ def register_op(op_type: str, run: Callable[[ir.Node, Sequence[np.ndarray | None
 SUPPORTED_OPS = frozenset(_OPS) | {"Cast", "CastLike", "Constant"}
 _OPS.update(_EVALUATED_ONLY)
 #: The ops of `_OPS` whose output can be larger than every input (numpy broadcasting), for `_output_elements`.
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Where"})
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Where"})
 
 
 #: Native norm ops the evaluator runs (ONNX's, and ONNX Runtime's in the default or com.microsoft domain: the op
@@ -450,13 +472,16 @@ def evaluate(
     widen: bool = False,
     max_nodes: int = 256,
     symbolic_fill: int | None = None,
+    dim_sizes: Mapping[str, int] | None = None,
 ) -> list[np.ndarray]:
     """Evaluates `outputs` from `feeds` and constants; raises EvaluationError on anything else.
 
     With `widen`, every float tensor (constants, feeds, casts) is computed in float64. `Shape` nodes whose input has
-    a known shape are computed from it, symbolic dims as `symbolic_fill`, ... (see `static_shape`).
+    a known shape are computed from it, named dims as `dim_sizes` gives them (the sizes the feeds have there: a
+    view's target read from `Shape` of a graph input), other symbolic dims as `symbolic_fill`, ... (see
+    `static_shape`).
     """
-    evaluator = _Evaluator(feeds, widen, max_nodes, symbolic_fill)
+    evaluator = _Evaluator(feeds, widen, max_nodes, symbolic_fill, dim_sizes)
     return [evaluator.get(v) for v in outputs]  # type: ignore[misc]
 
 
@@ -464,11 +489,17 @@ class _Evaluator:
     """Values computed so far (the feeds first) and the node budget left."""
 
     def __init__(
-        self, feeds: Mapping[ir.Value, np.ndarray], widen: bool, max_nodes: int, symbolic_fill: int | None
+        self,
+        feeds: Mapping[ir.Value, np.ndarray],
+        widen: bool,
+        max_nodes: int,
+        symbolic_fill: int | None,
+        dim_sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.widen = widen
         self.budget = max_nodes
         self.symbolic_fill = symbolic_fill
+        self.dim_sizes = dim_sizes
         self.cache: dict[ir.Value, np.ndarray] = {}
         for value, array in feeds.items():
             # bfloat16 (ml_dtypes) has numpy kind "V", not "f": test the ONNX element type instead.
@@ -503,7 +534,8 @@ class _Evaluator:
             raise EvaluationError(f"cannot evaluate {node.domain}::{node.op_type}")
         if node.op_type == "Constant":
             return constant_attribute(node, self.widen)
-        if node.op_type in SHAPE_OPS and (static := static_shape(node, self.symbolic_fill)) is not None:
+        static = static_shape(node, self.symbolic_fill, self.dim_sizes) if node.op_type in SHAPE_OPS else None
+        if static is not None:
             return static  # the dims are known: no need for the input's values (`x.shape[-1]` as a divisor)
         if node.op_type == "CastLike" and len(node.inputs) == 2 and node.inputs[1] is not None:
             like = node.inputs[1].dtype

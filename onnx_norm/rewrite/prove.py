@@ -136,14 +136,15 @@ class _Feeds:
     x_wide: np.ndarray  # the same in float64 without the input-type rounding of the sum
     extra: dict[str, np.ndarray]  # the family's extra inputs, by name
     runtime: dict[str, np.ndarray]  # "scale"/"bias" the model takes at run time (random rows here)
+    sizes: dict[str, int]  # the size each named dim of the input got (for `Shape`s of other values with it)
 
 
 def _proof_input_shape(candidate: Candidate) -> list[int]:
     spec = candidate.spec
-    if spec.x.shape is None:
-        assert candidate.proof_shape is not None
+    if candidate.proof_shape is not None:
         shape = list(candidate.proof_shape)
     else:
+        assert spec.x.shape is not None
         shape = _pinned(concrete_shape(spec.x.shape), candidate)
     normalised = {axis % len(shape) for axis in candidate.axes}
     # A dim that a constant of the subgraph varies along keeps its size (a per-head scale has one row per head).
@@ -203,18 +204,20 @@ def _feeds(candidate: Candidate, kind: str, rng: np.random.Generator) -> _Feeds:
         assert value.dtype is not None
         array = rng.standard_normal(_broadcast_shape(value, shape, spec.x.shape)).astype(np.float32)
         extra[name] = array.astype(np_dtype(int(value.dtype)))
-    runtime = _runtime_parameters(spec, rng, _dim_sizes(spec, shape))
+    sizes = _dim_sizes(spec, shape)
+    runtime = _runtime_parameters(spec, rng, sizes)
+    named = {str(k): v for k, v in sizes.items()}
     given = {spec.extra_inputs[name]: array for name, array in extra.items()}
     given |= {getattr(spec, name): array for name, array in runtime.items()}
     if spec.skip is None:
         x = data.astype(np.float32).astype(dtype)
         arrays = {spec.x: x} | dict.fromkeys(candidate.aliases, x) | given
-        return _Feeds(arrays, x, x.astype(np.float64), extra, runtime)
+        return _Feeds(arrays, x, x.astype(np.float64), extra, runtime, named)
     half = (data / 2).astype(np.float32).astype(dtype)
     rest = (data - half.astype(np.float64)).astype(np.float32).astype(dtype)
     total = (half.astype(np.float32) + rest.astype(np.float32)).astype(dtype)
     wide = half.astype(np.float64) + rest.astype(np.float64)
-    return _Feeds({spec.x: half, spec.skip: rest} | given, total, wide, extra, runtime)
+    return _Feeds({spec.x: half, spec.skip: rest} | given, total, wide, extra, runtime, named)
 
 
 def _runtime_parameters(spec: NormSpec, rng: np.random.Generator, sizes: dict[object, int]) -> dict[str, np.ndarray]:
@@ -296,7 +299,7 @@ def prove(candidate: Candidate, *, seed: int = 0) -> None:
     for kind in _SAMPLES:
         feeds = _feeds(candidate, kind, rng)
         try:
-            graph = evaluate([v for _, v in outputs], feeds.arrays, widen=True)
+            graph = evaluate([v for _, v in outputs], feeds.arrays, widen=True, dim_sizes=feeds.sizes)
         except (EvaluationError, ValueError, TypeError, IndexError) as err:
             raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
         y, inv, mean = _reference(candidate, feeds, exact, wide=True)
@@ -315,7 +318,7 @@ def prove(candidate: Candidate, *, seed: int = 0) -> None:
     # The rounding attributes, in the graph's own element types, on normal rows.
     feeds = _feeds(candidate, "normal", rng)
     try:
-        (y_graph,) = evaluate([spec.y], feeds.arrays)
+        (y_graph,) = evaluate([spec.y], feeds.arrays, dim_sizes=feeds.sizes)
     except (EvaluationError, ValueError, TypeError, IndexError) as err:
         raise NearMiss(f"cannot evaluate the matched subgraph: {err}") from err
     y_ref, _, _ = _reference(candidate, feeds, spec.attrs, wide=False)

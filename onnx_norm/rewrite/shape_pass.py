@@ -14,7 +14,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from onnx_norm.dtypes import is_onnx_domain
-from onnx_norm.rewrite import constants, loops, native
+from onnx_norm.rewrite import constants, loops, native, shape_values
 from onnx_norm.rewrite.reductions import REDUCTIONS
 from onnx_norm.rewrite.run_state import RunState, Shapes
 
@@ -87,11 +87,7 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
             onnx_inference(model, strict_mode=False, data_prop=False)
         except Exception as err:  # shape inference is best effort: unknown shapes make candidates near-misses
             logger.warning("shape inference failed, continuing with the shapes stored in the model: %s", err)
-    # Each round's dims reach the next layer's Reshape or Slice only after inference ran again: a few rounds.
-    for _ in range(_KEPT_DIMS_ROUNDS):
-        if not (_reshapes_to_own_shape(model.graph) | _slices_keep_other_dims(model.graph)):
-            break
-        _infer_again(model)
+    _give_kept_dims(model)
     # Loop bodies take their types from what inference found in front of the Loop, and what follows the Loop its
     # shapes from the body: a few rounds (one per nesting level in practice).
     for _ in range(_LOOP_ROUNDS):
@@ -109,6 +105,7 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
     if _reductions_without_shape(model.graph) or (native_norms and _native_norms_without_shape(model.graph)):
         stored = _stored_shapes(model)
         (symbolic or infer_symbolic_shapes)(model)
+        _give_kept_dims(model)  # the names it found reach the views and element-wise ops onnx's left unnamed
     for function in model.functions.values():
         try:
             _infer_function_shapes(model, function)
@@ -118,6 +115,16 @@ def infer_shapes(model: ir.Model, native_norms: bool = False, symbolic: Symbolic
 
 
 _LOOP_ROUNDS = 3
+
+
+def _give_kept_dims(model: ir.Model) -> None:
+    """Dims inference leaves unknown that the graph's own shape arithmetic gives, and inference again: each round's
+    dims reach the next layer's Reshape or Slice only after inference ran again, so a few rounds."""
+    for _ in range(_KEPT_DIMS_ROUNDS):
+        graph = model.graph
+        if not (_reshapes_to_own_shape(graph) | _slices_keep_other_dims(graph) | shape_values.give_shapes(graph)):
+            break
+        _infer_again(model)
 
 
 def onnx_inference(model: ir.Model, *, strict_mode: bool, data_prop: bool) -> ir.passes.PassResult:
@@ -211,8 +218,8 @@ def _reshapes_to_own_shape(graph: ir.Graph) -> bool:
     return changed
 
 
-#: Rounds of dims given by _reshapes_to_own_shape/_slices_keep_other_dims and inference run again (one per layer
-#: that needs them, at most; more layers keep what inference alone finds).
+#: Rounds of dims given by _reshapes_to_own_shape/_slices_keep_other_dims/shape_values and inference run again (one
+#: per layer that needs them, at most; more layers keep what inference alone finds).
 _KEPT_DIMS_ROUNDS = 8
 
 
