@@ -89,7 +89,9 @@ def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value],
     x_shape = body.op("Shape", [x])
     if a.group_size:
         leading = body.slice(x_shape, [0], [-1])
-        v = body.op("Reshape", [v, body.op("Concat", [leading, body.i64(-1, a.group_size)], {"axis": 0})])
+        # The group count as D / size, not -1: Reshape cannot infer a -1 of an empty X (a batch of 0 rows).
+        groups = body.op("Div", [body.slice(x_shape, [-1], [2**62]), body.i64(a.group_size)])
+        v = body.op("Reshape", [v, body.op("Concat", [leading, groups, body.i64(a.group_size)], {"axis": 0})])
     _, _, inv = body.statistics(v, [-1], rms=True)
     y = body.op("Mul", [v, inv])
     if a.group_size:

@@ -24,7 +24,10 @@ class Candidate:
     variant: str
     cast_placement: str
     x_value: ir.Value  # the input of the norm before any residual Add was folded in
-    proof_shape: list[int] | None = None  # input shape for the proof when the input has no shape
+    proof_shape: list[int] | None = None  # input shape for the proof when the input's own cannot serve
     kept: list[ir.Node] = dataclasses.field(default_factory=list)  # Casts of the input that others read too
     recast: list[ir.Node] = dataclasses.field(default_factory=list)  # kept Casts re-made from the fused Sum
     aliases: list[ir.Value] = dataclasses.field(default_factory=list)  # identical Casts of the input's source
+    #: Replaced values whose shape is known to be that of a value the fused op reads: a `Shape` outside the match
+    #: that reads one reads that value instead (TorchScript computes a view's target from `Shape` of the data).
+    same_shape: dict[ir.Value, ir.Value] = dataclasses.field(default_factory=dict)

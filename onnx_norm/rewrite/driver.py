@@ -134,6 +134,7 @@ class _Walk:
             self.session.near_miss(node, graph, NearMiss(f"target {self.session.target}: {err}"))
             return False
         old_values = spec.replaced() + [n.outputs[0] for n in candidate.recast]
+        rules.reread_shapes(candidate)
         problem = rules.removal_problem(candidate.nodes, old_values)
         if problem is not None:
             self.session.near_miss(node, graph, NearMiss(f"not applied: {problem}"))

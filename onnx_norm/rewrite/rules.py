@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from onnx_norm.dtypes import is_onnx_domain
+
 # The families package registers the built-in families; RULE_NAMES below is the first read of the registry.
 from onnx_norm.rewrite import families as _families  # noqa: F401
 from onnx_norm.rewrite import family, targets
@@ -126,6 +128,18 @@ def _outside_readers(value: ir.Value | None, nodes: set[ir.Node]) -> list[ir.Nod
     if value is None:
         return []
     return [use.node for use in value.uses() if use.node not in nodes]
+
+
+def reread_shapes(candidate: Candidate) -> None:
+    """Lets each `Shape` outside the match that reads a replaced value read instead the value of the same shape
+    that the fused op reads (`candidate.same_shape`): the value it read goes, its shape stays, and the model
+    computes the same shapes from it."""
+    inside = set(candidate.nodes)
+    for value, source in candidate.same_shape.items():
+        for use in list(value.uses()):
+            node = use.node
+            if node not in inside and node.op_type == "Shape" and is_onnx_domain(node.domain) and use.idx == 0:
+                node.replace_input_with(0, source)
 
 
 def removal_problem(nodes: list[ir.Node], replaced: list[ir.Value]) -> str | None:

@@ -18,7 +18,7 @@ import pytest
 from onnx import helper
 from rewrite_support import FLOAT, FLOAT16, assert_not_less_accurate, const, fused_ops, make_model, run
 
-from onnx_norm import library
+from onnx_norm import library, parity
 from onnx_norm.ops.gated_norm import GATED_RMS_NORM, gated_rms_norm
 from onnx_norm.ops.schema import DOMAIN
 from onnx_norm.rewrite import optimize
@@ -85,10 +85,18 @@ def _model(
     return make_model(nodes, inputs, [("y", dtype, SHAPE)], inits, opset=17)
 
 
-def _feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+def _feeds(model: onnx.ModelProto, seed: int = 0, empty: bool = False) -> dict[str, np.ndarray]:
+    """Random inputs; a named dim gets a size of its own (0 with `empty`: a batch of no rows)."""
     rng = np.random.default_rng(seed)
+    named: dict[str, int] = {}
+
+    def size(dim: onnx.TensorShapeProto.Dimension) -> int:
+        if dim.HasField("dim_value"):
+            return dim.dim_value
+        return named.setdefault(dim.dim_param, 0 if empty else 2 + len(named))
+
     return {
-        v.name: rng.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim]).astype(
+        v.name: rng.standard_normal([size(d) for d in v.type.tensor_type.shape.dim]).astype(
             helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
         )
         for v in model.graph.input
@@ -267,7 +275,9 @@ def _hf_module(name: str):
     }[name]()
 
 
-def _export(name: str, half: bool, dynamo: bool) -> onnx.ModelProto:
+def _export(name: str, half: bool, dynamo: bool, dynamic: bool = False) -> onnx.ModelProto:
+    """The module exported; `dynamic`: batch and sequence dims named (TorchScript then computes each view's target
+    from `Shape` of the data)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
 
@@ -291,7 +301,10 @@ def _export(name: str, half: bool, dynamo: bool) -> onnx.ModelProto:
         if dynamo:
             return torch.onnx.export(module, args, dynamo=True, input_names=["x", "z"], verbose=False).model_proto
         buffer = io.BytesIO()
-        torch.onnx.export(module, args, buffer, dynamo=False, input_names=["x", "z"], opset_version=18)
+        axes = {name: {0: "batch", 1: "sequence"} for name in ("x", "z")} if dynamic else None
+        torch.onnx.export(
+            module, args, buffer, dynamo=False, input_names=["x", "z"], opset_version=18, dynamic_axes=axes
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -302,6 +315,19 @@ MODULES = ["mamba2", "mamba2-groups", "qwen3-next", "falcon-h1", "falcon-h1-gate
 @pytest.mark.parametrize("name", MODULES)
 def test_transformers_gated_norms_fuse_torchscript(name: str, half: bool) -> None:
     _check_fused(_export(name, half, dynamo=False), tol=2e-3 if half else 1e-5)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_transformers_gated_norms_fuse_torchscript_with_dynamic_axes(name: str) -> None:
+    """Named batch and sequence dims: the views' targets are `Shape` arithmetic on the gated product (evaluated by
+    shape_values), and those `Shape`s read the gate's input instead once the product is gone."""
+    model = _export(name, False, dynamo=False, dynamic=True)
+    optimized = _check_fused(model)
+    # A batch of no rows runs too (the op's function sizes its view in groups without a -1).
+    empty = _feeds(model, empty=True)
+    want = run(model, empty)[0]
+    assert want.shape == (0, 0, D)
+    assert run(optimized, empty)[0].shape == want.shape
 
 
 @pytest.mark.parametrize(
@@ -322,3 +348,113 @@ def test_transformers_gated_norms_fuse_dynamo(name: str, half: bool) -> None:
     """One of each order by default (each dynamo export takes seconds); every module with ONNX_NORM_FULL_ZOO=1."""
     pytest.importorskip("onnxscript")
     _check_fused(_export(name, half, dynamo=True), tol=2e-3 if half else 1e-5)
+
+
+def _with_last_dim(model: onnx.ModelProto, index: int, name: str) -> onnx.ModelProto:
+    """The model with input `index`'s last dim named instead of sized (as a view's unresolved `-1` leaves it)."""
+    dim = model.graph.input[index].type.tensor_type.shape.dim[-1]
+    dim.ClearField("dim_value")
+    dim.dim_param = name
+    return model
+
+
+def test_an_input_whose_last_dim_is_unknown_is_expanded_to_the_gates_shape() -> None:
+    """Mamba2's scan output viewed [b, s, -1]: no inference sizes its last dim, but `x * silu(z)` with Z's [.., 16]
+    can only have Z's shape. The op reads X expanded to Z's shape, exactly what the gate's Mul read."""
+    model = _with_last_dim(_model(before=True, groups=2), 0, "d")
+    optimized, report = optimize(model)
+    assert fused_ops(optimized) == ["GatedRMSNorm"], [m.reason for m in report.near_misses]
+    assert sorted(n.op_type for n in optimized.graph.node if n.op_type not in ("Constant", "Identity")) == [
+        "Expand",
+        "GatedRMSNorm",
+        "Shape",
+    ]
+    assert "x expanded to the gate's shape" in report.norms[0].variant
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal(SHAPE).astype(np.float32) for name in ("x", "z")}
+    want = run(model, feeds)[0]
+    np.testing.assert_allclose(run(optimized, feeds)[0], want, rtol=1e-5, atol=1e-5)
+    if library.library_available():
+        session = ort.InferenceSession(
+            optimized.SerializeToString(), library.session_options(), providers=["CPUExecutionProvider"]
+        )
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
+    feeds["x"] = feeds["x"][..., :1]  # a last dim of 1 broadcasts in the original, and so in the Expand
+    np.testing.assert_allclose(run(optimized, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("before", "index"), [(False, 0), (True, 1)])
+def test_shapes_not_known_to_agree_are_not_gated(before: bool, index: int) -> None:
+    """The gate after the norm with X's last dim unknown (a broadcast X would change the statistic), or Z's last dim
+    unknown (Z could be the one that broadcasts): the RMSNorm is fused alone."""
+    optimized, _ = optimize(_with_last_dim(_model(before=before), index, "d"))
+    assert "GatedRMSNorm" not in fused_ops(optimized)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A whole model: transformers' Mamba2ForCausalLM, tiny, random weights
+
+
+def _mamba2_model(dynamo: bool) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Two Mamba2 layers (grouped gated norms: 2 groups of 64), exported with named batch and sequence dims. The
+    scan output's view `[b, s, -1]` has a last dim no inference sizes (the scan pads s to whole chunks, P); dynamo
+    also writes the group count as `2 * Min(s, P) // s`, which only the view's element count gives."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Mamba2Config(
+        vocab_size=64, hidden_size=64, state_size=16, num_heads=8, head_dim=16, n_groups=2, num_hidden_layers=2,
+        expand=2, conv_kernel=4, chunk_size=8, use_cache=False,
+    )  # fmt: skip
+    lm = transformers.Mamba2ForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    ids = torch.randint(0, 64, (2, 12))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")},)
+            exported = torch.onnx.export(
+                Logits(), (ids,), dynamo=True, input_names=["ids"], dynamic_shapes=dims, verbose=False
+            )
+            model = exported.model_proto
+        else:
+            buffer = io.BytesIO()
+            axes = {"ids": {0: "batch", 1: "sequence"}}
+            torch.onnx.export(Logits(), (ids,), buffer, dynamo=False, input_names=["ids"], dynamic_axes=axes)
+            model = onnx.load_from_string(buffer.getvalue())
+    for node in model.graph.node:  # TorchScript writes `permute(0, -2, -1, 1)` as is; ONNX Runtime refuses it
+        for attr in node.attribute:
+            if node.op_type == "Transpose" and attr.name == "perm":
+                attr.ints[:] = [p % len(attr.ints) for p in attr.ints]
+    return model, {"ids": ids.numpy()}
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_mamba2_model_fuses_its_gated_norms(dynamo: bool) -> None:
+    model, feeds = _mamba2_model(dynamo)
+    optimized, report = optimize(model)
+    kinds = sorted(record.rule for record in report.norms)
+    assert kinds.count("gated_rms_norm") == 2, ([r.variant for r in report.norms], report.near_misses)
+    gated = [r.variant for r in report.norms if r.rule == "gated_rms_norm"]
+    assert all("groups of 64" in v for v in gated), gated
+    sigmoids = [sum(n.op_type == "Sigmoid" for n in m.graph.node) for m in (model, optimized)]
+    assert sigmoids[0] - sigmoids[1] == 2  # the gates' (the conv's SiLU stays)
+    want = run(model, feeds)[0]
+    np.testing.assert_allclose(run(optimized, feeds)[0], want, rtol=1e-4, atol=1e-5)
+    if library.library_available():
+        session = ort.InferenceSession(
+            optimized.SerializeToString(), library.session_options(), providers=["CPUExecutionProvider"]
+        )
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+        # The gate users ship with, per fused norm too: a whole model's float32 error after the scan is noise at the
+        # last ulp, so the element-wise accuracy check of the single-norm tests is the gate's verdict here.
+        report = parity.verify(model, optimized, inputs=[feeds], per_node=True)
+        assert report.passed, report

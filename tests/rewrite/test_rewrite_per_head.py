@@ -270,8 +270,13 @@ def test_real_exports_fuse_every_norm(name: str, exporter: str, tmp_path: Path) 
     fused = [n for n in optimized.graph.node if n.domain == DOMAIN]
     assert len(fused) == _EXPORTS[name], ([n.op_type for n in fused], report.near_misses)
     assert not [m for m in report.near_misses if "varies across rows" in m.reason], report.near_misses
-    grouped = [n for n in fused if _scale_of(optimized, n).ndim == 2]
-    assert len(grouped) == (4 if name == "cohere" else 2)  # q/k norms of both layers; both mamba norms
+    grouped = [n for n in fused if n.op_type != "GatedRMSNorm" and _scale_of(optimized, n).ndim == 2]
+    gated = [n for n in fused if n.op_type == "GatedRMSNorm" and _group_size(n) > 0]
+    # q/k norms of both layers; both mamba norms: gated, in groups (the gate after the norm, Falcon-H1's default).
+    # Dynamo's view back from the groups is `512 * ceil(s / 8) // s` wide, 64 only for whole chunks of 8: the
+    # proof's sizes cannot run it, and the mamba norms stay RMSNorms with a [G, D/G] Scale, the gate unfused.
+    want = (4, 0) if name == "cohere" else (2, 0) if exporter == "dynamo" else (0, 2)
+    assert (len(grouped), len(gated)) == want, [n.op_type for n in fused]
     # A native target (onnx is the same lowering: the hand-written graphs above) leaves none for its scale either.
     _, native_report = optimize(model, target="ort")
     left = [m.reason for m in native_report.near_misses if "varies across rows" in m.reason]
@@ -284,6 +289,10 @@ def test_real_exports_fuse_every_norm(name: str, exporter: str, tmp_path: Path) 
     for want, got in zip(run(model, feeds), _kernel_run(optimized, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert_not_less_accurate(model, optimized, feeds)
+
+
+def _group_size(node: onnx.NodeProto) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == "group_size"), 0)
 
 
 @needs_library

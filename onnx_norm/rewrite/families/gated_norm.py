@@ -31,8 +31,9 @@ from onnx_norm.dtypes import NARROW_TYPES, is_onnx_domain
 from onnx_norm.ops.gated_norm import GATED_RMS_NORM, GatedNormAttributes, gated_rms
 from onnx_norm.ops.numerics import normalize, np_dtype, output
 from onnx_norm.ops.schema import DOMAIN, OPSET_VERSION, NormAttributes
-from onnx_norm.rewrite import constants, match
+from onnx_norm.rewrite import constants, match, shape_values
 from onnx_norm.rewrite.family import FusionRule, Lowering, NormFamily
+from onnx_norm.rewrite.prove import concrete_shape
 from onnx_norm.rewrite.reductions import is_float_cast
 from onnx_norm.rewrite.spec import NormSpec
 from onnx_norm.rewrite.structure import NearMiss, is_widening_cast
@@ -205,6 +206,7 @@ class _Core:
     normalized_type: int
     multiply_type: int
     nodes: list[ir.Node]
+    back: ir.Value | None = None  # in groups: the view back to X's shape
 
 
 def _grouped_core(end: ir.Value) -> _Core | None:
@@ -236,7 +238,7 @@ def _grouped_core(end: ir.Value) -> _Core | None:
     split_node = inner.spec.x.producer()
     assert split_node is not None
     nodes = [split_node, *inner.nodes, *tail.nodes]
-    return _Core(inner, x, size, tail.scale, new_scale, normalized, multiply, nodes)
+    return _Core(inner, x, size, tail.scale, new_scale, normalized, multiply, nodes, tail.reshape.outputs[0])
 
 
 def _plain_core(end: ir.Value) -> _Core | None:
@@ -274,7 +276,7 @@ def _match(anchor: ir.Node) -> match.Candidate | None:
         if core is None:
             return None
         nodes = [*core.nodes, *mid_cast, *gate_nodes, *out_cast]
-        x, order = core.x, 1
+        x, order, product_like = core.x, 1, []
     else:
         core = _core(y)
         if core is None:
@@ -287,7 +289,8 @@ def _match(anchor: ir.Node) -> match.Candidate | None:
         x, x_cast = _uncast(data)
         nodes = [*x_cast, *gate_nodes, *product_cast, *core.nodes]
         order = 0
-    return _candidate(anchor, core, x, z, order, list(dict.fromkeys(nodes)))
+        product_like = [product, core.x, *([core.back] if core.back is not None else [])]
+    return _candidate(anchor, core, x, z, order, list(dict.fromkeys(nodes)), product_like)
 
 
 def _unwidened(x: ir.Value, nodes: list[ir.Node]) -> tuple[ir.Value, list[ir.Node]]:
@@ -312,11 +315,23 @@ def _scale_in(array: np.ndarray, z: ir.Value) -> np.ndarray:
 
 
 def _candidate(
-    anchor: ir.Node, core: _Core, x: ir.Value, z: ir.Value, order: int, nodes: list[ir.Node]
+    anchor: ir.Node,
+    core: _Core,
+    x: ir.Value,
+    z: ir.Value,
+    order: int,
+    nodes: list[ir.Node],
+    product_like: list[ir.Value],
 ) -> match.Candidate | None:
+    """The candidate for the chain found; `product_like`: with the gate before the norm, the gated product and the
+    values that keep its shape (its Cast, the view back from the groups), which have the product's broadcast
+    shape, Z's."""
     y = anchor.outputs[0]
     x, nodes = _unwidened(x, nodes)
-    if x.shape is None or z.shape is None or list(x.shape) != list(z.shape) or x.dtype is None or z.dtype is None:
+    if x.dtype is None or z.dtype is None:
+        return None
+    expanded = not shape_values.elements_equal(x.shape, z.shape)
+    if expanded and (order == 1 or not _broadcasts_to(x.shape, z.shape)):
         return None
     if x.dtype.is_floating_point() is False or z.dtype.is_floating_point() is False:
         return None
@@ -343,19 +358,56 @@ def _candidate(
     new_constants = dict(core.inner.new_constants)
     if core.new_scale is not None:
         new_constants["scale"] = _scale_in(core.new_scale, z)
-    rank = len(x.shape)
+    assert z.shape is not None
+    rank = len(z.shape)
     return dataclasses.replace(
         core.inner,
         spec=spec,
         nodes=nodes,
         axes=(rank - 1,),
         new_constants=new_constants,
-        variant=f"gated RMSNorm ({'norm before gate' if order else 'gate before norm'}"
-        + (f", groups of {core.group_size})" if core.group_size else ")"),
+        variant=_variant(order, core.group_size, expanded),
         x_value=x,
+        proof_shape=concrete_shape(z.shape) if expanded else None,
         kept=[],
         aliases=[],
+        same_shape=_same_shape(nodes, x, z, product_like),
     )
+
+
+def _variant(order: int, group_size: int, expanded: bool) -> str:
+    groups = f", groups of {group_size}" if group_size else ""
+    expand = ", x expanded to the gate's shape" if expanded else ""
+    return f"gated RMSNorm ({'norm before gate' if order else 'gate before norm'}{groups}{expand})"
+
+
+def _broadcasts_to(x: ir.Shape | None, z: ir.Shape | None) -> bool:
+    """True when `x * z` is known to have z's shape although x's is not known to be z's (the view of Mamba2's scan
+    output whose last dim is a `-1` that no inference resolves): on every dim x has 1, or the same dim, or z has a
+    size above 1, which x's must then be or broadcast to."""
+    if x is None or z is None or len(x) != len(z):
+        return False
+    return all(
+        a == 1 or shape_values.elements_equal(ir.Shape([a]), ir.Shape([b])) or (isinstance(b, int) and b > 1)
+        for a, b in zip(x, z, strict=True)
+    )
+
+
+def _same_shape(
+    nodes: list[ir.Node], x: ir.Value, z: ir.Value, product_like: list[ir.Value]
+) -> dict[ir.Value, ir.Value]:
+    """The replaced values known to have X's or Z's shape, each with the one of the two it has the shape of (for
+    the `Shape`s outside the match that read them)."""
+    same: dict[ir.Value, ir.Value] = dict.fromkeys(product_like, z)
+    for node in nodes:
+        for value in node.outputs:
+            if value in same:
+                continue
+            if shape_values.elements_equal(value.shape, z.shape):
+                same[value] = z
+            elif shape_values.elements_equal(value.shape, x.shape):
+                same[value] = x
+    return same
 
 
 def _find(anchor: ir.Node) -> match.Candidate | None:
@@ -390,7 +442,13 @@ def _emit(op, spec: NormSpec, opset: int) -> list[ir.Value]:
         # The library declares one type for Z and Scale (docs/ops.md): widen both to float32, exactly.
         z = z if z.dtype == ir.DataType.FLOAT else op.Cast(z, to=_FLOAT)
         scale = scale if scale.dtype == ir.DataType.FLOAT else op.Cast(scale, to=_FLOAT)
-    inputs = [spec.x, z, *([scale] if scale is not None else [])]
+    x = spec.x
+    if not shape_values.elements_equal(x.shape, spec.extra_inputs["z"].shape):
+        # The match proved x * z to have Z's shape (`_broadcasts_to`), not X to have it: the op reads X broadcast
+        # to Z's shape, exactly what the gate's Mul read.
+        x = op.Expand(x, op.Shape(spec.extra_inputs["z"]))
+        x.dtype, x.shape = spec.x.dtype, spec.extra_inputs["z"].shape
+    inputs = [x, z, *([scale] if scale is not None else [])]
     return [op.op(GATED_RMS_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **spec.attrs.as_dict())]
 
 
