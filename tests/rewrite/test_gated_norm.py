@@ -458,3 +458,44 @@ def test_mamba2_model_fuses_its_gated_norms(dynamo: bool) -> None:
         # last ulp, so the element-wise accuracy check of the single-norm tests is the gate's verdict here.
         report = parity.verify(model, optimized, inputs=[feeds], per_node=True)
         assert report.passed, report
+
+
+@pytest.mark.skipif(not FULL_ZOO, reason="a 50 s dynamo export: ONNX_NORM_FULL_ZOO=1")
+def test_qwen3_next_model_fuses_its_gated_norm_and_its_l2_norms() -> None:
+    """Qwen3-Next's linear-attention layer (its gated delta rule: `l2norm` of q and k, the gated RMSNorm of the
+    output, the gate after the norm) beside a full-attention layer (per-head q/k RMSNorms), dense MLPs (the MoE's
+    grouped matmul does not export), named batch and sequence dims: every norm fused, the gate and the L2 norms
+    included, and the gate passes."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Qwen3NextConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"], mlp_only_layers=[0, 1], use_cache=False,
+    )  # fmt: skip
+    lm = transformers.Qwen3NextForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    ids = torch.randint(0, 64, (2, 12))
+    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")},)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(
+            Logits(), (ids,), dynamo=True, input_names=["ids"], dynamic_shapes=dims, verbose=False
+        ).model_proto
+    optimized, report = optimize(model)
+    rules = [record.rule for record in report.norms]
+    assert rules.count("gated_rms_norm") == 1 and rules.count("l2_norm") == 2, rules
+    assert not report.near_misses, report.near_misses
+    if library.library_available():
+        report = parity.verify(model, optimized, inputs=[{"ids": ids.numpy()}], per_node=True)
+        assert report.passed, report
