@@ -60,7 +60,7 @@ def runtime_rows(inputs: AffineInputs) -> Affine:
 
 def constant_rows(inputs: AffineInputs) -> Affine:
     """The default affine: scale and bias are constants (folded when computed) that vary only along the normalised
-    axes, in one element type (widened when the graph's differ; exact for fp16/bf16)."""
+    axes, in one element type (float32 when the graph's differ, or when theirs would round a folded one)."""
     layout = inputs.layout
     row_scale, scale_value, scale_dtype = _scale_row(inputs)
     row_bias, bias_value, bias_dtype = _bias_row(inputs)
@@ -79,6 +79,10 @@ def constant_rows(inputs: AffineInputs) -> Affine:
     const_type = _common_type(
         scale_dtype if row_scale is not None else None, bias_dtype if row_bias is not None else None
     )
+    if not all(_holds(array, const_type) for array in new_constants.values()):
+        # A folded row that the graph's narrow type rounds (an unbiased std's sqrt((N-1)/N) times a float16
+        # weight): the op reads float32 Scale and Bias beside a narrow X, exactly.
+        const_type = ir.DataType.FLOAT
     if row_scale is not None and scale_value is not None and scale_value.dtype != const_type:
         new_constants["scale"], scale_value = row_scale, None
     if row_bias is not None and bias_value is not None and bias_value.dtype != const_type:
@@ -235,6 +239,12 @@ def _constant_dtype(values: list[ir.Value]) -> ir.DataType | None:
     if len(types) == 1:
         return types.pop()
     return ir.DataType.FLOAT if types else None
+
+
+def _holds(array: np.ndarray, dtype: ir.DataType) -> bool:
+    """True when `dtype` holds every value of `array` as float32 has it (the op's arithmetic)."""
+    wide = np.asarray(array, dtype=np.float64).astype(np.float32)
+    return bool(np.array_equal(wide.astype(np_dtype(int(dtype))).astype(np.float32), wide, equal_nan=True))
 
 
 def _common_type(a: ir.DataType | None, b: ir.DataType | None) -> ir.DataType:

@@ -106,12 +106,15 @@ def test_epsilon_outside_the_square_root_fuses_with_the_attribute(unbiased: bool
     assert [r.variant for r in report.norms] and not report.near_misses
 
 
-def test_epsilon_outside_in_float16_runs_in_our_kernels_as_in_the_original():
-    # Biased: an unbiased variance computed all in float16 fails its proof with epsilon inside or outside alike
-    # (the correction folded into a float16 scale rounds where the graph does not).
-    model = _model(dtype=FLOAT16, unbiased=False)
-    optimized, _ = optimize(model)
-    assert _attribute(_fused_node(optimized), "epsilon_outside") == 1
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_epsilon_outside_in_float16_runs_in_our_kernels_as_in_the_original(unbiased: bool):
+    """All in float16, the Annotated Transformer's x.std(-1) too: the sqrt((N-1)/N) folded into the weight is not a
+    float16 value, so the op reads a float32 Scale (and Bias) beside the float16 X, and is no less accurate."""
+    model = _model(dtype=FLOAT16, unbiased=unbiased)
+    optimized, report = optimize(model)
+    assert _attribute(_fused_node(optimized), "epsilon_outside") == 1, report.near_misses
+    scale_types = {i.data_type for i in optimized.graph.initializer if i.name.startswith("onnx_norm_")}
+    assert (onnx.TensorProto.FLOAT in scale_types) == unbiased  # biased: the graph's own float16 weight
     feeds = random_feeds(model, SHAPES)
     assert_not_less_accurate(model, optimized, feeds)
 

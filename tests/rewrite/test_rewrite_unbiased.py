@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from rewrite_support import FLOAT, assert_fused, assert_not_fused, const, make_model
+from rewrite_support import FLOAT, assert_fused, assert_not_fused, const, make_model, run
 
 D = 16
 rng = np.random.default_rng(12)
@@ -102,3 +102,23 @@ def test_torch_var_unbiased_exported(dynamo):
     name = model.graph.input[0].name
     _optimized, report = assert_fused(model, {name: [2, 3, D]}, ["LayerNorm"])
     assert report.norms[0].variant == "unbiased variance"
+
+
+@pytest.mark.parametrize("target", ["onnx-norm", "onnx", "ort"])
+def test_unbiased_variance_in_float16_fuses_with_a_float32_scale(target: str) -> None:
+    """The whole graph in float16: w * sqrt((N-1)/N) is not a float16 value, so the new Scale and Bias are float32
+    (the standard LayerNormalization then runs on X widened, between Casts); the numbers are the original's."""
+    from onnxconverter_common import float16
+
+    from onnx_norm.rewrite import optimize
+
+    model = float16.convert_float_to_float16(hand_written(D - 1.0), keep_io_types=False)
+    optimized, report = optimize(model, target=target)
+    norms = [n for n in optimized.graph.node if "Norm" in n.op_type]
+    assert len(norms) == 1 and not report.near_misses, report.near_misses
+    made = [i for i in optimized.graph.initializer if i.name.startswith("onnx_norm_")]
+    assert made and {i.data_type for i in made} == {onnx.TensorProto.FLOAT}
+    feeds = {"x": rng.standard_normal((2, 3, D)).astype(np.float16)}
+    want, got = run(model, feeds)[0], run(optimized, feeds)[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
