@@ -91,8 +91,10 @@ struct NormProblem {
   int normalized_type = 0;
   int multiply_type = 0;
   // The input stage (CPU): when set, the row normalised is what `input` computes from the row at element `offset`
-  // of this problem's X (cols float32 values into `dst`, returning `dst` or a row of its own), instead of X's row
-  // (or its sum with Skip). `input_state` is the op's own (its other inputs at this problem's rows).
+  // of this problem's X (cols float32 values into `dst`, returning `dst` or a row of its own), instead of X's row.
+  // `input_state` is the op's own (its other inputs at this problem's rows). The Skip ops' residual add is the
+  // stage Run sets where Skip is given and no other is (cpu/norm_cpu.cc SkipRow); an op with a stage of its own
+  // sets it in its own files.
   const float* (*input)(const void* input_state, const NormProblem& p, size_t offset, float* dst) = nullptr;
   const void* input_state = nullptr;
 };

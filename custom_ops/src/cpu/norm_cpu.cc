@@ -180,6 +180,24 @@ void FinishStreaming() {
 #endif
 }
 
+// Whether the problem's float32 outputs (Y, Sum) are written with non-temporal stores.
+bool Streams(const NormProblem& p) { return p.rows * p.cols * int64_t{4} >= kStreamingBytes; }
+
+size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
+
+// The Skip ops' input stage: the row at `offset` is x + skip in float32 (AddSkip), writing Sum when asked; a
+// large float32 Sum is streamed out from the row instead of written in place.
+const float* SkipRow(const void* /*input_state*/, const NormProblem& p, size_t offset, float* dst) {
+  const size_t elem = ElemSize(p.x_type);
+  const void* x_row = static_cast<const char*>(p.x) + offset * elem;
+  const void* skip_row = static_cast<const char*>(p.skip) + offset * elem;
+  void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * elem : nullptr;
+  const bool stream_sum = sum_row != nullptr && p.x_type == kFloat && Streams(p);
+  const float* x = AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, dst, p.cols);
+  if (stream_sum) StreamFloats(x, static_cast<float*>(sum_row), p.cols);
+  return x;
+}
+
 struct Job {
   const NormProblem* p;
   const float* scale;  // float copies (or the original float buffers)
@@ -190,8 +208,6 @@ struct Job {
   bool streaming;  // float32 Y / Sum written with non-temporal stores
   std::atomic<bool> failed{false};
 };
-
-size_t ElemSize(int type) { return type == kFloat ? 4 : 2; }
 
 // Row `row`'s Scale (or Bias) row: a per-row-group Scale (docs/ops.md) holds scale_groups rows of cols values and
 // row r reads row r % scale_groups; one row otherwise.
@@ -209,23 +225,14 @@ struct RowPlan {
   bool fused16_out;  // fp16/bf16 Y can be rounded and stored from registers
 };
 
-// The row at element `offset` as floats: the op's input stage's row when it has one (NormProblem::input), else X
-// itself (float32 without Skip), else converted, or summed with Skip (writing Sum), into `xbuf`.
+// The row at element `offset` as floats: the op's input stage's row when it has one (NormProblem::input: the Skip
+// ops' residual add, the gate before a gated norm), else X itself (float32), else converted into `xbuf`.
 const float* ReadRow(const RowPlan& plan, size_t offset, float* xbuf) {
   const NormProblem& p = *plan.job.p;
   if (p.input != nullptr) return p.input(p.input_state, p, offset, xbuf);
-  const int64_t n = p.cols;
   const void* x_row = static_cast<const char*>(p.x) + offset * plan.x_elem;
-  if (p.skip) {
-    const void* skip_row = static_cast<const char*>(p.skip) + offset * plan.x_elem;
-    void* sum_row = p.sum ? static_cast<char*>(p.sum) + offset * plan.x_elem : nullptr;
-    const bool stream_sum = plan.job.streaming && sum_row != nullptr && p.x_type == kFloat;
-    const float* x = AddSkip(x_row, skip_row, p.x_type, stream_sum ? nullptr : sum_row, xbuf, n);
-    if (stream_sum) StreamFloats(x, static_cast<float*>(sum_row), n);
-    return x;
-  }
   if (p.x_type == kFloat) return static_cast<const float*>(x_row);
-  LoadFloats(x_row, p.x_type, xbuf, n);
+  LoadFloats(x_row, p.x_type, xbuf, p.cols);
   return xbuf;
 }
 
@@ -287,7 +294,7 @@ void RunBlock(void* data, size_t block) {
                      Fused16Available()};
   // fp16 -> fp16 and bf16 -> bf16 without Skip or rounding attributes: fused kernels that convert in
   // registers, where the CPU has the instructions.
-  const bool fused16 = !p.skip && p.input == nullptr && !rounded && p.x_type != kFloat && p.y_type == p.x_type && Fused16Available();
+  const bool fused16 = p.input == nullptr && !rounded && p.x_type != kFloat && p.y_type == p.x_type && Fused16Available();
 
   for (int64_t row = begin; row < end; ++row) {
     const size_t offset = static_cast<size_t>(row) * static_cast<size_t>(n);
@@ -360,8 +367,10 @@ OrtStatusPtr RunChunks(Ort::KernelContext& ctx, const OpSignature& op, size_t to
   return failed ? MakeError(op, "out of memory for the row buffers", ORT_RUNTIME_EXCEPTION) : nullptr;
 }
 
-bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
-  if (p.rows == 0 || p.cols == 0) return true;
+bool Run(const NormProblem& problem, ParallelForFn parallel_for, void* parallel_ctx) {
+  if (problem.rows == 0 || problem.cols == 0) return true;
+  NormProblem p = problem;
+  if (p.skip != nullptr && p.input == nullptr) p.input = &SkipRow;  // the residual add is the Skip ops' input stage
   std::vector<float> scale_storage;
   std::vector<float> bias_storage;
   Job job;
@@ -370,7 +379,7 @@ bool Run(const NormProblem& p, ParallelForFn parallel_for, void* parallel_ctx) {
   job.bias = AsFloat(p.bias, p.scale_type, p.scale_size * p.scale_groups, bias_storage);
   job.normalized_type = p.normalized_type == kFloat ? 0 : p.normalized_type;
   job.multiply_type = p.multiply_type == kFloat ? 0 : p.multiply_type;
-  job.streaming = p.rows * p.cols * int64_t{4} >= kStreamingBytes;
+  job.streaming = Streams(p);
   // Blocks of about 64K elements: enough work per task to amortise scheduling, enough tasks to balance.
   constexpr int64_t kBlockElements = 1 << 16;
   job.rows_per_block = std::max<int64_t>(1, kBlockElements / p.cols);
