@@ -407,7 +407,12 @@ def _mamba2_model(dynamo: bool, half: bool = False) -> tuple[onnx.ModelProto, di
         expand=2, conv_kernel=4, chunk_size=8, use_cache=False,
     )  # fmt: skip
     lm = transformers.Mamba2ForCausalLM(config).eval()
-    lm = lm.half() if half else lm
+    return _export_lm(lm.half() if half else lm, dynamo)
+
+
+def _export_lm(lm, dynamo: bool) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A causal LM's logits for `ids` [2, 12], exported with named batch and sequence dims, and those feeds."""
+    import torch
 
     class Logits(torch.nn.Module):
         def __init__(self) -> None:
@@ -481,27 +486,11 @@ def test_qwen3_next_model_fuses_its_gated_norm_and_its_l2_norms() -> None:
         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
         layer_types=["linear_attention", "full_attention"], mlp_only_layers=[0, 1], use_cache=False,
     )  # fmt: skip
-    lm = transformers.Qwen3NextForCausalLM(config).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    ids = torch.randint(0, 64, (2, 12))
-    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")},)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = torch.onnx.export(
-            Logits(), (ids,), dynamo=True, input_names=["ids"], dynamic_shapes=dims, verbose=False
-        ).model_proto
+    model, feeds = _export_lm(transformers.Qwen3NextForCausalLM(config).eval(), dynamo=True)
     optimized, report = optimize(model)
     rules = [record.rule for record in report.norms]
     assert rules.count("gated_rms_norm") == 1 and rules.count("l2_norm") == 2, rules
     assert not report.near_misses, report.near_misses
     if library.library_available():
-        report = parity.verify(model, optimized, inputs=[{"ids": ids.numpy()}], per_node=True)
+        report = parity.verify(model, optimized, inputs=[feeds], per_node=True)
         assert report.passed, report
