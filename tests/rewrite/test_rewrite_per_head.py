@@ -273,8 +273,8 @@ def test_real_exports_fuse_every_norm(name: str, exporter: str, tmp_path: Path) 
     grouped = [n for n in fused if n.op_type != "GatedRMSNorm" and _scale_of(optimized, n).ndim == 2]
     gated = [n for n in fused if n.op_type == "GatedRMSNorm" and _group_size(n) > 0]
     # q/k norms of both layers; both mamba norms: gated, in groups (the gate after the norm, Falcon-H1's default).
-    # Dynamo's view back from the groups is `512 * ceil(s / 8) // s` wide, 64 only for whole chunks of 8: the
-    # proof's sizes cannot run it, and the mamba norms stay RMSNorms with a [G, D/G] Scale, the gate unfused.
+    # Dynamo's export runs only at its traced length (its view back from the groups is `512 * ceil(s / 8) // s`
+    # wide): the proof's sizes cannot run it, and the mamba norms stay RMSNorms with a [G, D/G] Scale, gate unfused.
     want = (4, 0) if name == "cohere" else (2, 0) if exporter == "dynamo" else (0, 2)
     assert (len(grouped), len(gated)) == want, [n.op_type for n in fused]
     # A native target (onnx is the same lowering: the hand-written graphs above) leaves none for its scale either.
