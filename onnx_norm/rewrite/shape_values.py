@@ -416,11 +416,11 @@ def _carried_dims(node: ir.Node) -> list[Element] | None:
 
 def _size_back(value: ir.Value, dims: list[Element]) -> bool:
     """Gives `value`, and the values it is an element-wise function of, `dims`; never a graph input or output
-    (their declared shapes are the model's interface)."""
+    (their declared shapes are the model's interface: `_merge`)."""
     changed = False
     for _ in range(_MAX_DEPTH):
         node = value.producer()
-        if node is None or value.is_graph_output() or not _merge(value, dims):
+        if node is None or not _merge(value, dims):
             break
         changed = True
         if node.op_type not in _SAME_SHAPE or not is_onnx_domain(node.domain) or node.inputs[0] is None:
@@ -455,7 +455,10 @@ def _unreshaped_dims(source: list[Element], dims: list[Element]) -> list[Element
 
 
 def _merge(output: ir.Value, dims: list[Element]) -> bool:
-    """Gives `output` the dims found where its own are unknown; True when that made it more known."""
+    """Gives `output` the dims found where its own are unknown; True when that made it more known. A graph output
+    keeps the shape the model declares (its interface)."""
+    if output.is_graph_output():
+        return False
     old = None if output.shape is None else [dim_element(d) for d in output.shape]
     if old is not None and len(old) != len(dims):
         logger.info("%s: inferred rank %d, its target gives %d; left as it is", output.name, len(old), len(dims))
