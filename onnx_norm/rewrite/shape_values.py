@@ -100,8 +100,8 @@ class ShapeValues:
         inputs = [self.of(v, depth + 1) if v is not None else None for v in node.inputs]
         try:
             return step(node, inputs)
-        except (IndexError, ValueError, TypeError, ZeroDivisionError, OverflowError):
-            return None
+        except (IndexError, KeyError, ValueError, TypeError, ZeroDivisionError, OverflowError):
+            return None  # an index out of range, a missing attribute: not a value this can give
 
 
 def _unknown_elements(value: ir.Value) -> _Tensor | None:
@@ -352,27 +352,35 @@ def give_shapes(graph: ir.Graph) -> bool:
     for node in ir.traversal.RecursiveGraphIterator(graph):
         if not is_onnx_domain(node.domain) or not node.inputs or node.inputs[0] is None:
             continue
-        carried = _carried_dims(node)
-        if carried is not None:
-            for output in node.outputs:  # a Split's every output: each keeps its own size on the split axis
-                changed |= _merge(output, carried)
-            continue
-        if node.op_type not in ("Reshape", "Expand") or len(node.inputs) < 2:
-            continue
-        source, output = node.inputs[0], node.outputs[0]
-        target = values.of(node.inputs[1])
-        if source is None or source.shape is None or target is None or target.scalar:
-            continue
-        dims_in = [dim_element(d) for d in source.shape]
-        if node.op_type == "Reshape":
-            dims = reshaped_dims(dims_in, target.elements, bool(_attr(node, "allowzero", 0)))
-            if dims is not None:
-                changed |= _size_back(source, _unreshaped_dims(dims_in, dims))
-        else:
-            dims = _expanded_dims(dims_in, target.elements)
-        if dims is not None:
-            changed |= _merge(output, dims)
+        try:
+            changed |= _give_node_shapes(node, values)
+        except Exception as err:  # best effort, like inference: a node this cannot read keeps what it has
+            logger.info("no shapes from %s %r: %s: %s", node.op_type, node.name, type(err).__name__, err)
     return changed
+
+
+def _give_node_shapes(node: ir.Node, values: ShapeValues) -> bool:
+    carried = _carried_dims(node)
+    if carried is not None:
+        merged = False
+        for output in node.outputs:  # a Split's every output: each keeps its own size on the split axis
+            merged |= _merge(output, carried)
+        return merged
+    if node.op_type not in ("Reshape", "Expand") or len(node.inputs) < 2:
+        return False
+    source, output = node.inputs[0], node.outputs[0]
+    target = values.of(node.inputs[1])
+    if source is None or source.shape is None or target is None or target.scalar:
+        return False
+    dims_in = [dim_element(d) for d in source.shape]
+    changed = False
+    if node.op_type == "Reshape":
+        dims = reshaped_dims(dims_in, target.elements, bool(_attr(node, "allowzero", 0)))
+        if dims is not None:
+            changed = _size_back(source, _unreshaped_dims(dims_in, dims))
+    else:
+        dims = _expanded_dims(dims_in, target.elements)
+    return (_merge(output, dims) if dims is not None else False) or changed
 
 
 #: Ops whose output has their first input's shape, through which a dim found for the output is one of the input.

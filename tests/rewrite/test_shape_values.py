@@ -214,3 +214,25 @@ def test_a_broadcast_against_an_unknown_dim_names_nothing() -> None:
     """`unk__1 * batch` may be `batch` (unk__1 = 1) or unk__1 (batch = 1): nothing is carried."""
     assert shape_values._expanded_dims(["unk__1", 8], ["batch", 8]) == [None, 8]
     assert shape_values._expanded_dims([1, 8], ["batch", 8]) == ["batch", 8]
+
+
+def test_a_node_it_cannot_read_is_left_as_it_is() -> None:
+    """A Split whose `axis` is a string and an Unsqueeze without axes in a view's target (invalid nodes that ONNX
+    Runtime would refuse): no exception escapes, nothing is given to them, the rest still gets its dims."""
+    x = ir.Value(name="x", shape=ir.Shape(["b", 4]), type=ir.TensorType(ir.DataType.FLOAT))
+    n = ir.Value(name="n", shape=ir.Shape([]), type=ir.TensorType(ir.DataType.INT64))
+    split = ir.node("Split", [x], attributes={"axis": "last"}, num_outputs=2)
+    broken = ir.node("Unsqueeze", [n])
+    shape = ir.node("Shape", [x])
+    target = ir.node("Concat", [shape.outputs[0], broken.outputs[0]], attributes={"axis": 0})
+    view = ir.node("Reshape", [x, target.outputs[0]])
+    cast = ir.node("Cast", [x], attributes={"to": int(ir.DataType.FLOAT16)})
+    nodes = [split, broken, shape, target, view, cast]
+    graph = ir.Graph(inputs=[x, n], outputs=[view.outputs[0]], nodes=nodes, opset_imports={"": 18})
+    for value in [*split.outputs, cast.outputs[0]]:
+        value.dtype = ir.DataType.FLOAT
+    for value in [broken.outputs[0], shape.outputs[0], target.outputs[0]]:
+        value.dtype = ir.DataType.INT64
+    assert shape_values.give_shapes(graph)  # the Cast's output, after the Split it could not read
+    assert all(value.shape is None for value in split.outputs)
+    assert [shape_values.dim_element(d) for d in cast.outputs[0].shape] == ["b", 4]
