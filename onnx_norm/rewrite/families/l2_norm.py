@@ -470,13 +470,21 @@ def _emit_onnx_in_layout(op, spec: NormSpec, perm: tuple[int, ...]) -> list[ir.V
     axis, rank = perm[-1], len(perm)
     y = op.op(_ONNX_OP, spec.x, _version=LP_NORMALIZATION.version, axis=axis, p=2)
     if spec.scale is not None:
-        scale = spec.scale if spec.scale.dtype == spec.x.dtype else op.Cast(spec.scale, to=int(spec.x.dtype))  # type:
-        # ignore[arg-type]
-        shape = op.Constant(value=ir.tensor(np.array([-1] + [1] * (rank - 1 - axis), np.int64)))
-        y = op.Mul(y, op.Reshape(scale, shape))
+        y = op.Mul(y, _scale_along(op, spec, [-1] + [1] * (rank - 1 - axis)))
     if spec.attrs.output_type:
         y = op.Cast(y, to=spec.attrs.output_type)
     return [y]
+
+
+def _scale_along(op, spec: NormSpec, shape: list[int]) -> ir.Value:
+    """The Scale row in X's type viewed `shape` (it scales X's normalised axis): a new constant where it is one
+    (nothing left to fold in the written model), else a Cast and a Reshape."""
+    assert spec.scale is not None and spec.x.dtype is not None
+    array = constants.constant_array(spec.scale)
+    if array is not None:
+        return op.Constant(value=ir.tensor(array.astype(np_dtype(int(spec.x.dtype))).reshape(shape)))
+    scale = spec.scale if spec.scale.dtype == spec.x.dtype else op.Cast(spec.scale, to=int(spec.x.dtype))
+    return op.Reshape(scale, op.Constant(value=ir.tensor(np.array(shape, np.int64))))
 
 
 def _unsupported_onnx(spec: NormSpec, opset: int) -> str | None:
