@@ -471,25 +471,50 @@ def test_mamba2_model_fuses_its_gated_norms(dynamo: bool, half: bool) -> None:
         assert report.passed, report
 
 
-@pytest.mark.skipif(not FULL_ZOO, reason="a 50 s dynamo export: ONNX_NORM_FULL_ZOO=1")
-def test_qwen3_next_model_fuses_its_gated_norm_and_its_l2_norms() -> None:
+def _qwen3_next(transformers):
     """Qwen3-Next's linear-attention layer (its gated delta rule: `l2norm` of q and k, the gated RMSNorm of the
     output, the gate after the norm) beside a full-attention layer (per-head q/k RMSNorms), dense MLPs (the MoE's
-    grouped matmul does not export), named batch and sequence dims: every norm fused, the gate and the L2 norms
-    included, and the gate passes."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
+    grouped matmul does not export)."""
     config = transformers.Qwen3NextConfig(
         vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
         layer_types=["linear_attention", "full_attention"], mlp_only_layers=[0, 1], use_cache=False,
     )  # fmt: skip
-    model, feeds = _export_lm(transformers.Qwen3NextForCausalLM(config).eval(), dynamo=True)
+    return transformers.Qwen3NextForCausalLM(config)
+
+
+def _nemotron_h(transformers):
+    """Nemotron-H's pattern `M*-`: a Mamba2 layer (its grouped gated norm, the gate before the norm), attention,
+    an MLP. (Its TorchScript export fails on `aten::diff`.)"""
+    config = transformers.NemotronHConfig(
+        vocab_size=64, hidden_size=64, num_hidden_layers=3, hybrid_override_pattern="M*-", num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=64, mamba_num_heads=8, mamba_head_dim=16,
+        ssm_state_size=16, n_groups=2, mamba_d_conv=4, chunk_size=8, mamba_expand=2, use_cache=False,
+    )  # fmt: skip
+    return transformers.NemotronHForCausalLM(config)
+
+
+#: model -> (builder, the norms its export fuses by rule).
+_HYBRID_LMS = {
+    "qwen3_next": (_qwen3_next, {"gated_rms_norm": 1, "l2_norm": 2}),
+    "nemotron_h": (_nemotron_h, {"gated_rms_norm": 1}),
+}
+
+
+@pytest.mark.skipif(not FULL_ZOO, reason="15-50 s dynamo exports: ONNX_NORM_FULL_ZOO=1")
+@pytest.mark.parametrize("name", sorted(_HYBRID_LMS))
+def test_hybrid_models_fuse_their_gated_and_l2_norms(name: str) -> None:
+    """Exported by dynamo with named batch and sequence dims: every norm fused, the gated and the L2 ones included,
+    and the gate passes."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    build, fused = _HYBRID_LMS[name]
+    model, feeds = _export_lm(build(transformers).eval(), dynamo=True)
     optimized, report = optimize(model)
     rules = [record.rule for record in report.norms]
-    assert rules.count("gated_rms_norm") == 1 and rules.count("l2_norm") == 2, rules
+    assert {rule: rules.count(rule) for rule in fused} == fused, rules
     assert not report.near_misses, report.near_misses
     if library.library_available():
         report = parity.verify(model, optimized, inputs=[feeds], per_node=True)
