@@ -495,10 +495,34 @@ def _nemotron_h(transformers):
     return transformers.NemotronHForCausalLM(config)
 
 
+def _zamba2(transformers):
+    """Zamba2: Mamba2 layers (grouped gated norms) and a hybrid layer with the shared attention block."""
+    config = transformers.Zamba2Config(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"],
+        num_attention_heads=4, num_key_value_heads=4, attention_head_dim=32, intermediate_size=64,
+        mamba_d_state=16, mamba_headdim=16, n_mamba_heads=8, mamba_ngroups=2, mamba_d_conv=4, chunk_size=8,
+        mamba_expand=2, num_mem_blocks=1, use_shared_attention_adapter=False, use_mem_rope=False, use_cache=False,
+    )  # fmt: skip
+    return transformers.Zamba2ForCausalLM(config)
+
+
+def _granite_hybrid(transformers):
+    """Granite 4's GraniteMoeHybrid: a Mamba2 layer (its grouped gated norm) and an attention layer, dense MLPs."""
+    config = transformers.GraniteMoeHybridConfig(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, layer_types=["mamba", "attention"],
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, mamba_n_heads=8, mamba_d_head=16,
+        mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8, mamba_expand=2,
+        num_local_experts=0, shared_intermediate_size=64, use_cache=False,
+    )  # fmt: skip
+    return transformers.GraniteMoeHybridForCausalLM(config)
+
+
 #: model -> (builder, the norms its export fuses by rule).
 _HYBRID_LMS = {
     "qwen3_next": (_qwen3_next, {"gated_rms_norm": 1, "l2_norm": 2}),
     "nemotron_h": (_nemotron_h, {"gated_rms_norm": 1}),
+    "zamba2": (_zamba2, {"gated_rms_norm": 2}),
+    "granite_hybrid": (_granite_hybrid, {"gated_rms_norm": 1}),
 }
 
 
