@@ -27,8 +27,10 @@ def test_kernel_matches_the_reference_in_the_emulator(harness: check.Harness) ->
     runner = check.HostRunner(harness)
     assert check.run_cases(runner, gated_norm_check.build_cases(quick=True)) == []
     assert set(runner.kernels) == {
-        "gated_norm vector registers", "gated_norm scalar registers", "gated_norm vector reread"
-    }  # fmt: skip
+        f"gated_norm {order} {units} {row}"
+        for order in ("before", "after")
+        for units, row in (("vector", "registers"), ("scalar", "registers"), ("vector", "reread"))
+    }
 
 
 @needs_emulator

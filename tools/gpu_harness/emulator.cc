@@ -36,6 +36,7 @@
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // norm_launch.cuh: the kernels' translation units instantiate this file's LaunchKernel, not the GPU's.
@@ -340,11 +341,20 @@ constexpr int kEmulatedDevices = static_cast<int>(sizeof(kDevices) / sizeof(kDev
 
 const EmulatedDevice& Device(int device) { return kDevices[device >= 0 && device < kEmulatedDevices ? device : 0]; }
 
-// The name a test sees (onnx_norm_emulator_last_kernel): a row op's is its argument block's (Args::kName).
+// A row op's argument block that names the compile-time variant its runtime attributes pick (`Variant()`).
+template <typename Args, typename = void>
+struct NamesVariant : std::false_type {};
 template <typename Args>
-std::string KernelName(const KernelConfig& config) {
+struct NamesVariant<Args, std::void_t<decltype(std::declval<const Args&>().Variant())>> : std::true_type {};
+
+// The name a test sees (onnx_norm_emulator_last_kernel): a row op's is its argument block's (Args::kName, then the
+// variant its attributes picked where it names one).
+template <typename Args>
+std::string KernelName(const KernelConfig& config, const Args& args) {
   if constexpr (!std::is_same_v<Args, NormArgs>) {
-    return std::string(Args::kName) + ((config.flags & kVectorUnitsFlag) != 0 ? " vector" : " scalar") +
+    std::string name = Args::kName;
+    if constexpr (NamesVariant<Args>::value) name += std::string(" ") + args.Variant();
+    return name + ((config.flags & kVectorUnitsFlag) != 0 ? " vector" : " scalar") +
            ((config.flags & kCachedRowFlag) != 0 ? " registers" : " reread") + " group=" + std::to_string(config.group);
   }
   switch (config.kind) {
@@ -405,7 +415,7 @@ cudaError_t Emulate(const Args& args, const KernelConfig& config) {
   m.shared_bytes = config.shared_bytes;
   m.cluster_size = cluster;
   m.kernel = [&] { kernel(args); };
-  m.last_kernel = KernelName<Args>(config);
+  m.last_kernel = KernelName<Args>(config, args);
   m.last_launch = "grid=" + std::to_string(config.grid) + " block=" + std::to_string(config.block) +
                   " shared=" + std::to_string(config.shared_bytes) + " cluster=" + std::to_string(cluster);
   if (m.plan_only_sms > 0) return cudaSuccess;

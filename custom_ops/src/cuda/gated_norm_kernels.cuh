@@ -35,6 +35,8 @@ struct GatedNormArgs {
   int multiply_type;
 
   static constexpr const char* kName = "gated_norm";
+  // The kernel variant the gate's order picks (Kernel below), as the emulator's reports name it.
+  const char* Variant() const { return gate_after ? "after" : "before"; }
   // The gate's product is held as float32: 8 words a 16-byte unit of a 16-bit X, so half the units per thread (the
   // registers of four; with four, ptxas spilled on sm_90).
   static constexpr int CachedUnits(int element_size) { return element_size == 4 ? kRowOpUnits : kRowOpUnits / 2; }
