@@ -70,6 +70,17 @@ class Body:
             return v
         return self.cast(self.cast(v, elem_type), FLOAT)
 
+    def affine(self, formal: dict[str, ir.Value], y: ir.Value) -> ir.Value:
+        """The normalised float32 `y` rounded where the attributes say, times Scale, plus Bias (each when the node
+        has it): every norm op's affine (docs/ops.md)."""
+        a = self.sig.attrs
+        y = self.round_to(y, a.normalized_type)
+        if "Scale" in formal:
+            y = self.round_to(self.op("Mul", [y, self.cast(formal["Scale"], FLOAT)]), a.multiply_type)
+        if "Bias" in formal:
+            y = self.round_to(self.op("Add", [y, self.cast(formal["Bias"], FLOAT)]), a.multiply_type)
+        return y
+
     def output(self, y: ir.Value) -> ir.Value:
         """Y in the op's output type (output_type, else X's), from float32."""
         out_type = self.sig.attrs.output_type or self.sig.x_type

@@ -96,9 +96,7 @@ def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value],
     y = body.op("Mul", [v, inv])
     if a.group_size:
         y = body.op("Reshape", [y, x_shape])
-    y = body.round_to(y, a.normalized_type)
-    if "Scale" in formal:
-        y = body.round_to(body.op("Mul", [y, body.cast(formal["Scale"], FLOAT)]), a.multiply_type)
+    y = body.affine(formal, y)
     if a.norm_before_gate:
         y = body.op("Mul", [y, gate])
     results["Y"] = body.output(y)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnx_norm.ops.body import FLOAT, Body
+from onnx_norm.ops.body import Body
 from onnx_norm.ops.numerics import output, round_to
 from onnx_norm.ops.signature import NativeOp, NormAttributes, OpSignature
 
@@ -64,10 +64,7 @@ def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value],
     norm = body.op("Sqrt", [_reduce_sum(body, body.op("Mul", [x, x]), list(range(axis, 0)))])
     eps = body.const(np.array(a.epsilon, np.float32))
     inv = body.op("Reciprocal", [body.op("Max", [norm, eps])])
-    y = body.round_to(body.op("Mul", [x, inv]), a.normalized_type)
-    if "Scale" in formal:
-        y = body.round_to(body.op("Mul", [y, body.cast(formal["Scale"], FLOAT)]), a.multiply_type)
-    results["Y"] = body.output(y)
+    results["Y"] = body.output(body.affine(formal, body.op("Mul", [x, inv])))
 
 
 def _scale_shapes(x_shape: tuple[int, ...], attrs: NormAttributes) -> dict[str, tuple[int, ...]]:

@@ -152,17 +152,6 @@ def _normalise_flattened(body: Body, xf: ir.Value, x_source: ir.Value, axis: int
     return _Normalised(y, mean, body.op("Reshape", [inv, stat_shape], reshape_attrs))
 
 
-def _affine(body: Body, formal: dict[str, ir.Value], y: ir.Value) -> ir.Value:
-    """Y rounded where the attributes say, times Scale, plus Bias."""
-    a = body.sig.attrs
-    y = body.round_to(y, a.normalized_type)
-    if "Scale" in formal:
-        y = body.round_to(body.op("Mul", [y, body.cast(formal["Scale"], FLOAT)]), a.multiply_type)
-    if "Bias" in formal:
-        y = body.round_to(body.op("Add", [y, body.cast(formal["Bias"], FLOAT)]), a.multiply_type)
-    return y
-
-
 #: `epilogue(body, formal inputs, Y after the affine, the value whose shape is X's) -> Y`: what an op adds after
 #: the norm's affine (what an op built on a norm adds to it).
 Epilogue = Callable[[Body, dict[str, ir.Value], ir.Value, ir.Value], ir.Value]
@@ -180,7 +169,7 @@ def make_body(epilogue: Epilogue | None = None) -> BodyBuilder:
             normalised = _normalise_trailing(body, xf, axis, n_out)
         else:
             normalised = _normalise_flattened(body, xf, x_source, axis, n_out)
-        y = _affine(body, formal, normalised.y)
+        y = body.affine(formal, normalised.y)
         if epilogue is not None:
             y = epilogue(body, formal, y, x_source)
         results["Y"] = body.output(y)
