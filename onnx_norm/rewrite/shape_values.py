@@ -120,21 +120,13 @@ def _shape(node: ir.Node) -> _Tensor | None:
     if source is None or source.shape is None:
         return None
     dims = [dim_element(d) for d in source.shape]
-    rank = len(dims)
-    start = _attr(node, "start", 0)
-    end = _attr(node, "end", rank)
-    return _Tensor(dims[slice(*_clamp_range(start, end, rank))])
+    # Python's slice is ONNX's start/end: a negative one counts from the end, both clamp to the rank.
+    return _Tensor(dims[_attr(node, "start", 0) : _attr(node, "end", len(dims))])
 
 
 def _attr(node: ir.Node, name: str, default: int) -> int:
     attr = node.attributes.get(name)
     return default if attr is None else int(attr.value)
-
-
-def _clamp_range(start: int, end: int, rank: int) -> tuple[int, int]:
-    start = start + rank if start < 0 else start
-    end = end + rank if end < 0 else end
-    return max(0, min(start, rank)), max(0, min(end, rank))
 
 
 def _ints(tensor: _Tensor | None) -> list[int] | None:

@@ -436,18 +436,18 @@ def _reference(
 
 
 def _emit(op, spec: NormSpec, opset: int) -> list[ir.Value]:
-    z = spec.extra_inputs["z"]
+    gate = z = spec.extra_inputs["z"]
     scale = spec.scale
     if scale is not None and scale.dtype != z.dtype:
         # The library declares one type for Z and Scale (docs/ops.md): widen both to float32, exactly.
         z = z if z.dtype == ir.DataType.FLOAT else op.Cast(z, to=_FLOAT)
         scale = scale if scale.dtype == ir.DataType.FLOAT else op.Cast(scale, to=_FLOAT)
     x = spec.x
-    if not shape_values.elements_equal(x.shape, spec.extra_inputs["z"].shape):
+    if not shape_values.elements_equal(x.shape, gate.shape):
         # The match proved x * z to have Z's shape (`_broadcasts_to`), not X to have it: the op reads X broadcast
         # to Z's shape, exactly what the gate's Mul read.
-        x = op.Expand(x, op.Shape(spec.extra_inputs["z"]))
-        x.dtype, x.shape = spec.x.dtype, spec.extra_inputs["z"].shape
+        x = op.Expand(x, op.Shape(gate))
+        x.dtype, x.shape = spec.x.dtype, gate.shape
     inputs = [x, z, *([scale] if scale is not None else [])]
     return [op.op(GATED_RMS_NORM.name, *inputs, _domain=DOMAIN, _version=OPSET_VERSION, **spec.attrs.as_dict())]
 
