@@ -4,6 +4,7 @@ computation, rounding to a narrower type, reductions and the statistics of a row
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -11,7 +12,7 @@ import onnx_ir as ir
 
 from onnx_norm.ops.signature import NormAttributes, NormOpAttributes, OpSignature
 
-__all__ = ["FLOAT", "INT64_MAX", "Body", "BodySignature"]
+__all__ = ["FLOAT", "INT64_MAX", "Body", "BodySignature", "InputStage"]
 
 FLOAT = int(ir.DataType.FLOAT)
 INT64_MAX = np.iinfo(np.int64).max
@@ -33,6 +34,14 @@ class BodySignature(Protocol):
     def rank(self) -> int | None: ...
 
 
+#: An op's input stage (`OpSignature.input_stage`): `stage(body, formal inputs, results, X in float32)` returns the
+#: float32 values that the statistic and the epilogue read instead of X, computed at each element from X and the
+#: op's other inputs there (the Skip ops' residual sum, the gate before a gated norm); a stage may also give an
+#: output (the Skip ops' Sum). The CPU row loop (NormProblem::input) and the CUDA row kernels (NormRows' Stage)
+#: have the same step.
+InputStage = Callable[["Body", dict[str, ir.Value], dict[str, ir.Value], ir.Value], ir.Value]
+
+
 class Body:
     """One function body being written: the op's record, the node signature and the tape."""
 
@@ -40,6 +49,20 @@ class Body:
         self.record = record
         self.sig = sig
         self.tape = ir.tape.Tape()
+        self._shared: dict[str, ir.Value] = {}
+
+    def input(self, formal: dict[str, ir.Value], results: dict[str, ir.Value]) -> ir.Value:
+        """The row the op normalises, in float32: X through the op's input stage when its record has one."""
+        xf = self.to_float(formal["X"], self.sig.x_type)
+        stage = self.record.input_stage
+        return xf if stage is None else stage(self, formal, results, xf)
+
+    def shared(self, name: str, make: Callable[[], ir.Value]) -> ir.Value:
+        """The value `name`, written by `make` the first time: one value that an input stage and an epilogue both
+        read (a gate) is computed once."""
+        if name not in self._shared:
+            self._shared[name] = make()
+        return self._shared[name]
 
     def op(self, op_type: str, inputs: list[ir.Value], attributes: dict | None = None) -> ir.Value:
         return self.tape.op(op_type, inputs, attributes or {})

@@ -75,18 +75,30 @@ def gated_rms_norm(x: np.ndarray, z: np.ndarray, scale: np.ndarray | None = None
     return (output(y, x, a),)
 
 
-def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], n_out: int) -> None:
-    """Y: the gate z * Sigmoid(z) in float32; X (gated or not) as [..., G, group_size] (its own shape when
-    group_size is 0) normalised over its last dim, back to X's shape, rounded, scaled, gated; no rank needed."""
-    sig = body.sig
-    a = sig.attrs
+def _gate(body: Body, formal: dict[str, ir.Value]) -> ir.Value:
+    """silu(Z) = Z * Sigmoid(Z) in float32, written once for the stage and the epilogue."""
+
+    def make() -> ir.Value:
+        z = body.cast(formal["Z"], FLOAT)
+        return body.op("Mul", [z, body.op("Sigmoid", [z])])
+
+    return body.shared("gate", make)
+
+
+def _gate_stage(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], xf: ir.Value) -> ir.Value:
+    """The input stage: X * silu(Z) when the gate comes before the norm, X otherwise."""
+    a = body.sig.attrs
     assert isinstance(a, GatedNormAttributes)
-    x = formal["X"]
-    xf = body.to_float(x, sig.x_type)
-    z = body.cast(formal["Z"], FLOAT)
-    gate = body.op("Mul", [z, body.op("Sigmoid", [z])])
-    v = xf if a.norm_before_gate else body.op("Mul", [xf, gate])
-    x_shape = body.op("Shape", [x])
+    return xf if a.norm_before_gate else body.op("Mul", [xf, _gate(body, formal)])
+
+
+def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], n_out: int) -> None:
+    """Y: the input stage's row as [..., G, group_size] (its own shape when group_size is 0) normalised over its
+    last dim, back to X's shape, rounded, scaled, gated after when the gate comes after; no rank needed."""
+    a = body.sig.attrs
+    assert isinstance(a, GatedNormAttributes)
+    v = body.input(formal, results)
+    x_shape = body.op("Shape", [formal["X"]])
     if a.group_size:
         leading = body.slice(x_shape, [0], [-1])
         # The group count as D / size, not -1: Reshape cannot infer a -1 of an empty X (a batch of 0 rows).
@@ -98,7 +110,7 @@ def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value],
         y = body.op("Reshape", [y, x_shape])
     y = body.affine(formal, y)
     if a.norm_before_gate:
-        y = body.op("Mul", [y, gate])
+        y = body.op("Mul", [y, _gate(body, formal)])
     results["Y"] = body.output(y)
 
 
@@ -117,6 +129,7 @@ GATED_RMS_NORM = OpSignature(
     kind="gated_rms",
     reference=gated_rms_norm,
     body=_body,
+    input_stage=_gate_stage,
     input_shapes=_shapes,
     example=GatedNormAttributes(group_size=5, norm_before_gate=1),  # X (2, 4, 3, 5): one group of 5
 )

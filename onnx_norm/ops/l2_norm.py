@@ -60,7 +60,7 @@ def _body(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value],
         if sig.rank is None:
             raise ValueError("L2Norm's function body needs a negative axis or X's rank")
         axis -= sig.rank
-    x = body.to_float(formal["X"], sig.x_type)
+    x = body.input(formal, results)
     norm = body.op("Sqrt", [_reduce_sum(body, body.op("Mul", [x, x]), list(range(axis, 0)))])
     eps = body.const(np.array(a.epsilon, np.float32))
     inv = body.op("Reciprocal", [body.op("Max", [norm, eps])])

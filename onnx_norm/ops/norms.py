@@ -104,16 +104,13 @@ class _Normalised:
     inv: ir.Value | None
 
 
-def _input(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value]:
-    """(X in float32, the value whose shape is X's): the residual sum for the Skip ops (also their Sum output)."""
-    sig, x = body.sig, formal["X"]
-    if not body.record.skip:
-        return body.to_float(x, sig.x_type), x
-    total = body.op("Add", [body.to_float(x, sig.x_type), body.to_float(formal["Skip"], sig.x_type)])
-    s = total if sig.x_type == FLOAT else body.cast(total, sig.x_type)
-    results["Sum"] = s
-    # The float32 sum is normalised, not the rounded Sum (docs/ops.md).
-    return total, s
+def _skip_stage(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], xf: ir.Value) -> ir.Value:
+    """The Skip ops' input stage: the float32 residual sum X + Skip, which is also their Sum output, rounded to X's
+    type. The float32 sum is normalised, not the rounded Sum (docs/ops.md)."""
+    x_type = body.sig.x_type
+    total = body.op("Add", [xf, body.to_float(formal["Skip"], x_type)])
+    results["Sum"] = total if x_type == FLOAT else body.cast(total, x_type)
+    return total
 
 
 def _wants_statistics(body: Body, n_out: int) -> bool:
@@ -134,9 +131,9 @@ def _normalise_trailing(body: Body, xf: ir.Value, axis: int, n_out: int) -> _Nor
     return _Normalised(y, mean, inv)
 
 
-def _normalise_flattened(body: Body, xf: ir.Value, x_source: ir.Value, axis: int, n_out: int) -> _Normalised:
+def _normalise_flattened(body: Body, xf: ir.Value, x: ir.Value, axis: int, n_out: int) -> _Normalised:
     """A non-negative axis of an input of unknown rank: flatten to [rows, N] and reduce over axis 1."""
-    x_shape = body.op("Shape", [x_source])
+    x_shape = body.op("Shape", [x])
     rows = body.op("Flatten", [xf], {"axis": axis})
     centred, mean, inv = body.statistics(rows, [1], rms=body.record.rms)
     reshape_attrs = {"allowzero": 1} if body.sig.opset >= 14 else {}
@@ -152,26 +149,28 @@ def _normalise_flattened(body: Body, xf: ir.Value, x_source: ir.Value, axis: int
     return _Normalised(y, mean, body.op("Reshape", [inv, stat_shape], reshape_attrs))
 
 
-#: `epilogue(body, formal inputs, Y after the affine, the value whose shape is X's) -> Y`: what an op adds after
-#: the norm's affine (what an op built on a norm adds to it).
+#: `epilogue(body, formal inputs, Y after the affine, X) -> Y`: what an op adds after the norm's affine (what an op
+#: built on a norm adds to it).
 Epilogue = Callable[[Body, dict[str, ir.Value], ir.Value, ir.Value], ir.Value]
 
 
 def make_body(epilogue: Epilogue | None = None) -> BodyBuilder:
-    """The body of a norm op (Y, its statistics, the Skip ops' Sum), with `epilogue` applied to Y after the affine."""
+    """The body of a norm op (Y, its statistics, its input stage's outputs), with `epilogue` applied to Y after the
+    affine."""
 
     def body_of(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], n_out: int) -> None:
-        xf, x_source = _input(body, formal, results)
+        x = formal["X"]
+        xf = body.input(formal, results)
         axis = body.sig.attrs.axis
         if axis >= 0 and body.sig.rank is not None:
             axis -= body.sig.rank
         if axis < 0:
             normalised = _normalise_trailing(body, xf, axis, n_out)
         else:
-            normalised = _normalise_flattened(body, xf, x_source, axis, n_out)
+            normalised = _normalise_flattened(body, xf, x, axis, n_out)
         y = body.affine(formal, normalised.y)
         if epilogue is not None:
-            y = epilogue(body, formal, y, x_source)
+            y = epilogue(body, formal, y, x)
         results["Y"] = body.output(y)
         if normalised.mean is not None:
             results["Mean"] = normalised.mean
@@ -252,6 +251,7 @@ SKIP_LAYER_NORM = OpSignature(
     kind="layer",
     reference=skip_layer_norm,
     body=_NORM_BODY,
+    input_stage=_skip_stage,
     attributes=NormOpAttributes,
     natives=(_SKIP_LAYER_NORMALIZATION,),
 )
@@ -265,6 +265,7 @@ SKIP_RMS_NORM = OpSignature(
     kind="rms",
     reference=skip_rms_norm,
     body=_NORM_BODY,
+    input_stage=_skip_stage,
     attributes=NormOpAttributes,
     natives=(_SKIP_SIMPLIFIED,),
 )

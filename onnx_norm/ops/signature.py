@@ -148,6 +148,8 @@ class OpSignature:
     reference: Reference = _no_reference
     #: The model-local function body (`BodyBuilder`).
     body: BodyBuilder = _no_body
+    #: What the body's statistic reads instead of X (`onnx_norm.ops.body.InputStage`; None: X itself).
+    input_stage: Callable[..., Any] | None = None
     #: The ONNX / ONNX Runtime ops that compute the same thing (`NativeOp`).
     natives: tuple[NativeOp, ...] = ()
     #: The shape of each input beside X for an X of the given shape (a valid call: tests, checks, benchmarks).

@@ -4,6 +4,7 @@ is registered."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper
 
 from onnx_norm import library
 from onnx_norm.ops import functions, norms
+from onnx_norm.ops.body import Body
 from onnx_norm.ops.reference import REFERENCES, elem_type, np_dtype
 from onnx_norm.ops.schema import DOMAIN, OPS
 
@@ -191,6 +193,27 @@ def test_rounding_attributes(op: str, dtypes: tuple[int, int, int, int, int]) ->
     outputs = tuple(True for _ in schema.outputs)
     attrs = {"axis": -1, "epsilon": 1e-6, "normalized_type": nt, "multiply_type": mt, "output_type": ot}
     _check(op, _model(op, (2, 5, 32), x_type, inputs, outputs, (32,), p_type, attrs), attrs)
+
+
+def test_input_stage_is_what_the_body_normalises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record's input stage is the row its body's statistic and epilogue read: RMSNorm given the stage x + 1
+    computes rms_norm(x + 1), its statistics included, and the stage's own output reaches the function's outputs
+    only through `results` (the Skip ops' Sum)."""
+
+    def plus_one(body: Body, formal: dict[str, ir.Value], results: dict[str, ir.Value], xf: ir.Value) -> ir.Value:
+        return body.op("Add", [xf, body.const(np.array(1.0, np.float32))])
+
+    monkeypatch.setitem(OPS, "RMSNorm", dataclasses.replace(norms.RMS_NORM, input_stage=plus_one))
+    attrs = {"axis": -1, "epsilon": 1e-5, "normalized_type": 0, "multiply_type": 0, "output_type": 0}
+    proto = _model("RMSNorm", (2, 3, 16), F32, (True, True), (True, True), (16,), F32, attrs)
+    feeds = _feeds(proto, np.random.default_rng(3))
+    y, inv = norms.rms_norm(feeds["x"] + np.float32(1.0), feeds["scale"], **attrs)
+    actual = _run(_with_functions(proto), feeds)
+    np.testing.assert_allclose(actual["y"], y, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(actual["invrms"], inv, rtol=2e-5)
+    # Without the stage the same feeds give another result: the stage is really in the body.
+    monkeypatch.setitem(OPS, "RMSNorm", norms.RMS_NORM)
+    assert not np.allclose(_run(_with_functions(proto), feeds)["y"], y, rtol=1e-3)
 
 
 def test_rounding_is_applied() -> None:
